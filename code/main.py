@@ -1,0 +1,1183 @@
+#!/usr/bin/env python3
+"""servesim: an LLM server is a batch scheduler with a KV cache.
+
+Subcommands:
+  capacity   the memory plan: weights, KV per token, KV blocks, max concurrency, decode step cost
+  simulate   one run of a vLLM-style scheduler on a virtual clock (continuous batching,
+             chunked prefill, paged KV cache with prefix sharing and recompute preemption)
+  sweep      the same run at several concurrencies or rates, one table
+  loadgen    the same metrics measured from a real OpenAI-compatible server's stream
+  presets    the hardware and model presets
+
+The file reads top to bottom in the order the ideas are taught: presets, memory plan, cost
+model, block pool, request, scheduler, simulation, metrics, load generator, reports, command
+line. Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Callable, Iterable, Optional
+
+GIB = 2**30
+KIB = 2**10
+
+
+class UserError(Exception):
+    """Bad input a user can fix: a flag, a file, a value. Exit code 2."""
+
+
+class CapacityError(Exception):
+    """It does not fit, a server is unreachable, or a request failed. Exit code 1."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets: datasheet peaks times an efficiency factor. A user adds their own device or model
+# with a JSON file of the same fields (--hardware my-gpu.json).
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_gib: float          # as nvidia-smi reports it
+    bandwidth_gbs: float       # HBM or GDDR peak, GB/s
+    tflops: float              # dense BF16 peak
+    mbu: float = 0.75          # share of peak bandwidth a decode step achieves
+    mfu: float = 0.5           # share of peak FLOPs a prefill achieves
+    step_overhead_ms: float = 1.0   # scheduling and kernel launches, per step
+    reserve_gib: float = 2.0   # activations and CUDA graphs, kept out of the KV cache
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: float              # parameter count
+    layers: int
+    kv_heads: int
+    head_dim: int
+    weight_dtype_bytes: float = 2.0   # 2 for BF16, 34/32 for llama.cpp's Q8_0
+    kv_dtype_bytes: int = 2
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.weight_dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        # A key and a value vector per layer per KV head. Grouped-query attention is why this
+        # uses kv_heads, not the query heads: it cuts the cache by the group size.
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+
+HARDWARE = {h.name: h for h in [
+    Hardware("h100-sxm-80gb", 79.6, 3350, 989),
+    Hardware("a100-sxm-80gb", 80.0, 2039, 312),
+    Hardware("h200-141gb", 140.4, 4800, 989),
+    Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5),
+    Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5),
+    # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
+    # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
+    Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
+]}
+
+MODELS = {m.name: m for m in [
+    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128),
+    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128),
+    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128),
+    ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32),
+]}
+
+
+def load_preset(kind: str, value: str, presets: dict, cls):
+    """A preset name, or a path to a JSON file with the dataclass's fields."""
+    if value in presets:
+        return presets[value]
+    if not os.path.exists(value):
+        raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
+                        f"or a path to a JSON file with the same fields (see: main.py presets)")
+    try:
+        with open(value) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{kind} file {value}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{kind} file {value}: expected a JSON object like the output of `main.py presets --json`")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    missing = sorted(n for n, f in known.items() if f.default is MISSING and n not in data)
+    if unknown or missing:
+        raise UserError(f"{kind} file {value}: unknown fields {unknown}, missing fields {missing}; "
+                        f"expected {', '.join(known)}")
+    for name, v in data.items():
+        if name == "name":
+            if not isinstance(v, str) or not v:
+                raise UserError(f"{kind} file {value}: field 'name' must be a non-empty string")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (v == 0 and name not in ("step_overhead_ms", "reserve_gib")):
+            raise UserError(f"{kind} file {value}: field {name!r} must be a positive number, got {v!r}")
+    return cls(**data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory plan: what is left of the device after the weights becomes KV blocks, the way vLLM
+# sizes its cache from --gpu-memory-utilization (vLLM profiles activations; we use a reserve).
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class CapacityPlan:
+    hardware: Hardware
+    model: ModelSpec
+    gpu_memory_utilization: float
+    block_size: int
+    max_model_len: int
+    budget_bytes: float
+    kv_cache_bytes: float
+    num_blocks: int
+    source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        # vLLM's startup line: blocks over the blocks one max-length request needs.
+        return self.num_blocks / math.ceil(self.max_model_len / self.block_size)
+
+
+def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
+                  block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
+                  num_gpu_blocks: Optional[int] = None) -> CapacityPlan:
+    budget = hardware.memory_gib * GIB * gpu_memory_utilization
+    free = budget - model.weight_bytes - hardware.reserve_gib * GIB
+    block_bytes = block_size * model.kv_bytes_per_token
+    if free <= 0:
+        raise CapacityError(
+            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB plus "
+            f"{hardware.reserve_gib} GiB reserve exceed {budget / GIB:.2f} GiB "
+            f"({hardware.memory_gib} GiB x {gpu_memory_utilization:.2f}); quantize the weights, shard them "
+            f"with tensor parallelism, or use a bigger device")
+    if num_gpu_blocks is not None:
+        num_blocks, source = num_gpu_blocks, "--num-gpu-blocks"
+    elif kv_tokens is not None:
+        num_blocks, source = kv_tokens // block_size, "--kv-tokens"
+    else:
+        num_blocks, source = int(free // block_bytes), "budget"
+    kv_bytes = num_blocks * block_bytes
+    if num_blocks < 1:
+        raise CapacityError(
+            f"{model.name} on {hardware.name}: no room for one KV block of {block_size} tokens "
+            f"({block_bytes / KIB:.0f} KiB); raise --gpu-memory-utilization, quantize, shard with "
+            f"tensor parallelism, or use a bigger device")
+    if kv_bytes > free + 1e-6:
+        raise CapacityError(
+            f"{model.name} on {hardware.name}: a KV cache of {num_blocks * block_size:,} tokens "
+            f"({kv_bytes / GIB:.2f} GiB, from {source}) does not fit the {free / GIB:.2f} GiB left after "
+            f"weights and reserve; ask for fewer tokens, quantize, shard with tensor parallelism, "
+            f"or use a bigger device")
+    return CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
+                        budget, kv_bytes, num_blocks, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost model: a roofline per step. A step reads every weight once plus the KV the attention
+# needs, and does two FLOPs per weight per token; whichever is slower sets the time.
+# ---------------------------------------------------------------------------------------------
+
+def step_seconds(hardware: Hardware, model: ModelSpec, tokens: int, context_tokens: int) -> float:
+    compute = 2 * model.params * tokens / (hardware.tflops * 1e12 * hardware.mfu)
+    memory = (model.weight_bytes + context_tokens * model.kv_bytes_per_token) / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
+    return hardware.step_overhead_ms / 1000 + max(compute, memory)
+
+
+def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
+    """Tokens per step at which the arithmetic takes as long as reading the weights."""
+    weight_read = model.weight_bytes / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
+    return weight_read * hardware.tflops * 1e12 * hardware.mfu / (2 * model.params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block pool: the paged KV cache. Blocks are allocated as a sequence grows and freed when it
+# ends. A freed block keeps its content key, so it stays a prefix-cache hit until reused.
+# ---------------------------------------------------------------------------------------------
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self.refs = [0] * num_blocks
+        self.key_of: dict[int, object] = {}
+        self.cached: dict[object, int] = {}
+        self.evictions = 0
+
+    def free_count(self) -> int:
+        return len(self.free)
+
+    def used_count(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self.free):
+            raise CapacityError(f"asked for {count} KV blocks, {len(self.free)} free")
+        blocks = []
+        for _ in range(count):
+            block, _ = self.free.popitem(last=False)
+            key = self.key_of.pop(block, None)
+            if key is not None:
+                # Reusing a block that still held cached content: that content is gone now.
+                del self.cached[key]
+                self.evictions += 1
+            self.refs[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def release(self, blocks: list[int]) -> None:
+        # In reverse, as vLLM does: a sequence's tail is evicted before the prefix it shares.
+        for block in reversed(blocks):
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self.free[block] = None
+
+    def register(self, block: int, key: object) -> None:
+        """Key a full block by its content. A duplicate of content already cached stays unkeyed."""
+        if key not in self.cached and block not in self.key_of:
+            self.cached[key] = block
+            self.key_of[block] = key
+
+    def lookup(self, keys: Iterable[object]) -> list[int]:
+        """The leading run of keys that are cached, as blocks."""
+        run = []
+        for key in keys:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            run.append(block)
+        return run
+
+    def touch(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if self.refs[block] == 0:
+                del self.free[block]
+            self.refs[block] += 1
+
+    def free_among(self, blocks: list[int]) -> int:
+        """How many of these blocks sit on the free list (cached but idle)."""
+        return sum(1 for block in blocks if self.refs[block] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request: its prompt plus what it has generated, and how many of those tokens have KV.
+# remaining == the prompt is a prefill; remaining == 1 is a decode; after a preemption
+# remaining is everything again, a recompute. One rule for all three.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    prompt_tokens: int
+    output_tokens: int
+    sent_s: float = 0.0
+    prefix: Optional[str] = None
+    prefix_tokens: int = 0
+    # Engine state.
+    generated: int = 0
+    computed: int = 0
+    blocks: list = field(default_factory=list)
+    registered: int = 0          # leading full blocks already keyed in the pool
+    preemptions: int = 0
+    # What the client sees. Times are seconds on the virtual clock.
+    queue_s: Optional[float] = None
+    first_token_s: Optional[float] = None
+    last_token_s: Optional[float] = None
+    last_step: int = -2          # the engine step that emitted the last token
+    token_times: Optional[list] = None   # every token's time, only kept for --detailed
+    error: Optional[str] = None
+
+    @property
+    def length(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.length - self.computed
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler: vLLM v1's first-come-first-served loop. Running requests first, each with the
+# tokens it needs or the budget allows; then waiting requests while --max-num-seqs, the token
+# budget and the free blocks last. A block shortage preempts the last-admitted request.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    block_size: int = 16
+    chunked_prefill: bool = True
+    prefix_caching: bool = False
+    reserve_full_isl: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, num_blocks: int):
+        self.config = config
+        self.pool = BlockPool(num_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []     # in order of latest admission
+        self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def rejection(self, request: Request) -> Optional[str]:
+        """Why this request can never run here, or None. It is failed at once, never dropped."""
+        c, total = self.config, request.prompt_tokens + request.output_tokens
+        if total > c.max_model_len:
+            return (f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
+                    f"--max-model-len {c.max_model_len}")
+        if not c.chunked_prefill and total > c.max_num_batched_tokens:
+            return (f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
+                    f"--max-num-batched-tokens {c.max_num_batched_tokens} without chunked prefill")
+        need = self.blocks_for(total - 1)
+        if need > self.pool.num_blocks:
+            return f"needs {need} KV blocks, the whole cache has {self.pool.num_blocks}"
+        return None
+
+    def block_key(self, request: Request, index: int) -> tuple:
+        # A block of a shared prefix is keyed by the prefix's name and position, so every
+        # request with that system prompt finds it; the rest by the request's own id.
+        if (index + 1) * self.config.block_size <= request.prefix_tokens:
+            return (request.prefix, index)
+        return (request.id, index)
+
+    def cache_hits(self, request: Request) -> list[int]:
+        if not self.config.prefix_caching:
+            return []
+        # The last token is always computed: the model needs its logits to sample.
+        full = (request.length - 1) // self.config.block_size
+        return self.pool.lookup(self.block_key(request, i) for i in range(full))
+
+    def grow(self, request: Request, tokens: int, need: int) -> None:
+        """Give a request the blocks for this step's tokens, and key the blocks it fills."""
+        if need > 0:
+            request.blocks.extend(self.pool.allocate(need))
+        if self.config.prefix_caching:
+            full = (request.computed + tokens) // self.config.block_size
+            for index in range(request.registered, full):
+                self.pool.register(request.blocks[index], self.block_key(request, index))
+            request.registered = max(request.registered, full)
+
+    def make_room(self, request: Request, need: int) -> bool:
+        """Preempt from the tail until `need` blocks are free. False if `request` itself went."""
+        while need > self.pool.free_count():
+            victim = self.running.pop()
+            self.preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def preempt(self, request: Request) -> None:
+        self.pool.release(request.blocks)
+        request.blocks = []
+        request.computed = 0
+        request.registered = 0
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def schedule(self, now: float) -> list[tuple[Request, int]]:
+        budget = self.config.max_num_batched_tokens
+        batch: list[tuple[Request, int]] = []
+        preemptions_before = self.preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            tokens = min(request.remaining, budget)
+            need = self.blocks_for(request.computed + tokens) - len(request.blocks)
+            if need > 0 and not self.make_room(request, need):
+                break
+            self.grow(request, tokens, need)
+            batch.append((request, tokens))
+            budget -= tokens
+            index += 1
+        # No point admitting work in a step that had to evict work.
+        if self.preemptions == preemptions_before:
+            self.admit(now, budget, batch)
+        return batch
+
+    def admit(self, now: float, budget: int, batch: list[tuple[Request, int]]) -> None:
+        c = self.config
+        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
+            request = self.waiting[0]
+            hits = self.cache_hits(request)
+            start = len(hits) * c.block_size
+            tokens = min(request.length - start, budget)
+            if not c.chunked_prefill and tokens < request.length - start:
+                break
+            need = self.blocks_for(start + tokens) - len(hits)
+            # With --scheduler-reserve-full-isl the whole prompt's blocks must be free now, so
+            # a request is not admitted only to stall on its second chunk.
+            check = self.blocks_for(request.length) - len(hits) if c.reserve_full_isl else need
+            if check > self.pool.free_count() - self.pool.free_among(hits):
+                break   # first come, first served: the head blocks everyone behind it
+            self.waiting.popleft()
+            self.pool.touch(hits)
+            request.blocks = hits
+            request.computed = start
+            request.registered = len(hits)
+            if request.queue_s is None:
+                request.queue_s = now - request.sent_s
+                if c.prefix_caching:
+                    self.prefix_queries += request.length
+                    self.prefix_hits += start
+            self.running.append(request)
+            self.grow(request, tokens, need)
+            batch.append((request, tokens))
+            budget -= tokens
+
+    def finish(self, request: Request) -> None:
+        self.pool.release(request.blocks)
+        request.blocks = []
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation: an engine steps the scheduler on a virtual clock, pricing each batch with the
+# roofline; simulate() feeds it arrivals, open loop (trace, Poisson) or closed loop (N clients).
+# ---------------------------------------------------------------------------------------------
+
+class Engine:
+    def __init__(self, hardware: Hardware, model: ModelSpec, plan: CapacityPlan,
+                 config: SchedulerConfig, detailed: bool = False):
+        self.hardware = hardware
+        self.model = model
+        self.scheduler = Scheduler(config, plan.num_blocks)
+        self.detailed = detailed
+        self.clock = 0.0
+        self.steps = 0
+        self.scheduled_seqs = 0      # summed over steps, for the mean batch
+        self.kv_peak = 0             # blocks in use, the highest seen
+        self.kv_block_seconds = 0.0  # blocks in use x step time, for the time-weighted mean
+        self.itl = Counter()         # every gap between two tokens of one request -> count
+        self.done: list[Request] = []   # completed and failed, in the order they ended
+
+    def add(self, request: Request) -> None:
+        request.error = self.scheduler.rejection(request)
+        if self.detailed:
+            request.token_times = []
+        if request.error:
+            self.done.append(request)
+        else:
+            self.scheduler.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> None:
+        scheduler = self.scheduler
+        start = self.clock
+        batch = scheduler.schedule(start)
+        tokens = context = 0
+        for request, count in batch:
+            tokens += count
+            context += request.computed + count
+        duration = step_seconds(self.hardware, self.model, tokens, context)
+        self.clock = now = start + duration
+        self.steps += 1
+        self.scheduled_seqs += len(batch)
+        used = scheduler.pool.used_count()
+        self.kv_peak = max(self.kv_peak, used)
+        self.kv_block_seconds += used * duration
+        back_to_back = 0     # tokens whose previous token came at the end of the last step
+        finished = False
+        for request, count in batch:
+            request.computed += count
+            if request.computed < request.length:
+                continue     # a prefill chunk that did not reach the end of the prompt
+            request.generated += 1
+            if request.first_token_s is None:
+                request.first_token_s = now
+            elif request.last_step == self.steps - 1:
+                back_to_back += 1
+            else:
+                self.itl[now - request.last_token_s] += 1
+            request.last_token_s = now
+            request.last_step = self.steps
+            if request.token_times is not None:
+                request.token_times.append(now)
+            if request.finished:
+                scheduler.finish(request)
+                self.done.append(request)
+                finished = True
+        if back_to_back:
+            self.itl[duration] += back_to_back
+        if finished:
+            scheduler.running = [r for r in scheduler.running if not r.finished]
+
+
+def simulate(engine: Engine, requests: list[Request], concurrency: Optional[int] = None,
+             progress: Optional[Callable[[Engine, int], None]] = None) -> Engine:
+    """Run requests to the end. Open loop: each request is sent at its sent_s. Closed loop:
+    `concurrency` clients, each sending the next request the moment its previous one ends."""
+    backlog = deque(requests if concurrency else sorted(requests, key=lambda r: r.sent_s))
+    sent = 0
+    total = len(requests)
+    while True:
+        if concurrency:
+            while backlog and sent - len(engine.done) < concurrency:
+                request = backlog.popleft()
+                request.sent_s = engine.clock
+                engine.add(request)
+                sent += 1
+        else:
+            while backlog and backlog[0].sent_s <= engine.clock:
+                engine.add(backlog.popleft())
+        if engine.has_work():
+            engine.step()
+            if progress and engine.steps % 4096 == 0:
+                progress(engine, total)
+        elif backlog:
+            engine.clock = max(engine.clock, backlog[0].sent_s)   # idle until the next arrival
+        else:
+            return engine
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    """A count or a uniform range A-B, as --prompt-tokens and --output-tokens take them."""
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, seed: int = 7,
+                       rate: Optional[float] = None, prefix_tokens: int = 0,
+                       num_prefixes: int = 1) -> list[Request]:
+    """One randint for the prompt, then one for the output, per request, from one seeded stream.
+    A shared system prompt of prefix_tokens goes in front of the drawn prompt."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        prompt_tokens = rng.randint(prompt.low, prompt.high)
+        output_tokens = rng.randint(output.low, output.high)
+        prefix = f"system-{i % num_prefixes}" if prefix_tokens else None
+        requests.append(Request(i, prefix_tokens + prompt_tokens, output_tokens,
+                                prefix=prefix, prefix_tokens=prefix_tokens))
+    if rate:
+        # Poisson arrivals, drawn after the lengths so a rate sweep sees the same requests.
+        clock = 0.0
+        for request in requests:
+            request.sent_s = clock
+            clock += rng.expovariate(rate)
+    return requests
+
+
+TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
+                "prefix": str, "prefix_tokens": int}
+
+
+def read_trace(path: str) -> list[Request]:
+    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
+    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"trace {path} line {number}"
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected a JSON object with arrival, prompt_tokens, output_tokens")
+        unknown = set(row) - set(TRACE_FIELDS)
+        if unknown:
+            raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
+        for name in ("arrival", "prompt_tokens", "output_tokens"):
+            if name not in row:
+                raise UserError(f"{where}: missing field {name!r}")
+        for name, kind in TRACE_FIELDS.items():
+            if name not in row:
+                continue
+            value = row[name]
+            if kind is str:
+                ok = isinstance(value, str) and value != ""
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if name == "prefix_tokens" else 1)
+            else:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            if not ok:
+                want = {"arrival": "a number of seconds >= 0", "prefix": "a non-empty string",
+                        "prefix_tokens": "an integer >= 0"}.get(name, "a positive integer")
+                raise UserError(f"{where}: field {name!r} must be {want}, got {value!r}")
+        if row.get("prefix_tokens", 0) > row["prompt_tokens"]:
+            raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
+        if row.get("prefix_tokens") and "prefix" not in row:
+            raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
+        requests.append(Request(len(requests), row["prompt_tokens"], row["output_tokens"],
+                                sent_s=float(row["arrival"]), prefix=row.get("prefix"),
+                                prefix_tokens=row.get("prefix_tokens", 0) if row.get("prefix") else 0))
+    if not requests:
+        raise UserError(f"trace {path}: no requests in it")
+    return requests
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics: one definition for simulated and measured requests. TTFT is queue plus prefill;
+# TPOT is the mean gap after the first token; ITL is every gap; percentiles are nearest rank.
+# A request needs sent_s, first_token_s, last_token_s, prompt_tokens, output_tokens, queue_s
+# and error; simulated and measured requests both have them.
+# ---------------------------------------------------------------------------------------------
+
+PERCENTILES = (50, 90, 95, 99)
+METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
+
+
+def distribution(counts: Counter) -> dict:
+    """Mean, population std and nearest-rank percentiles of values given as value -> count."""
+    n = sum(counts.values())
+    if n == 0:
+        return {"mean": None, "std": None, **{f"p{p}": None for p in PERCENTILES}}
+    values = sorted(counts)
+    mean = sum(v * c for v, c in counts.items()) / n
+    std = math.sqrt(sum(c * (v - mean) ** 2 for v, c in counts.items()) / n)
+    result = {"mean": mean, "std": std}
+    ranks = iter((p, max(1, math.ceil(p / 100 * n))) for p in PERCENTILES)
+    p, rank = next(ranks)
+    seen = 0
+    for value in values:
+        seen += counts[value]
+        while seen >= rank:
+            result[f"p{p}"] = value
+            try:
+                p, rank = next(ranks)
+            except StopIteration:
+                return result
+    return result
+
+
+def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
+    """The vllm bench serve result keys for a list of finished requests. `itl` gives every
+    inter-token gap in seconds as a count; without it the gaps come from token_times."""
+    done = [r for r in requests if r.error is None and r.first_token_s is not None]
+    if itl is None:
+        itl = Counter(b - a for r in done for a, b in zip(r.token_times, r.token_times[1:]))
+    start = min((r.sent_s for r in requests), default=0.0)
+    end = max((r.last_token_s for r in done), default=start)
+    duration = end - start
+    ms = 1000
+    samples = {
+        "ttft": Counter((r.first_token_s - r.sent_s) * ms for r in done),
+        "tpot": Counter((r.last_token_s - r.first_token_s) * ms / (r.output_tokens - 1)
+                        for r in done if r.output_tokens > 1 and r.last_token_s > r.first_token_s),
+        "itl": Counter({gap * ms: count for gap, count in itl.items()}),
+        "e2el": Counter((r.last_token_s - r.sent_s) * ms for r in done),
+        "queue": Counter(r.queue_s * ms for r in done if r.queue_s is not None),
+    }
+    total_in = sum(r.prompt_tokens for r in done)
+    total_out = sum(r.output_tokens for r in done)
+    per_second = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    result = {
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(requests) - len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_second(len(done)),
+        "output_throughput": per_second(total_out),
+        "total_token_throughput": per_second(total_in + total_out),
+    }
+    for name in METRICS:
+        d = distribution(samples[name])
+        result[f"mean_{name}_ms"] = d["mean"]
+        result[f"median_{name}_ms"] = d["p50"]
+        result[f"std_{name}_ms"] = d["std"]
+        for p in PERCENTILES[1:]:
+            result[f"p{p}_{name}_ms"] = d[f"p{p}"]
+    result["errors_by_kind"] = dict(Counter(error_kind(r.error) for r in requests if r.error is not None))
+    return result
+
+
+def error_kind(error: str) -> str:
+    return error.split(":", 1)[0] if ":" in error else error
+
+
+def detailed_arrays(requests: list) -> dict:
+    """Per-request arrays, as vllm bench serve --save-detailed writes them (seconds)."""
+    def gaps(r):
+        times = r.token_times or []
+        return [b - a for a, b in zip(times, times[1:])]
+    ok = [r.error is None and r.first_token_s is not None for r in requests]
+    return {
+        "input_lens": [r.prompt_tokens for r in requests],
+        "output_lens": [r.output_tokens if good else 0 for r, good in zip(requests, ok)],
+        "ttfts": [r.first_token_s - r.sent_s if good else None for r, good in zip(requests, ok)],
+        "itls": [gaps(r) if good else [] for r, good in zip(requests, ok)],
+        "latencies": [r.last_token_s - r.sent_s if good else None for r, good in zip(requests, ok)],
+        "start_times": [r.sent_s for r in requests],
+        "errors": [r.error or "" for r in requests],
+    }
+
+
+def engine_report(engine: Engine, span: float) -> dict:
+    s = engine.scheduler
+    pool = s.pool
+    return {
+        "steps": engine.steps,
+        "mean_batch": engine.scheduled_seqs / engine.steps if engine.steps else 0.0,
+        "kv_peak": engine.kv_peak / pool.num_blocks,
+        "kv_mean": engine.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
+        "preemptions": s.preemptions,
+        "evictions": pool.evictions,
+        "prefix_hit_rate": s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
+        "num_blocks": pool.num_blocks,
+        "block_size": s.config.block_size,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports: one printer for a run, simulated or measured, and one for a sweep table.
+# ---------------------------------------------------------------------------------------------
+
+def number(value: Optional[float], digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def print_run(result: dict, out=sys.stdout) -> None:
+    cfg = result["config"]
+    w = out.write
+    w(f"{cfg['title']}\n")
+    w(f"{'requests':<12}{result['completed']:,} completed  {result['failed']:,} failed\n")
+    for kind, count in sorted(result["errors_by_kind"].items()):
+        w(f"{'':<12}{count:,} x {kind}\n")
+    engine = result.get("engine")
+    if engine:
+        w(f"{'kv cache':<12}{engine['num_blocks']:,} blocks x {engine['block_size']} tokens  "
+          f"peak {engine['kv_peak']:.1%}  mean {engine['kv_mean']:.1%}\n")
+        w(f"{'steps':<12}{engine['steps']:,}  mean batch {engine['mean_batch']:.1f} seqs  "
+          f"preemptions {engine['preemptions']:,}  evictions {engine['evictions']:,}  "
+          f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+    w(f"{'':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}\n")
+    for name, label in (("ttft", "ttft ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
+                        ("queue", "queue ms"), ("e2el", "e2e ms")):
+        row = [result[f"mean_{name}_ms"], result[f"median_{name}_ms"]] + \
+              [result[f"p{p}_{name}_ms"] for p in PERCENTILES[1:]]
+        w(f"{label:<12}" + "".join(f"{number(v):>10}" for v in row) + "\n")
+    w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
+      f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
+      f"over {result['duration']:,.2f} s\n")
+
+
+SWEEP_COLUMNS = (
+    ("out tok/s", lambda r: number(r["output_throughput"])),
+    ("ttft p50", lambda r: number(r["median_ttft_ms"])),
+    ("tpot p50", lambda r: number(r["median_tpot_ms"])),
+    ("tpot p95", lambda r: number(r["p95_tpot_ms"])),
+    ("queue p95", lambda r: number(r["p95_queue_ms"])),
+    ("batch", lambda r: number(r["engine"]["mean_batch"])),
+    ("kv peak", lambda r: f"{r['engine']['kv_peak']:.1%}"),
+    ("preempt", lambda r: f"{r['engine']['preemptions']:,}"),
+    ("failed", lambda r: f"{r['failed']:,}"),
+)
+
+
+def print_sweep(title: str, axis: str, results: list[dict], out=sys.stdout) -> None:
+    out.write(f"{title}\n")
+    width = [max(len(axis), 6)] + [max(len(name), 7) for name, _ in SWEEP_COLUMNS]
+    out.write("  ".join(h.rjust(w) for h, w in zip([axis] + [n for n, _ in SWEEP_COLUMNS], width)) + "\n")
+    for result in results:
+        cells = [f"{result['config']['sweep_value']:g}"] + [cell(result) for _, cell in SWEEP_COLUMNS]
+        out.write("  ".join(c.rjust(w) for c, w in zip(cells, width)) + "\n")
+
+
+def flatten(result: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in result.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        elif not isinstance(value, list):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def print_csv(results: list[dict], out=sys.stdout) -> None:
+    import csv
+    rows = [flatten(r) for r in results]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def print_capacity(plan: CapacityPlan, out=sys.stdout) -> None:
+    h, m = plan.hardware, plan.model
+    w = lambda label, value, note="": out.write(f"{label:<17}{value:<20}{note}".rstrip() + "\n")
+    weights = m.weight_bytes
+    w("capacity", f"{m.name} on {h.name}", f"  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}")
+    w("weights", f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:.1f} MB",
+      f"{m.params / 1e9:.2f} B params x {m.weight_dtype_bytes:g} bytes" if m.params >= 1e9
+      else f"{m.params / 1e6:.1f} M params x {m.weight_dtype_bytes:g} bytes")
+    w("kv per token", f"{m.kv_bytes_per_token / KIB:.1f} KiB",
+      f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
+    w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB", f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
+    note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
+            "--kv-tokens": "fixed by --kv-tokens (llama.cpp --ctx-size)",
+            "--num-gpu-blocks": "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
+    w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
+    w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens")
+    w("max concurrency", f"{plan.max_concurrency:.2f}x", f"at {plan.max_model_len:,} tokens per request")
+    step = step_seconds(h, m, 1, 0) * 1000
+    out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
+              f"at ~{critical_batch(h, m):.0f} tokens per step\n")
+    out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
+              f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
+
+
+def capacity_json(plan: CapacityPlan) -> dict:
+    h, m = plan.hardware, plan.model
+    return {
+        "hardware": asdict(h), "model": asdict(m),
+        "gpu_memory_utilization": plan.gpu_memory_utilization,
+        "weight_bytes": m.weight_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
+        "budget_bytes": plan.budget_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
+        "num_blocks": plan.num_blocks, "block_size": plan.block_size, "kv_tokens": plan.kv_tokens,
+        "kv_source": plan.source, "max_model_len": plan.max_model_len,
+        "max_concurrency": plan.max_concurrency,
+        "decode_step_ms": step_seconds(h, m, 1, 0) * 1000,
+        "critical_batch_tokens": critical_batch(h, m),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line. Errors are one line: exit 2 for bad input, 1 for "does not fit" or a failure.
+# ---------------------------------------------------------------------------------------------
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
+    return value
+
+
+def token_range(text: str) -> TokenRange:
+    low, _, high = text.partition("-")
+    try:
+        r = TokenRange(positive_int(low), positive_int(high or low))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of positive "
+                                         f"whole numbers, got {text!r}") from None
+    if r.low > r.high:
+        raise argparse.ArgumentTypeError(f"range {text!r} runs backwards; write it low-high")
+    return r
+
+
+def list_of(kind: Callable) -> Callable:
+    def parse(text: str) -> list:
+        return [kind(part) for part in text.split(",") if part.strip()] or [kind("")]
+    parse.__name__ = f"comma-separated {kind.__name__.replace('_', ' ')}s"
+    return parse
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("hardware and memory plan")
+    g.add_argument("--hardware", default="h100-sxm-80gb",
+                   help="hardware preset name or a JSON file with its fields (default: %(default)s; list: main.py presets)")
+    g.add_argument("--model", default="llama-3.1-8b",
+                   help="model preset name or a JSON file with its fields (default: %(default)s)")
+    g.add_argument("--gpu-memory-utilization", type=fraction, default=0.9, metavar="F",
+                   help="share of device memory for weights plus KV cache, as vLLM's flag (default: %(default)s)")
+    g.add_argument("--block-size", type=positive_int, default=16, metavar="TOKENS",
+                   help="tokens per KV block, as vLLM's --block-size (default: %(default)s)")
+    g.add_argument("--max-model-len", type=positive_int, default=4096, metavar="TOKENS",
+                   help="longest prompt + output a request may have; longer requests fail (default: %(default)s)")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--kv-tokens", type=positive_int, metavar="TOKENS",
+                      help="fix the KV cache at this many tokens instead of sizing it from memory, as "
+                           "llama.cpp's --ctx-size does (default: from the memory budget)")
+    size.add_argument("--num-gpu-blocks", type=positive_int, metavar="BLOCKS",
+                      help="fix the number of KV blocks, as copied from a vLLM startup log "
+                           "(default: from the memory budget)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    add_plan_args(p)
+    g = p.add_argument_group("scheduler")
+    g.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N",
+                   help="most sequences in one step (vLLM --max-num-seqs, llama.cpp --parallel) (default: %(default)s)")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="TOKENS",
+                   help="token budget per step, prefill chunks plus decodes (default: %(default)s)")
+    g.add_argument("--no-chunked-prefill", action="store_true",
+                   help="admit a prompt only if all of it fits the step's budget left (default: chunked prefill on)")
+    g.add_argument("--prefix-caching", action="store_true",
+                   help="share KV blocks of identical prefixes, as vLLM's automatic prefix caching (default: off)")
+    g.add_argument("--scheduler-reserve-full-isl", action="store_true",
+                   help="admit a request only if blocks for its whole prompt are free, not just its first "
+                        "chunk (default: off)")
+
+
+def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
+    g = p.add_argument_group("workload")
+    arrivals = g.add_mutually_exclusive_group()
+    if sweep:
+        arrivals.add_argument("--concurrency", type=list_of(positive_int), metavar="N,N,...",
+                              help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
+        arrivals.add_argument("--rate", type=list_of(positive_float), metavar="R,R,...",
+                              help="open loop: sweep these Poisson arrival rates, requests/s")
+    else:
+        arrivals.add_argument("--trace", metavar="FILE",
+                              help="JSONL trace, one request per line: arrival (s), prompt_tokens, "
+                                   "output_tokens, optional prefix and prefix_tokens")
+        arrivals.add_argument("--rate", type=positive_float, metavar="R",
+                              help="open loop: Poisson arrivals at R requests/s")
+        arrivals.add_argument("--concurrency", type=positive_int, metavar="N",
+                              help="closed loop: N clients, each sending its next request when the last "
+                                   "ends (the default, with 32 clients)")
+    g.add_argument("--requests", type=positive_int, default=256, metavar="N",
+                   help="number of synthetic requests (default: %(default)s)")
+    g.add_argument("--prompt-tokens", type=token_range, default=TokenRange(256, 1024), metavar="N|A-B",
+                   help="prompt length in tokens after any shared prefix, fixed or uniform (default: %(default)s)")
+    g.add_argument("--output-tokens", type=token_range, default=TokenRange(64, 256), metavar="N|A-B",
+                   help="output length in tokens, fixed or uniform (default: %(default)s)")
+    g.add_argument("--prefix-tokens", type=positive_int, default=0, metavar="TOKENS",
+                   help="a shared system prompt of this many tokens in front of every prompt (default: none)")
+    g.add_argument("--num-prefixes", type=positive_int, default=1, metavar="M",
+                   help="how many distinct shared system prompts, assigned round robin (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
+
+
+def plan_from_args(args) -> tuple[Hardware, ModelSpec, CapacityPlan]:
+    hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
+    model = load_preset("model", args.model, MODELS, ModelSpec)
+    plan = plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
+                         args.max_model_len, args.kv_tokens, args.num_gpu_blocks)
+    return hardware, model, plan
+
+
+def scheduler_config(args) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
+        reserve_full_isl=args.scheduler_reserve_full_isl)
+
+
+class Progress:
+    """A line on stderr now and then, once a run has taken more than a second of wall time."""
+    def __init__(self, label: str):
+        self.label = label
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self.started > 1 and now - self.last > 1:
+            self.last = now
+            sys.stderr.write(f"{self.label}: {text}\n")
+            sys.stderr.flush()
+
+
+def run_simulation(args, concurrency: Optional[int], rate: Optional[float],
+                   progress: Optional[Progress] = None) -> dict:
+    hardware, model, plan = plan_from_args(args)
+    config = scheduler_config(args)
+    trace = getattr(args, "trace", None)
+    if trace:
+        requests = read_trace(trace)
+        arrivals = f"trace arrivals ({trace})"
+    else:
+        requests = synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
+                                      rate, args.prefix_tokens, args.num_prefixes)
+        arrivals = f"poisson {rate:g} req/s" if rate else f"closed loop {concurrency} clients"
+    engine = Engine(hardware, model, plan, config, detailed=getattr(args, "detailed", False))
+    report = None
+    if progress:
+        report = lambda e, total: progress(f"{len(e.done):,}/{total:,} requests done, "
+                                           f"{e.clock:,.1f} s simulated")
+    simulate(engine, requests, None if trace or rate else concurrency, report)
+    result = summarize(engine.done, engine.itl)
+    result["engine"] = engine_report(engine, result["duration"])
+    result["config"] = {
+        "title": f"servesim {model.name} on {hardware.name}  {len(requests):,} requests  {arrivals}",
+        "hardware": hardware.name, "model": model.name,
+        "num_prompts": len(requests), "arrivals": arrivals,
+        "max_concurrency": None if trace or rate else concurrency, "request_rate": rate,
+        "trace": trace, "prompt_tokens": None if trace else str(args.prompt_tokens),
+        "output_tokens": None if trace else str(args.output_tokens), "seed": args.seed,
+        **asdict(config), "gpu_memory_utilization": args.gpu_memory_utilization,
+        "kv_tokens": plan.kv_tokens,
+    }
+    if getattr(args, "detailed", False):
+        result.update(detailed_arrays(sorted(engine.done, key=lambda r: r.id)))
+    return result
+
+
+def cmd_capacity(args) -> int:
+    _, _, plan = plan_from_args(args)
+    if args.json:
+        print(json.dumps(capacity_json(plan), indent=2))
+    else:
+        print_capacity(plan)
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    concurrency = args.concurrency or (None if args.trace or args.rate else 32)
+    result = run_simulation(args, concurrency, args.rate, Progress("simulate"))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_run(result)
+    return 1 if result["failed"] else 0
+
+
+def cmd_sweep(args) -> int:
+    if args.rate:
+        axis, values = "rate", args.rate
+    else:
+        axis, values = "concurrency", args.concurrency or [1, 8, 32, 128, 256]
+    progress = Progress("sweep")
+    results = []
+    for i, value in enumerate(values):
+        progress(f"{axis} {value:g} ({i + 1}/{len(values)})")
+        result = run_simulation(args, None if axis == "rate" else value, value if axis == "rate" else None, progress)
+        result["config"]["sweep_value"] = value
+        results.append(result)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif args.csv:
+        print_csv(results)
+    else:
+        first = results[0]["config"]
+        print_sweep(f"sweep {first['model']} on {first['hardware']}  {args.requests:,} requests  "
+                    f"prompt {args.prompt_tokens}  output {args.output_tokens}"
+                    + (f"  prefix {args.prefix_tokens} x {args.num_prefixes}" if args.prefix_tokens else ""),
+                    axis, results)
+    return 1 if any(r["failed"] for r in results) else 0
+
+
+def cmd_presets(args) -> int:
+    if args.json:
+        print(json.dumps({"hardware": [asdict(h) for h in HARDWARE.values()],
+                          "models": [asdict(m) for m in MODELS.values()]}, indent=2))
+        return 0
+    print(f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'reserve':>9}")
+    for h in HARDWARE.values():
+        print(f"{h.name:<16}{h.memory_gib:>6.1f} GiB{h.bandwidth_gbs:>8g}{h.tflops:>8g}{h.mbu:>6g}{h.mfu:>6g}"
+              f"{h.step_overhead_ms:>9g}{h.reserve_gib:>5g} GiB")
+    print()
+    print(f"{'model':<20}{'params':>10}{'layers':>8}{'kv heads':>10}{'head dim':>10}{'bytes/param':>13}{'kv/token':>12}")
+    for m in MODELS.values():
+        print(f"{m.name:<20}{m.params / 1e9:>8.3g} B{m.layers:>8}{m.kv_heads:>10}{m.head_dim:>10}"
+              f"{m.weight_dtype_bytes:>13.4g}{m.kv_bytes_per_token / KIB:>8.1f} KiB")
+    print("\nAdd your own: save one entry of `main.py presets --json` to a file and pass its path to --hardware or --model.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="main.py", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("capacity", help="the memory plan: weights, KV blocks, max concurrency, step cost",
+                       description="Print the memory plan: weights, KV bytes per token, memory budget, KV blocks, "
+                                   "max concurrency, the decode step at batch 1 and the batch where compute "
+                                   "catches up with the weight read, plus vLLM's startup line for the same plan.")
+    add_plan_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=cmd_capacity)
+
+    p = sub.add_parser("simulate", help="simulate one run of a vLLM-style server",
+                       description="Simulate a vLLM-style server on a virtual clock and report TTFT, TPOT, ITL, "
+                                   "queue time, throughput, batch size, KV use, preemptions and prefix hits. "
+                                   "Exit 1 if any request failed.")
+    add_engine_args(p)
+    add_workload_args(p, sweep=False)
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="one JSON object with vllm bench serve's keys")
+    out.add_argument("--detailed", action="store_true",
+                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, "
+                          "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("sweep", help="simulate at several concurrencies or rates, one table",
+                       description="Run the same workload at several concurrencies (closed loop) or rates "
+                                   "(Poisson) and print one row each. Exit 1 if any request failed.")
+    add_engine_args(p)
+    add_workload_args(p, sweep=True)
+    out = p.add_argument_group("output").add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="a JSON list, one simulate --json object per point")
+    out.add_argument("--csv", action="store_true", help="CSV, one row per point, nested keys dotted")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("presets", help="list the hardware and model presets",
+                       description="List the hardware and model presets with the figures the cost model uses.")
+    p.add_argument("--json", action="store_true", help="print them as JSON, the format --hardware FILE reads")
+    p.set_defaults(func=cmd_presets)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UserError as e:
+        sys.stderr.write(f"servesim: {e}\n")
+        return 2
+    except CapacityError as e:
+        sys.stderr.write(f"servesim: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("servesim: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
