@@ -16,13 +16,17 @@ line. Standard library only.
 from __future__ import annotations
 
 import argparse
-import bisect
+import csv
+import http.client
 import json
 import math
 import os
 import random
+import socket
 import sys
+import threading
 import time
+import urllib.parse
 from collections import Counter, OrderedDict, deque
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Callable, Iterable, Optional
@@ -123,7 +127,9 @@ def load_preset(kind: str, value: str, presets: dict, cls):
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
                 or (v == 0 and name not in ("step_overhead_ms", "reserve_gib")):
             raise UserError(f"{kind} file {value}: field {name!r} must be a positive number, got {v!r}")
-    return cls(**data)
+        elif known[name].type == "int" and v != int(v):
+            raise UserError(f"{kind} file {value}: field {name!r} must be a whole number, got {v!r}")
+    return cls(**{k: int(v) if known[k].type == "int" else v for k, v in data.items()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +285,7 @@ class BlockPool:
 # remaining is everything again, a recompute. One rule for all three.
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     id: int
     prompt_tokens: int
@@ -347,15 +353,15 @@ class Scheduler:
     def rejection(self, request: Request) -> Optional[str]:
         """Why this request can never run here, or None. It is failed at once, never dropped."""
         c, total = self.config, request.prompt_tokens + request.output_tokens
+        size = f"prompt {request.prompt_tokens:,} + output {request.output_tokens:,} tokens"
         if total > c.max_model_len:
-            return (f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
-                    f"--max-model-len {c.max_model_len}")
+            return f"longer than --max-model-len: {size} > {c.max_model_len:,}"
         if not c.chunked_prefill and total > c.max_num_batched_tokens:
-            return (f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
-                    f"--max-num-batched-tokens {c.max_num_batched_tokens} without chunked prefill")
+            return (f"longer than --max-num-batched-tokens without chunked prefill: "
+                    f"{size} > {c.max_num_batched_tokens:,}")
         need = self.blocks_for(total - 1)
         if need > self.pool.num_blocks:
-            return f"needs {need} KV blocks, the whole cache has {self.pool.num_blocks}"
+            return f"larger than the KV cache: needs {need:,} blocks, the cache has {self.pool.num_blocks:,}"
         return None
 
     def block_key(self, request: Request, index: int) -> tuple:
@@ -402,16 +408,21 @@ class Scheduler:
 
     def schedule(self, now: float) -> list[tuple[Request, int]]:
         budget = self.config.max_num_batched_tokens
+        block_size = self.config.block_size
+        prefix_caching = self.config.prefix_caching
         batch: list[tuple[Request, int]] = []
         preemptions_before = self.preemptions
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             tokens = min(request.remaining, budget)
-            need = self.blocks_for(request.computed + tokens) - len(request.blocks)
-            if need > 0 and not self.make_room(request, need):
-                break
-            self.grow(request, tokens, need)
+            end = request.computed + tokens
+            # Most steps of a decode stay inside the last block: nothing to allocate or key.
+            if end > len(request.blocks) * block_size or (prefix_caching and end >= (request.registered + 1) * block_size):
+                need = self.blocks_for(end) - len(request.blocks)
+                if need > 0 and not self.make_room(request, need):
+                    break
+                self.grow(request, tokens, need)
             batch.append((request, tokens))
             budget -= tokens
             index += 1
@@ -487,7 +498,7 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
-    def step(self) -> None:
+    def step(self) -> list[tuple[Request, int]]:
         scheduler = self.scheduler
         start = self.clock
         batch = scheduler.schedule(start)
@@ -527,6 +538,7 @@ class Engine:
             self.itl[duration] += back_to_back
         if finished:
             scheduler.running = [r for r in scheduler.running if not r.finished]
+        return batch
 
 
 def simulate(engine: Engine, requests: list[Request], concurrency: Optional[int] = None,
@@ -757,6 +769,541 @@ def engine_report(engine: Engine, span: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Load generator: the same metrics measured from a real OpenAI-compatible server's stream.
+# Each server-sent event is timestamped as its line is read, before any JSON parsing; the
+# server's own /metrics are scraped before, during and after, and turned into window figures.
+# ---------------------------------------------------------------------------------------------
+
+# Common English words, one token each (with their leading space) in the usual BPE vocabularies,
+# so --prompt-tokens N words is close to N tokens.
+PROMPT_WORDS = tuple("""the of and to in is you that it he was for on are as with his they at be this have
+from or one had by word but not what all were we when your can said there use an each which she do
+how their if will up other about out many then them these so some her would make like him into time
+has look two more write go see number no way could people my than first water been call who oil its
+now find long down day did get come made may part over new sound take only little work know place
+year live me back give most very after thing our just name good sentence man think say great where
+help through much before line right too mean old any same tell boy follow came want show also around
+form three small set put end does another well large must big even such because turn here why ask
+went men read need land different home us move try kind hand picture again change off play spell air
+away animal house point page letter mother answer found study still learn should world""".split())
+
+
+def make_prompt(index: int, words: int, seed: int, run_id: str = "") -> str:
+    """A distinct prompt per request, so a server's prompt cache cannot turn a load test into a
+    cache test: the run's id and the request's number first (a server keeps its cache between
+    runs), then seeded random words."""
+    rng = random.Random(f"{seed}:{index}")
+    head = f"{run_id}-{index}" if run_id else str(index)
+    return head + " " + " ".join(rng.choice(PROMPT_WORDS) for _ in range(max(0, words - 1)))
+
+
+@dataclass
+class StreamRecord:
+    """One measured request. Same field names as a simulated Request, for summarize()."""
+    index: int
+    sent_s: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    first_token_s: Optional[float] = None
+    last_token_s: Optional[float] = None
+    token_times: list = field(default_factory=list)
+    queue_s: Optional[float] = None     # a client cannot see the server's queue
+    finish_reason: Optional[str] = None
+    usage_seen: bool = False
+    timings: Optional[dict] = None      # llama.cpp's per-request server timings
+    error: Optional[str] = None
+
+
+@dataclass
+class LoadConfig:
+    url: str
+    model: Optional[str] = None
+    requests: Optional[int] = 64
+    concurrency: Optional[int] = None
+    rate: Optional[float] = None
+    duration_s: Optional[float] = None
+    max_tokens: int = 64
+    ignore_eos: bool = False
+    prompt_words: int = 40
+    prefix_words: int = 0
+    prompts: Optional[list] = None      # messages lists from --prompts FILE
+    seed: int = 7
+    timeout_s: float = 120.0
+    scrape_interval_s: float = 1.0
+    api_key: Optional[str] = None
+    run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
+
+
+class ServerUnreachable(CapacityError):
+    pass
+
+
+def split_url(url: str) -> tuple[str, str, int, str]:
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--url {url!r}: expected http://HOST:PORT, the server's base address")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UserError(f"--url {url!r}: the port is not a number") from None
+    base = parts.path.rstrip("/")
+    base = base[:-3] if base.endswith("/v1") else base
+    return parts.scheme, parts.hostname, port, base
+
+
+class Http:
+    """Plain http.client requests to one server; a refused connection is ServerUnreachable."""
+    def __init__(self, url: str, timeout_s: float, api_key: Optional[str]):
+        self.url = url
+        self.scheme, self.host, self.port, self.base = split_url(url)
+        self.timeout_s = timeout_s
+        self.connection_class = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def open(self, method: str, path: str, body: Optional[bytes] = None):
+        connection = self.connection_class(self.host, self.port, timeout=self.timeout_s)
+        try:
+            connection.request(method, self.base + path, body=body, headers=self.headers)
+            return connection, connection.getresponse()
+        except ConnectionRefusedError:
+            connection.close()
+            raise ServerUnreachable(f"cannot connect to {self.url}: connection refused; is the server "
+                                    f"running and listening on {self.host}:{self.port}?") from None
+        except OSError:
+            connection.close()
+            raise
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        connection, response = self.open("GET", path)
+        try:
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+
+def first_model(http: Http) -> str:
+    try:
+        status, body = http.get("/v1/models")
+        if status == 200:
+            return json.loads(body)["data"][0]["id"]
+        problem = f"HTTP {status}: {body[:200].decode(errors='replace')}"
+    except ServerUnreachable:
+        raise
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    raise CapacityError(f"could not read the model id from {http.url}/v1/models ({problem}); pass --model")
+
+
+def read_stream(response, record: StreamRecord, max_events: int) -> None:
+    """Read server-sent events from a streaming chat completion into `record`."""
+    data_lines: list[str] = []
+    event_at = 0.0
+    done = False
+    events = 0
+    while True:
+        raw = response.readline()
+        at = time.perf_counter()   # before any parsing: the event's arrival time
+        if not raw:
+            break
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if line:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                if not data_lines:
+                    event_at = at
+                data_lines.append(value)
+            elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
+                record.error = f"server error in stream: {value[:200]}"
+                return
+            continue                  # comments (": keep-alive"), event:, id:, unknown fields
+        if not data_lines:
+            continue
+        data, data_lines = "\n".join(data_lines), []
+        events += 1
+        if events > max_events:
+            record.error = f"bad stream: more than {max_events} events for this request"
+            return
+        if data.strip() == "[DONE]":
+            done = True
+            break
+        try:
+            event = json.loads(data)
+        except ValueError:
+            record.error = f"bad stream: an event is not JSON: {data[:80]!r}"
+            return
+        if not isinstance(event, dict):
+            record.error = f"bad stream: an event is not a JSON object: {data[:80]!r}"
+            return
+        if event.get("error"):
+            message = event["error"].get("message") if isinstance(event["error"], dict) else event["error"]
+            record.error = f"server error in stream: {str(message)[:200]}"
+            return
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content"):
+                if record.first_token_s is None:
+                    record.first_token_s = event_at
+                record.token_times.append(event_at)
+                record.last_token_s = event_at
+            if choice.get("finish_reason"):
+                record.finish_reason = choice["finish_reason"]
+        usage = event.get("usage")
+        if usage:
+            record.usage_seen = True
+            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            record.output_tokens = int(usage.get("completion_tokens") or 0)
+        if isinstance(event.get("timings"), dict):
+            record.timings = event["timings"]
+    if data_lines and "".join(data_lines).strip() == "[DONE]":
+        done = True            # a last event without its blank line
+    if record.finish_reason is None:
+        record.error = "truncated: the stream ended without a finish_reason"
+    elif not done:
+        record.error = "truncated: the stream ended without [DONE]"
+    elif record.first_token_s is None:
+        record.error = "empty answer: no content in the stream"
+    elif not record.usage_seen:
+        record.output_tokens = len(record.token_times)   # the server ignored include_usage
+
+
+def send_request(http: Http, body: dict, index: int, timeout_s: float, max_tokens: int) -> StreamRecord:
+    record = StreamRecord(index)
+    payload = json.dumps(body).encode()
+    record.sent_s = time.perf_counter()
+    connection = None
+    try:
+        connection, response = http.open("POST", "/v1/chat/completions", payload)
+        if response.status != 200:
+            text = response.read(200).decode("utf-8", errors="replace")
+            record.error = f"http {response.status}: {' '.join(text.split())}"
+        else:
+            read_stream(response, record, max_events=4 * max_tokens + 64)
+    except socket.timeout:
+        record.error = f"timeout: no event for {timeout_s:g} s"
+    except ServerUnreachable:
+        raise
+    except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking
+        record.error = f"connection: {type(e).__name__}: {e}"[:240]
+    finally:
+        if connection is not None:
+            connection.close()
+    return record
+
+
+def request_body(config: LoadConfig, model: str, index: int) -> dict:
+    if config.prompts:
+        messages = config.prompts[index % len(config.prompts)]
+    else:
+        messages = [{"role": "user", "content": make_prompt(index, config.prompt_words, config.seed, config.run_id)}]
+        if config.prefix_words:
+            system = make_prompt(-1, config.prefix_words, config.seed)   # shared on purpose, across runs too
+            messages.insert(0, {"role": "system", "content": system})
+    body = {"model": model, "messages": messages, "max_tokens": config.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def read_prompts(path: str) -> list:
+    """JSONL: each line {"prompt": "..."} or {"messages": [...]}."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise UserError(f"prompts {path}: cannot read it ({e.strerror})") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"prompts {path} line {number}"
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            prompts.append([{"role": "user", "content": row["prompt"]}])
+        elif isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"] and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in row["messages"]):
+            prompts.append(row["messages"])
+        else:
+            raise UserError(f"{where}: expected {{\"prompt\": \"text\"}} or {{\"messages\": [{{\"role\": ..., "
+                            f"\"content\": ...}}]}}")
+    if not prompts:
+        raise UserError(f"prompts {path}: no prompts in it")
+    return prompts
+
+
+# Prometheus text format, by exact name. Labelled series of one name are summed (vLLM has one
+# per engine); `_created` samples are timestamps, not values.
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, _, rest = line.partition("{")
+            rest = rest.rsplit("}", 1)[-1]
+        else:
+            name, _, rest = line.partition(" ")
+        name = name.strip()
+        parts = rest.split()
+        if not parts or name.endswith("_created"):
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            values[name] = values.get(name, 0.0) + value
+    return values
+
+
+class MetricsSampler:
+    """Scrapes /metrics before, every interval during, and after a run; reports a missing
+    endpoint once and carries on. Also measures how late a sleeping thread wakes, the client's
+    own worst scheduling delay, which bounds how late an event's timestamp can be."""
+    def __init__(self, http: Http, interval_s: float):
+        self.http = http
+        self.interval_s = interval_s
+        self.scrapes: list[dict[str, float]] = []
+        self.problem: Optional[str] = None
+        self.worst_wake_delay_s = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def scrape(self) -> None:
+        if self.problem:
+            return
+        try:
+            status, body = self.http.get("/metrics")
+        except (OSError, CapacityError) as e:
+            self.problem = f"/metrics could not be read ({type(e).__name__}: {e})"
+            return
+        if status != 200:
+            detail = " ".join(body[:160].decode("utf-8", errors="replace").split())
+            self.problem = f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang --enable-metrics"
+            return
+        values = parse_prometheus(body.decode("utf-8", errors="replace"))
+        if not values:
+            self.problem = "/metrics answered but held no samples in Prometheus text format"
+            return
+        self.scrapes.append(values)
+
+    def loop(self) -> None:
+        next_scrape = time.perf_counter() + self.interval_s
+        while not self.stop.is_set():
+            wake = time.perf_counter() + 0.005
+            self.stop.wait(0.005)
+            self.worst_wake_delay_s = max(self.worst_wake_delay_s, time.perf_counter() - wake)
+            if time.perf_counter() >= next_scrape:
+                self.scrape()
+                next_scrape = time.perf_counter() + self.interval_s
+
+    def __enter__(self):
+        self.scrape()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=self.http.timeout_s)
+        if exc[0] is None:
+            self.scrape()
+
+
+def server_window(scrapes: list[dict[str, float]]) -> dict:
+    """Before/after deltas of counters and before/peak/after of gauges, by server."""
+    if len(scrapes) < 2:
+        return {}
+    before, after = scrapes[0], scrapes[-1]
+
+    def delta(name):
+        return after[name] - before[name] if name in after and name in before else None
+
+    def peak(name):
+        seen = [s[name] for s in scrapes if name in s]
+        return max(seen) if seen else None
+
+    def first(*names):
+        return next((n for n in names if n in after), names[0])
+
+    window: dict = {}
+    if any(n.startswith("llamacpp:") for n in after):
+        decodes = delta("llamacpp:n_decode_total")
+        busy = None
+        if decodes:
+            # n_busy_slots_per_decode is a running mean since start; undo it over the window.
+            m0, m1 = before.get("llamacpp:n_busy_slots_per_decode"), after.get("llamacpp:n_busy_slots_per_decode")
+            if m0 is not None and m1 is not None:
+                busy = (m1 * after["llamacpp:n_decode_total"] - m0 * before["llamacpp:n_decode_total"]) / decodes
+        prompt, predicted = delta("llamacpp:prompt_tokens_total"), delta("llamacpp:tokens_predicted_total")
+        window = {
+            "server": "llama.cpp",
+            "decode_calls": decodes,
+            "mean_batch_per_decode": busy,
+            "tokens_per_decode": (prompt + predicted) / decodes if decodes and prompt is not None and predicted is not None else None,
+            "peak_requests_processing": peak("llamacpp:requests_processing"),
+            "peak_requests_deferred": peak("llamacpp:requests_deferred"),
+            "prompt_tokens": prompt,
+            "prompt_tokens_cached": delta("llamacpp:prompt_tokens_cached_total"),
+            "generated_tokens": predicted,
+        }
+    elif any(n.startswith("vllm:") for n in after):
+        queries = delta(first("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"))
+        hits = delta(first("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"))
+        window = {
+            "server": "vllm",
+            "peak_running": peak("vllm:num_requests_running"),
+            "peak_waiting": peak("vllm:num_requests_waiting"),
+            "peak_kv_cache_usage": peak(first("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+            "preemptions": delta("vllm:num_preemptions_total"),
+            "prefix_hit_rate": hits / queries if queries and hits is not None else None,
+            "prompt_tokens": delta("vllm:prompt_tokens_total"),
+            "generated_tokens": delta("vllm:generation_tokens_total"),
+        }
+    elif any(n.startswith("sglang:") for n in after):
+        window = {
+            "server": "sglang",
+            "peak_running": peak("sglang:num_running_reqs"),
+            "peak_queued": peak("sglang:num_queue_reqs"),
+            "peak_token_usage": peak("sglang:token_usage"),
+            "cached_tokens": delta("sglang:cached_tokens_total"),
+            "prompt_tokens": delta("sglang:prompt_tokens_total"),
+            "generated_tokens": delta("sglang:generation_tokens_total"),
+        }
+    else:
+        window = {"server": "unknown"}
+    window["scrapes"] = len(scrapes)
+    return window
+
+
+def timings_report(records: list[StreamRecord]) -> Optional[dict]:
+    """llama.cpp's own per-request timings: prefill time, and TTFT minus it (queue plus network)."""
+    timed = [r for r in records if r.error is None and r.timings and r.first_token_s is not None]
+    if not timed:
+        return None
+    prefill = Counter(float(r.timings.get("prompt_ms") or 0) for r in timed)
+    waited = Counter((r.first_token_s - r.sent_s) * 1000 - float(r.timings.get("prompt_ms") or 0) for r in timed)
+    per_token = Counter(float(r.timings["predicted_per_token_ms"]) for r in timed if r.timings.get("predicted_per_token_ms"))
+    return {
+        "requests": len(timed),
+        "prompt_ms": distribution(prefill),
+        "ttft_minus_prompt_ms": distribution(waited),
+        "predicted_per_token_ms": distribution(per_token),
+        "prompt_n": sum(int(r.timings.get("prompt_n") or 0) for r in timed),
+        "cache_n": sum(int(r.timings.get("cache_n") or 0) for r in timed),
+        "predicted_n": sum(int(r.timings.get("predicted_n") or 0) for r in timed),
+    }
+
+
+def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord]]:
+    """Closed loop: `concurrency` workers, each sending its next request when the last ends.
+    Open loop (--rate): Poisson send times, at most `concurrency` in flight if given.
+    Both stop at --requests, and stop sending at --duration; requests in flight finish."""
+    http = Http(config.url, config.timeout_s, config.api_key)
+    model = config.model or first_model(http)
+    limit = config.requests if config.requests is not None else float("inf")
+    lock = threading.Lock()
+    records: list[StreamRecord] = []
+    aborted: list[BaseException] = []
+    issued = 0
+    slots = threading.BoundedSemaphore(config.concurrency) if config.concurrency else None
+    rng = random.Random(config.seed)
+
+    def next_index() -> Optional[int]:
+        nonlocal issued
+        with lock:
+            if aborted or issued >= limit or (config.duration_s is not None and time.perf_counter() - started >= config.duration_s):
+                return None
+            issued += 1
+            return issued - 1
+
+    def send(index: int) -> None:
+        try:
+            record = send_request(http, request_body(config, model, index), index, config.timeout_s, config.max_tokens)
+        except BaseException as e:   # a refused connection stops the run; anything else is a bug to surface
+            with lock:
+                aborted.append(e)
+            return
+        with lock:
+            records.append(record)
+        if progress:
+            failed = sum(1 for r in records if r.error)
+            progress(f"{len(records):,} requests done, {failed:,} failed, {time.perf_counter() - started:.1f} s")
+
+    def worker() -> None:
+        while (index := next_index()) is not None:
+            send(index)
+
+    def open_loop_send(index: int) -> None:
+        try:
+            send(index)
+        finally:
+            if slots:
+                slots.release()
+
+    threads: list = []
+    cpu_before = time.process_time()
+    with MetricsSampler(http, config.scrape_interval_s) as sampler:
+        started = time.perf_counter()
+        if config.rate is None:
+            threads = [threading.Thread(target=worker, daemon=True) for _ in range(config.concurrency or 1)]
+            for t in threads:
+                t.start()
+        else:
+            send_at = started
+            while (index := next_index()) is not None:
+                delay = send_at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                if slots:
+                    slots.acquire()
+                t = threading.Thread(target=open_loop_send, args=(index,), daemon=True)
+                t.start()
+                threads.append(t)
+                send_at += rng.expovariate(config.rate)
+        for t in threads:
+            t.join()
+    if aborted:
+        raise aborted[0]
+    cpu = time.process_time() - cpu_before
+    records.sort(key=lambda r: r.index)
+    result = summarize(records)
+    result["server"] = server_window(sampler.scrapes)
+    if sampler.problem:
+        result["server"]["problem"] = sampler.problem
+    result["timings"] = timings_report(records)
+    finish = Counter(r.finish_reason for r in records if r.error is None)
+    result["client"] = {
+        "cpu_seconds": cpu,
+        "worst_wake_delay_ms": sampler.worst_wake_delay_s * 1000,
+        "finish_reasons": dict(finish),
+        "requests_without_usage": sum(1 for r in records if r.error is None and not r.usage_seen),
+    }
+    generated = result["server"].get("generated_tokens")
+    result["server"]["client_output_tokens"] = result["total_output_tokens"]
+    result["server"]["client_minus_server_tokens"] = None if generated is None else result["total_output_tokens"] - generated
+    shape = (f"poisson {config.rate:g} req/s" + (f", at most {config.concurrency} in flight" if config.concurrency else "")
+             if config.rate else f"closed loop {config.concurrency or 1} clients")
+    result["config"] = {
+        "title": f"loadgen {model} at {config.url}  {len(records):,} requests  {shape}",
+        "url": config.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
+        "num_prompts": len(records), "duration_limit_s": config.duration_s, "max_tokens": config.max_tokens,
+        "ignore_eos": config.ignore_eos, "prompt_words": None if config.prompts else config.prompt_words,
+        "prefix_words": config.prefix_words, "prompts_file": bool(config.prompts), "seed": config.seed,
+        "run_id": config.run_id,
+        "timeout_s": config.timeout_s,
+    }
+    return result, records
+
+
+# ---------------------------------------------------------------------------------------------
 # Reports: one printer for a run, simulated or measured, and one for a sweep table.
 # ---------------------------------------------------------------------------------------------
 
@@ -787,6 +1334,48 @@ def print_run(result: dict, out=sys.stdout) -> None:
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
+    if "server" in result:
+        print_server(result, w)
+
+
+SERVER_LABELS = {   # key: (label, digits)
+    "decode_calls": ("decode calls", 0), "mean_batch_per_decode": ("mean batch per decode", 2),
+    "tokens_per_decode": ("tokens per decode", 2), "peak_requests_processing": ("peak processing", 0),
+    "peak_requests_deferred": ("peak deferred", 0), "prompt_tokens": ("prompt tokens", 0),
+    "prompt_tokens_cached": ("cached prompt tokens", 0), "generated_tokens": ("generated tokens", 0),
+    "peak_running": ("peak running", 0), "peak_waiting": ("peak waiting", 0), "peak_queued": ("peak queued", 0),
+    "peak_kv_cache_usage": ("peak kv cache usage", 3), "peak_token_usage": ("peak token usage", 3),
+    "preemptions": ("preemptions", 0), "prefix_hit_rate": ("prefix hit rate", 3),
+    "cached_tokens": ("cached tokens", 0),
+}
+
+
+def print_server(result: dict, w) -> None:
+    server = result["server"]
+    if server.get("problem"):
+        w(f"{'server':<12}{server['problem']}\n")
+    elif server.get("server"):
+        w(f"{'server':<12}{server['server']} /metrics over the run ({server['scrapes']} scrapes; gauges are peaks seen)\n")
+        items = [f"{label} {server[key]:,.{digits}f}" for key, (label, digits) in SERVER_LABELS.items()
+                 if server.get(key) is not None]
+        for i in range(0, len(items), 3):
+            w(f"{'':<12}" + "  ".join(items[i:i + 3]) + "\n")
+        if server.get("generated_tokens") is not None:
+            w(f"{'':<12}client counted {server['client_output_tokens']:,} output tokens, the server "
+              f"{server['generated_tokens']:,.0f} (difference {server['client_minus_server_tokens']:,.0f})\n")
+    timings = result.get("timings")
+    if timings:
+        w(f"{'timings':<12}llama.cpp per request (p50/p95): prompt {number(timings['prompt_ms']['p50'])}/"
+          f"{number(timings['prompt_ms']['p95'])} ms  ttft minus prompt {number(timings['ttft_minus_prompt_ms']['p50'])}/"
+          f"{number(timings['ttft_minus_prompt_ms']['p95'])} ms  per token {number(timings['predicted_per_token_ms']['p50'])}/"
+          f"{number(timings['predicted_per_token_ms']['p95'])} ms  cache_n {timings['cache_n']:,}\n")
+    client = result["client"]
+    w(f"{'client':<12}{client['cpu_seconds']:.2f} s cpu  worst wake delay {client['worst_wake_delay_ms']:.1f} ms  "
+      f"finish reasons {client['finish_reasons']}"
+      + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
+         if client['requests_without_usage'] else "") + "\n")
+    w(f"{'definitions':<12}ttft: send to the first content or reasoning event; tpot: (last - first content "
+      f"event) / (usage completion_tokens - 1); itl: every gap between content events; nearest-rank percentiles\n")
 
 
 SWEEP_COLUMNS = (
@@ -822,7 +1411,6 @@ def flatten(result: dict, prefix: str = "") -> dict:
 
 
 def print_csv(results: list[dict], out=sys.stdout) -> None:
-    import csv
     rows = [flatten(r) for r in results]
     columns = list(dict.fromkeys(k for row in rows for k in row))
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
@@ -961,6 +1549,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "chunk (default: off)")
 
 
+DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
+
+
+def fill_workload_defaults(args) -> None:
+    """A trace brings its own lengths; synthetic requests take the defaults."""
+    if getattr(args, "trace", None):
+        if args.prompt_tokens or args.output_tokens or args.prefix_tokens:
+            raise UserError("--prompt-tokens, --output-tokens and --prefix-tokens describe synthetic "
+                            "requests; a --trace gives each request's own lengths")
+        return
+    args.requests = args.requests or DEFAULT_REQUESTS
+    args.prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT
+    args.output_tokens = args.output_tokens or DEFAULT_OUTPUT
+
+
+def workload_from_args(args, rate: Optional[float]) -> list[Request]:
+    if getattr(args, "trace", None):
+        return read_trace(args.trace)[:args.requests]
+    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
+                              rate, args.prefix_tokens, args.num_prefixes)
+
+
 def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("workload")
     arrivals = g.add_mutually_exclusive_group()
@@ -978,12 +1588,12 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
         arrivals.add_argument("--concurrency", type=positive_int, metavar="N",
                               help="closed loop: N clients, each sending its next request when the last "
                                    "ends (the default, with 32 clients)")
-    g.add_argument("--requests", type=positive_int, default=256, metavar="N",
-                   help="number of synthetic requests (default: %(default)s)")
-    g.add_argument("--prompt-tokens", type=token_range, default=TokenRange(256, 1024), metavar="N|A-B",
-                   help="prompt length in tokens after any shared prefix, fixed or uniform (default: %(default)s)")
-    g.add_argument("--output-tokens", type=token_range, default=TokenRange(64, 256), metavar="N|A-B",
-                   help="output length in tokens, fixed or uniform (default: %(default)s)")
+    g.add_argument("--requests", type=positive_int, metavar="N",
+                   help="number of synthetic requests, or the first N of a trace (default: 256, or the whole trace)")
+    g.add_argument("--prompt-tokens", type=token_range, metavar="N|A-B",
+                   help=f"prompt length in tokens after any shared prefix, fixed or uniform (default: {DEFAULT_PROMPT})")
+    g.add_argument("--output-tokens", type=token_range, metavar="N|A-B",
+                   help=f"output length in tokens, fixed or uniform (default: {DEFAULT_OUTPUT})")
     g.add_argument("--prefix-tokens", type=positive_int, default=0, metavar="TOKENS",
                    help="a shared system prompt of this many tokens in front of every prompt (default: none)")
     g.add_argument("--num-prefixes", type=positive_int, default=1, metavar="M",
@@ -1026,12 +1636,11 @@ def run_simulation(args, concurrency: Optional[int], rate: Optional[float],
     hardware, model, plan = plan_from_args(args)
     config = scheduler_config(args)
     trace = getattr(args, "trace", None)
+    fill_workload_defaults(args)
+    requests = workload_from_args(args, rate)
     if trace:
-        requests = read_trace(trace)
         arrivals = f"trace arrivals ({trace})"
     else:
-        requests = synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
-                                      rate, args.prefix_tokens, args.num_prefixes)
         arrivals = f"poisson {rate:g} req/s" if rate else f"closed loop {concurrency} clients"
     engine = Engine(hardware, model, plan, config, detailed=getattr(args, "detailed", False))
     report = None
@@ -1100,6 +1709,28 @@ def cmd_sweep(args) -> int:
     return 1 if any(r["failed"] for r in results) else 0
 
 
+def cmd_loadgen(args) -> int:
+    if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
+        raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
+    config = LoadConfig(
+        url=args.url, model=args.model,
+        requests=None if args.duration and args.requests is None else (args.requests or 64),
+        concurrency=args.concurrency or (None if args.rate else 1), rate=args.rate,
+        duration_s=args.duration, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+        prompt_words=args.prompt_tokens or 40, prefix_words=args.prefix_tokens,
+        prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
+        timeout_s=args.timeout, scrape_interval_s=args.scrape_interval,
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
+    result, records = run_load(config, Progress("loadgen"))
+    if args.detailed:
+        result.update(detailed_arrays(records))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_run(result)
+    return 1 if result["failed"] else 0
+
+
 def cmd_presets(args) -> int:
     if args.json:
         print(json.dumps({"hardware": [asdict(h) for h in HARDWARE.values()],
@@ -1154,6 +1785,51 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="a JSON list, one simulate --json object per point")
     out.add_argument("--csv", action="store_true", help="CSV, one row per point, nested keys dotted")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("loadgen", help="measure the same metrics from a real OpenAI-compatible server",
+                       description="Send streaming chat completions to an OpenAI-compatible server (llama.cpp, "
+                                   "vLLM, SGLang), time every server-sent event as it arrives, and report TTFT, "
+                                   "TPOT, ITL and throughput with the simulator's definitions, beside the "
+                                   "server's own /metrics for the same window. Exit 1 if the server is "
+                                   "unreachable or any request failed.")
+    g = p.add_argument_group("server")
+    g.add_argument("--url", default="http://127.0.0.1:8080",
+                   help="the server's base address (default: %(default)s)")
+    g.add_argument("--model", help="model id to request (default: the first id from GET /v1/models)")
+    g.add_argument("--api-key", help="sent as a Bearer token, never printed (default: $OPENAI_API_KEY if set)")
+    g.add_argument("--timeout", type=positive_float, default=120.0, metavar="SECONDS",
+                   help="longest wait for the next event of a stream before it counts as failed (default: %(default)s)")
+    g.add_argument("--scrape-interval", type=positive_float, default=1.0, metavar="SECONDS",
+                   help="how often /metrics is read during the run (default: %(default)s)")
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", type=positive_int, metavar="N",
+                   help="closed loop: N clients (default: 1); with --rate, the most requests in flight (default: no cap)")
+    g.add_argument("--rate", type=positive_float, metavar="R",
+                   help="open loop: Poisson arrivals at R requests/s (default: closed loop)")
+    g.add_argument("--requests", type=positive_int, metavar="N",
+                   help="requests to send (default: 64, or no count limit when --duration is given)")
+    g.add_argument("--duration", type=positive_float, metavar="SECONDS",
+                   help="stop sending after this long; requests in flight finish (default: no time limit)")
+    g.add_argument("--max-tokens", type=positive_int, default=64, metavar="TOKENS",
+                   help="max_tokens of each request (default: %(default)s)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="ask the server to generate exactly --max-tokens tokens (llama.cpp, vLLM and SGLang "
+                        "accept ignore_eos) (default: off)")
+    g.add_argument("--prompt-tokens", type=positive_int, metavar="WORDS",
+                   help="a distinct prompt of about this many tokens (common words) per request (default: 40)")
+    g.add_argument("--prefix-tokens", type=positive_int, default=0, metavar="WORDS",
+                   help="a shared system prompt of about this many tokens, the same for every request (default: none)")
+    g.add_argument("--prompts", metavar="FILE",
+                   help="your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
+                        "used in turn (default: generated prompts)")
+    g.add_argument("--seed", type=int, default=7, help="seed for prompts and arrivals (default: %(default)s)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true",
+                     help="one JSON object with vllm bench serve's keys, plus server, timings, client and config")
+    out.add_argument("--detailed", action="store_true",
+                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, latencies, "
+                          "start_times, errors; seconds)")
+    p.set_defaults(func=cmd_loadgen)
 
     p = sub.add_parser("presets", help="list the hardware and model presets",
                        description="List the hardware and model presets with the figures the cost model uses.")

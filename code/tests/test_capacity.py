@@ -1,0 +1,87 @@
+import json
+import unittest
+
+from helpers import main, run_cli
+
+
+class Step9Capacity(unittest.TestCase):
+    """The lesson's Step 9 capacity output for Llama 3.1 8B on an L4, figure for figure."""
+
+    def setUp(self):
+        self.code, self.out, self.err = run_cli("capacity", "--hardware", "l4-24gb")
+
+    def line(self, label):
+        return next(l for l in self.out.splitlines() if l.startswith(label))
+
+    def test_prints_every_step9_figure(self):
+        self.assertEqual(self.code, 0, self.err)
+        self.assertIn("16.06 GB", self.line("weights"))
+        self.assertIn("8.03 B params x 2 bytes", self.line("weights"))
+        self.assertIn("128.0 KiB", self.line("kv per token"))
+        self.assertIn("2 x 32 layers x 8 kv heads x 128 head dim x 2 bytes", self.line("kv per token"))
+        self.assertIn("20.25 GiB", self.line("memory budget"))
+        self.assertIn("22.5 GiB x 0.90", self.line("memory budget"))
+        self.assertIn("3.79 GiB", self.line("kv cache"))
+        self.assertIn("1.5 GiB reserve", self.line("kv cache"))
+        self.assertIn("1,941 x 16 tokens", self.line("blocks"))
+        self.assertIn("= 31,056 tokens", self.line("blocks"))
+        self.assertIn("7.58x", self.line("max concurrency"))
+        self.assertIn("at 4,096 tokens per request", self.line("max concurrency"))
+        self.assertIn("72.38 ms at batch 1", self.line("decode step"))
+        self.assertIn("~269 tokens per step", self.line("decode step"))
+
+    def test_prints_vllms_startup_line_for_the_same_plan(self):
+        self.assertIn("GPU KV cache size: 31,056 tokens, Maximum concurrency for 4,096 tokens per request: 7.58x",
+                      self.out)
+
+
+class CriticalBatch(unittest.TestCase):
+    def test_h100_knee_is_about_197_tokens_and_cpu_under_3(self):
+        self.assertAlmostEqual(main.critical_batch(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]), 197, delta=0.5)
+        self.assertLess(main.critical_batch(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"]), 3)
+
+    def test_decode_of_16_costs_barely_more_than_of_1(self):
+        h, m = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+        one, sixteen = main.step_seconds(h, m, 1, 0), main.step_seconds(h, m, 16, 0)
+        self.assertLess(sixteen / one, 1.01)
+        self.assertGreater(main.step_seconds(h, m, 1000, 0), 2 * one)   # past the knee compute rules
+
+
+class DoesNotFit(unittest.TestCase):
+    def test_70b_on_one_h100_exits_1_naming_the_three_ways_out(self):
+        code, out, err = run_cli("capacity", "--model", "llama-3.1-70b")
+        self.assertEqual(code, 1)
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.strip().splitlines()), 1)
+        self.assertIn("weights 141.20 GB plus 2.0 GiB reserve exceed 71.64 GiB", err)
+        for way in ("quantize", "tensor parallelism", "bigger device"):
+            self.assertIn(way, err)
+
+    def test_kv_tokens_beyond_the_memory_left_does_not_fit(self):
+        code, _, err = run_cli("capacity", "--hardware", "l4-24gb", "--kv-tokens", "100000")
+        self.assertEqual(code, 1)
+        self.assertIn("does not fit", err)
+
+
+class FixedSizes(unittest.TestCase):
+    def test_kv_tokens_fixes_the_cache_like_llama_cpp_ctx_size(self):
+        plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)
+        self.assertEqual((plan.num_blocks, plan.kv_tokens), (256, 4096))
+
+    def test_num_gpu_blocks_pins_the_count_from_a_vllm_log(self):
+        code, out, _ = run_cli("capacity", "--num-gpu-blocks", "1000", "--max-model-len", "8192", "--json")
+        self.assertEqual(code, 0)
+        plan = json.loads(out)
+        self.assertEqual(plan["num_blocks"], 1000)
+        self.assertEqual(plan["kv_tokens"], 16000)
+        self.assertAlmostEqual(plan["max_concurrency"], 1000 / 512)
+
+    def test_kv_bytes_per_token_of_each_model(self):
+        self.assertEqual(main.MODELS["llama-3.1-8b"].kv_bytes_per_token, 131072)
+        self.assertEqual(main.MODELS["llama-3.1-70b"].kv_bytes_per_token, 327680)
+        self.assertEqual(main.MODELS["smollm2-135m-q8_0"].kv_bytes_per_token, 23040)
+        self.assertAlmostEqual(main.MODELS["smollm2-135m-q8_0"].weight_bytes, 134.5e6 * 34 / 32)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,117 @@
+"""What a user sees at the terminal: one-line errors with exit 2, help, presets."""
+import json
+import os
+import re
+import tempfile
+import unittest
+
+from helpers import run_cli
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def assert_bad(self, *args, mentions=()):
+        code, out, err = run_cli(*args)
+        self.assertEqual(code, 2, (args, err))
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("Traceback", err)
+        for word in mentions:
+            self.assertIn(word, err)
+        return err
+
+    def test_unknown_presets(self):
+        self.assert_bad("capacity", "--hardware", "tpu-v9", mentions=("tpu-v9", "h100-sxm-80gb"))
+        self.assert_bad("simulate", "--model", "gpt-9", mentions=("gpt-9", "presets"))
+
+    def test_bad_numbers(self):
+        self.assert_bad("simulate", "--rate", "-3", mentions=("--rate", "positive"))
+        self.assert_bad("simulate", "--rate", "abc", mentions=("--rate",))
+        self.assert_bad("sweep", "--concurrency", "1,0,8", mentions=("--concurrency",))
+        self.assert_bad("simulate", "--requests", "0", mentions=("--requests",))
+        self.assert_bad("simulate", "--prompt-tokens", "900-100", mentions=("backwards",))
+        self.assert_bad("simulate", "--prompt-tokens", "ten", mentions=("--prompt-tokens",))
+        self.assert_bad("capacity", "--gpu-memory-utilization", "1.5", mentions=("fraction",))
+
+    def test_conflicting_and_unknown_flags(self):
+        self.assert_bad("simulate", "--rate", "2", "--concurrency", "4", mentions=("not allowed",))
+        self.assert_bad("capacity", "--kv-tokens", "4096", "--num-gpu-blocks", "10")
+        self.assert_bad("simulate", "--frobnicate")
+        self.assert_bad("explode")
+        self.assert_bad()
+
+    def test_malformed_trace_lines_name_the_file_line_and_field(self):
+        path = self.write("t.jsonl", '{"arrival": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+                                     '{"arrival": 1, "prompt_tokens": -4, "output_tokens": 5}\n')
+        self.assert_bad("simulate", "--trace", path, mentions=(path, "line 2", "prompt_tokens"))
+        path = self.write("u.jsonl", '{"arrival": 0, "prompt_tokens": 10}\n')
+        self.assert_bad("simulate", "--trace", path, mentions=("line 1", "output_tokens"))
+        path = self.write("v.jsonl", 'arrival,prompt\n')
+        self.assert_bad("simulate", "--trace", path, mentions=("line 1", "JSON"))
+        path = self.write("w.jsonl", '{"arrival": 0, "prompt_tokens": 10, "output_tokens": 5, "colour": 1}\n')
+        self.assert_bad("simulate", "--trace", path, mentions=("colour",))
+        path = self.write("x.jsonl", '{"arrival": 0, "prompt_tokens": 10, "output_tokens": 5, "prefix": "s", "prefix_tokens": 20}\n')
+        self.assert_bad("simulate", "--trace", path, mentions=("prefix_tokens",))
+        self.assert_bad("simulate", "--trace", os.path.join(self.tmp.name, "missing.jsonl"), mentions=("cannot read",))
+        self.assert_bad("simulate", "--trace", self.write("empty.jsonl", "\n"), mentions=("no requests",))
+
+    def test_bad_preset_files(self):
+        self.assert_bad("capacity", "--hardware", self.write("h.json", "{not json"), mentions=("JSON",))
+        self.assert_bad("capacity", "--hardware", self.write("h2.json", '{"name": "x", "memory_gib": 10}'),
+                        mentions=("missing", "bandwidth_gbs"))
+        self.assert_bad("capacity", "--model", self.write("m.json", json.dumps(
+            {"name": "m", "params": 1e9, "layers": 10.5, "kv_heads": 2, "head_dim": 64})), mentions=("layers",))
+        self.assert_bad("capacity", "--model", self.write("m2.json", json.dumps(
+            {"name": "m", "params": -1, "layers": 10, "kv_heads": 2, "head_dim": 64})), mentions=("params",))
+
+
+class PresetFiles(unittest.TestCase):
+    def test_a_users_own_gpu_and_model_from_json(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            presets = json.loads(run_cli("presets", "--json")[1])
+            gpu = dict(presets["hardware"][0], name="my-gpu", memory_gib=40.0)
+            path = os.path.join(tmp, "gpu.json")
+            with open(path, "w") as f:
+                json.dump(gpu, f)
+            code, out, err = run_cli("capacity", "--hardware", path, "--json")
+        self.assertEqual(code, 0, err)
+        plan = json.loads(out)
+        self.assertEqual(plan["hardware"]["name"], "my-gpu")
+        self.assertLess(plan["num_blocks"], 27997)
+
+    def test_presets_lists_every_name(self):
+        code, out, _ = run_cli("presets")
+        self.assertEqual(code, 0)
+        for name in ("h100-sxm-80gb", "a100-sxm-80gb", "h200-141gb", "l4-24gb", "rtx-4090-24gb", "cpu-4vcpu",
+                     "llama-3.1-8b", "llama-3.1-70b", "smollm2-135m-q8_0", "qwen2.5-7b"):
+            self.assertIn(name, out)
+
+
+class Help(unittest.TestCase):
+    def test_every_flag_has_help_with_a_default_or_a_unit(self):
+        for command in ("capacity", "simulate", "sweep", "presets"):
+            code, out, _ = run_cli(command, "--help")
+            self.assertEqual(code, 0)
+            options = out[out.index("options:"):]
+            # Each option's block: from its line to the next option line or group heading.
+            blocks = re.split(r"\n(?=  -|\S)", options)
+            described = [b for b in blocks if b.lstrip().startswith("--")]
+            self.assertGreater(len(described), 0, command)
+            for block in described:
+                flag = block.split()[0]
+                if flag in ("--json", "--csv", "--detailed"):
+                    continue
+                text = " ".join(block.split())
+                self.assertRegex(text, r"\(default|requests/s|clients|one request per line", (command, flag))
+
+if __name__ == "__main__":
+    unittest.main()

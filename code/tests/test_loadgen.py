@@ -1,0 +1,328 @@
+"""loadgen against a scripted in-process server: timing, stream formats, failures, /metrics."""
+import json
+import os
+import socket
+import tempfile
+import unittest
+
+from fake_server import FakeServer, chunk, data, paced, scripted, usage
+from helpers import main, run_cli
+
+LLAMA_BEFORE = """# HELP llamacpp:n_decode_total Total number of llama_decode() calls
+# TYPE llamacpp:n_decode_total counter
+llamacpp:n_decode_total 100
+llamacpp:n_busy_slots_per_decode 1.5
+llamacpp:prompt_tokens_total 1000
+llamacpp:tokens_predicted_total 500
+llamacpp:requests_processing 0
+llamacpp:requests_deferred 0
+"""
+LLAMA_DURING = LLAMA_BEFORE.replace("requests_processing 0", "requests_processing 4").replace(
+    "requests_deferred 0", "requests_deferred 3")
+# 300 more decodes; running mean moves from 1.5 to 3.0: window mean = (3.0*400 - 1.5*100) / 300 = 3.5
+LLAMA_AFTER = """llamacpp:n_decode_total 400
+llamacpp:n_busy_slots_per_decode 3.0
+llamacpp:prompt_tokens_total 1600
+llamacpp:tokens_predicted_total 1100
+llamacpp:requests_processing 0
+llamacpp:requests_deferred 0
+"""
+
+VLLM_BEFORE = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+vllm:num_requests_running{engine="1",model_name="m"} 0.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 50.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.1
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 10.0
+"""
+VLLM_AFTER = """vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 4.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 90.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.9
+vllm:num_preemptions_total{engine="0",model_name="m"} 7.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 3000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1100.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 60.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 60.0
+"""
+
+
+def loadgen(server, *args, key=None):
+    env = {"OPENAI_API_KEY": ""} if key is None else {"OPENAI_API_KEY": key}
+    code, out, err = run_cli("loadgen", "--url", server.url, "--json", *args, env=env)
+    try:
+        return code, json.loads(out), err
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {code}): {out[:300]} {err[:300]}") from None
+
+
+class Timing(unittest.TestCase):
+    def check_pace(self, concurrency):
+        """Against the times the server really wrote each event: perf_counter is the system's
+        monotonic clock, the same in the server (this process) and loadgen (a subprocess)."""
+        with FakeServer(paced(ttft=0.1, gap=0.02, tokens=10)) as server:
+            code, r, err = loadgen(server, "--concurrency", concurrency, "--requests", concurrency * 2,
+                                   "--max-tokens", 10, "--detailed")
+            log = server.log
+        self.assertEqual(code, 0, err)
+        self.assertEqual(r["completed"], concurrency * 2)
+        truth = {int(entry["prompt"].split()[0].split("-")[1]): entry for entry in log}
+        ttft_error, tpot_error, itl_error = [], [], []
+        for index, (start, ttft, itls) in enumerate(zip(r["start_times"], r["ttfts"], r["itls"])):
+            written, received = truth[index]["written"], truth[index]["received"]
+            self.assertLess(start, received)                 # the send is stamped before it leaves
+            # The first token's arrival stamp against the moment the server wrote it.
+            ttft_error.append(abs(start + ttft - written[0]) * 1000)
+            tpot_error.append(abs(sum(itls) / 9 - (written[-1] - written[0]) / 9) * 1000)
+            gaps = [b - a for a, b in zip(written, written[1:])]
+            itl_error += [abs(x - y) * 1000 for x, y in zip(itls, gaps)]
+        for name, errors in (("ttft", ttft_error), ("tpot", tpot_error), ("itl", itl_error)):
+            errors.sort()
+            self.assertLess(errors[len(errors) // 2], 2.0, (name, errors))
+        # And the pace itself comes through: 100 ms to the first token, 20 ms apart after.
+        self.assertAlmostEqual(r["median_ttft_ms"], 100, delta=8)
+        self.assertAlmostEqual(r["median_itl_ms"], 20, delta=3)
+
+    def test_known_pace_is_recovered_at_concurrency_1(self):
+        self.check_pace(1)
+
+    def test_known_pace_is_recovered_at_concurrency_16(self):
+        self.check_pace(16)
+
+    def test_the_role_only_first_chunk_does_not_count_as_the_first_token(self):
+        stream = scripted(data(chunk({"role": "assistant", "content": None})), data(chunk({"role": "assistant", "content": ""})),
+                          0.2, data(chunk({"content": "a"})), 0.05, data(chunk({"content": "b"})),
+                          data(chunk(finish="stop")), data(usage(5, 2)), "data: [DONE]\n\n")
+        with FakeServer(stream) as server:
+            code, r, _ = loadgen(server, "--requests", 1)
+        self.assertEqual(code, 0)
+        self.assertAlmostEqual(r["mean_ttft_ms"], 200, delta=15)
+
+    def test_reasoning_content_counts_as_a_token(self):
+        with FakeServer(paced(ttft=0.05, gap=0.01, tokens=4, field="reasoning_content")) as server:
+            code, r, _ = loadgen(server, "--requests", 1)
+        self.assertEqual(code, 0)
+        self.assertAlmostEqual(r["mean_ttft_ms"], 50, delta=15)
+
+    def test_tpot_divides_by_usage_tokens_when_chunks_carry_several(self):
+        with FakeServer(paced(ttft=0.02, gap=0.06, tokens=10, per_event=5)) as server:
+            code, r, _ = loadgen(server, "--requests", 1, "--max-tokens", 10)
+        self.assertEqual(code, 0)
+        self.assertEqual(r["total_output_tokens"], 10)
+        self.assertAlmostEqual(r["mean_tpot_ms"], 60 / 9, delta=1.5)   # not 60 / 1
+        self.assertAlmostEqual(r["mean_itl_ms"], 60, delta=8)
+
+    def test_keep_alive_comments_crlf_lines_and_chunked_encoding(self):
+        stream = scripted(": keep-alive\r\n\r\n", data(chunk({"content": "a"}), "\r\n"), ": ping\r\n\r\n",
+                          data(chunk({"content": "b"}), "\r\n"), data(chunk(finish="stop"), "\r\n"),
+                          data(usage(3, 2), "\r\n"), "data: [DONE]\r\n\r\n")
+        with FakeServer(stream, chunked=True) as server:
+            code, r, err = loadgen(server, "--requests", 2)
+        self.assertEqual(code, 0, err)
+        self.assertEqual((r["completed"], r["total_output_tokens"]), (2, 4))
+
+
+class Failures(unittest.TestCase):
+    def assert_failed(self, stream, kind, *args):
+        with FakeServer(stream) as server:
+            code, r, err = loadgen(server, "--requests", 2, *args)
+        self.assertEqual(code, 1, err)
+        self.assertEqual(r["failed"], 2)
+        self.assertEqual(r["completed"], 0)
+        self.assertEqual(list(r["errors_by_kind"]), [kind])
+        return r
+
+    def test_a_stream_cut_before_done_is_an_error_not_a_short_answer(self):
+        self.assert_failed(scripted(data(chunk({"content": "a"})), data(chunk(finish="stop")), data(usage(3, 1))), "truncated")
+
+    def test_a_stream_without_finish_reason_is_truncated(self):
+        self.assert_failed(scripted(data(chunk({"content": "a"})), "data: [DONE]\n\n"), "truncated")
+
+    def test_an_in_band_error_event(self):
+        r = self.assert_failed(scripted(data(chunk({"content": "a"})), data({"error": {"message": "out of memory", "code": 500}})),
+                               "server error in stream")
+        self.assertEqual(r["total_output_tokens"], 0)
+
+    def test_llama_cpp_error_field(self):
+        self.assert_failed(scripted('error: {"code": 500, "message": "boom"}\n\n'), "server error in stream")
+
+    def test_http_400_and_503_keep_the_status_and_body(self):
+        for status in (400, 503):
+            body = json.dumps({"error": {"message": "the request exceeds the available context size"}})
+            with FakeServer(scripted(body, status=status)) as server:
+                code, r, _ = loadgen(server, "--requests", 2, "--detailed")
+            self.assertEqual(code, 1)
+            self.assertEqual(list(r["errors_by_kind"]), [f"http {status}"])
+            self.assertIn("exceeds the available context size", r["errors"][0])
+
+    def test_a_server_that_stalls_past_the_timeout(self):
+        self.assert_failed(scripted(data(chunk({"content": "a"})), 1.5, data(chunk({"content": "b"}))), "timeout",
+                           "--timeout", "0.3")
+
+    def test_garbage_lines_are_ignored_but_a_garbage_event_fails_the_request(self):
+        ok = scripted("hello there\n", "xyz: 12\n\n", data(chunk({"content": "a"})), data(chunk(finish="stop")),
+                      data(usage(2, 1)), "data: [DONE]\n\n")
+        with FakeServer(ok) as server:
+            code, r, _ = loadgen(server, "--requests", 1)
+        self.assertEqual((code, r["completed"]), (0, 1))
+        self.assert_failed(scripted(data(chunk({"content": "a"})), "data: {not json\n\n"), "bad stream")
+
+    def test_an_answer_with_no_content_is_empty(self):
+        self.assert_failed(scripted(data(chunk(finish="stop")), data(usage(2, 0)), "data: [DONE]\n\n"), "empty answer")
+
+    def test_failures_are_kept_apart_from_successes(self):
+        calls = []
+
+        def every_other(handler, body):
+            calls.append(1)
+            (paced(tokens=3) if len(calls) % 2 else scripted("{}", status=503))(handler, body)
+        with FakeServer(every_other) as server:
+            code, r, _ = loadgen(server, "--requests", 6)
+        self.assertEqual(code, 1)
+        self.assertEqual((r["completed"], r["failed"]), (3, 3))
+        self.assertEqual(r["total_output_tokens"], 9)
+
+    def test_a_refused_port_exits_1_with_one_line(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        code, out, err = run_cli("loadgen", "--url", f"http://127.0.0.1:{port}", "--requests", "2")
+        self.assertEqual(code, 1)
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.strip().splitlines()), 1)
+        self.assertIn("connection refused", err)
+        self.assertNotIn("Traceback", err)
+
+
+class ServerMetrics(unittest.TestCase):
+    def test_llama_cpp_window_mean_batch_from_the_lessons_formula(self):
+        w = main.server_window([main.parse_prometheus(t) for t in (LLAMA_BEFORE, LLAMA_DURING, LLAMA_AFTER)])
+        self.assertEqual(w["server"], "llama.cpp")
+        self.assertAlmostEqual(w["mean_batch_per_decode"], 3.5)
+        self.assertEqual(w["decode_calls"], 300)
+        self.assertAlmostEqual(w["tokens_per_decode"], (600 + 600) / 300)
+        self.assertEqual((w["peak_requests_processing"], w["peak_requests_deferred"]), (4, 3))
+        self.assertEqual(w["generated_tokens"], 600)
+
+    def test_vllm_label_sets_are_summed_and_names_matched_exactly(self):
+        w = main.server_window([main.parse_prometheus(t) for t in (VLLM_BEFORE, VLLM_AFTER)])
+        self.assertEqual(w["server"], "vllm")
+        self.assertEqual(w["peak_running"], 7)          # two engines summed
+        self.assertEqual(w["peak_waiting"], 2)          # not the _by_reason series
+        self.assertEqual(w["preemptions"], 5)           # _created ignored
+        self.assertAlmostEqual(w["prefix_hit_rate"], 0.5)
+        self.assertAlmostEqual(w["peak_kv_cache_usage"], 0.9)
+        self.assertEqual(w["generated_tokens"], 100)
+
+    def test_sglang_names(self):
+        before = "sglang:num_running_reqs{model_name=\"m\"} 0\nsglang:generation_tokens_total{model_name=\"m\"} 5\n"
+        after = "sglang:num_running_reqs{model_name=\"m\"} 6\nsglang:num_queue_reqs{model_name=\"m\"} 2\n" \
+                "sglang:token_usage{model_name=\"m\"} 0.4\nsglang:generation_tokens_total{model_name=\"m\"} 25\n"
+        w = main.server_window([main.parse_prometheus(before), main.parse_prometheus(after)])
+        self.assertEqual((w["server"], w["peak_running"], w["peak_queued"], w["generated_tokens"]), ("sglang", 6, 2, 20))
+
+    def test_end_to_end_scrapes_before_during_after_and_cross_checks_tokens(self):
+        texts = [LLAMA_BEFORE, LLAMA_DURING]
+        with FakeServer(paced(ttft=0.05, gap=0.05, tokens=10), metrics=lambda n: texts[n] if n < 2 else LLAMA_AFTER) as server:
+            code, r, _ = loadgen(server, "--requests", 3, "--max-tokens", 10, "--scrape-interval", "0.2")
+            scrapes = len(server.scrapes)
+        self.assertEqual(code, 0)
+        self.assertGreaterEqual(scrapes, 3)
+        self.assertAlmostEqual(r["server"]["mean_batch_per_decode"], 3.5)
+        self.assertEqual(r["server"]["client_output_tokens"], 30)
+        self.assertEqual(r["server"]["client_minus_server_tokens"], 30 - 600)
+
+    def test_no_metrics_endpoint_is_reported_once_and_the_run_goes_on(self):
+        with FakeServer(paced(tokens=3)) as server:
+            code, out, err = run_cli("loadgen", "--url", server.url, "--requests", "2")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count("/metrics answered HTTP 404"), 1)
+        self.assertIn("2 completed", out)
+
+    def test_llama_cpp_timings_are_summarised(self):
+        timings = {"prompt_n": 12, "prompt_ms": 40.0, "cache_n": 3, "predicted_n": 5, "predicted_per_token_ms": 10.0}
+        with FakeServer(paced(ttft=0.1, tokens=5, timings=timings)) as server:
+            code, r, _ = loadgen(server, "--requests", 2)
+        self.assertEqual(code, 0)
+        self.assertEqual(r["timings"]["cache_n"], 6)
+        self.assertAlmostEqual(r["timings"]["prompt_ms"]["p50"], 40.0)
+        self.assertAlmostEqual(r["timings"]["ttft_minus_prompt_ms"]["p50"], 60, delta=15)
+
+
+class Requests(unittest.TestCase):
+    def test_the_request_body_asks_for_a_stream_with_usage_and_ignore_eos(self):
+        with FakeServer(paced(tokens=2)) as server:
+            loadgen(server, "--requests", 3, "--max-tokens", 7, "--ignore-eos", "--prefix-tokens", 20)
+            bodies = server.bodies
+        body = bodies[0]
+        self.assertEqual(body["model"], "fake-model")          # the first id of /v1/models
+        self.assertTrue(body["stream"])
+        self.assertEqual(body["stream_options"], {"include_usage": True})
+        self.assertEqual((body["max_tokens"], body["ignore_eos"]), (7, True))
+        users = [b["messages"][-1]["content"] for b in bodies]
+        systems = [b["messages"][0]["content"] for b in bodies]
+        self.assertEqual(len(set(users)), 3)                    # distinct prompts
+        self.assertEqual(len(set(systems)), 1)                  # one shared prefix, on purpose
+        self.assertEqual(len(systems[0].split()), 20)
+
+    def test_each_run_sends_prompts_no_earlier_run_sent(self):
+        with FakeServer(paced(tokens=2)) as server:
+            loadgen(server, "--requests", 2)
+            loadgen(server, "--requests", 2)
+            users = [b["messages"][-1]["content"] for b in server.bodies]
+        self.assertEqual(len(set(users)), 4)
+
+    def test_the_api_key_is_sent_but_never_printed(self):
+        key = "sk-secret-1234567890"
+        with FakeServer(scripted("{}", status=401)) as server:
+            code, out, err = run_cli("loadgen", "--url", server.url, "--requests", "1", "--json", "--detailed",
+                                     env={"OPENAI_API_KEY": key})
+            code2, out2, err2 = run_cli("loadgen", "--url", server.url, "--requests", "1", "--api-key", key)
+            headers = server.headers
+        self.assertEqual(headers[0]["Authorization"], f"Bearer {key}")
+        for text in (out, err, out2, err2):
+            self.assertNotIn(key, text)
+
+    def test_prompts_file_is_used_in_turn_and_bad_lines_exit_2(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            good = os.path.join(tmp, "p.jsonl")
+            with open(good, "w") as f:
+                f.write('{"prompt": "hello"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+            bad = os.path.join(tmp, "q.jsonl")
+            with open(bad, "w") as f:
+                f.write('{"prompt": "hello"}\n{"text": 3}\n')
+            with FakeServer(paced(tokens=2)) as server:
+                code, r, _ = loadgen(server, "--requests", 3, "--prompts", good)
+                contents = [b["messages"][-1]["content"] for b in server.bodies]
+            code2, out2, err2 = run_cli("loadgen", "--url", "http://127.0.0.1:9", "--prompts", bad)
+        self.assertEqual(code, 0)
+        self.assertEqual(sorted(contents), ["hello", "hello", "hi"])
+        self.assertEqual(code2, 2)
+        self.assertIn("line 2", err2)
+
+    def test_duration_stops_sending_and_lets_requests_in_flight_finish(self):
+        with FakeServer(paced(ttft=0.2, gap=0.05, tokens=3)) as server:
+            code, r, _ = loadgen(server, "--concurrency", 2, "--duration", "0.5")
+        self.assertEqual(code, 0)
+        self.assertEqual(r["failed"], 0)
+        self.assertTrue(2 <= r["completed"] <= 6, r["completed"])
+
+    def test_rate_is_open_loop_and_capped_by_concurrency(self):
+        with FakeServer(paced(ttft=0.3, gap=0.01, tokens=2)) as server:
+            code, r, _ = loadgen(server, "--rate", 50, "--concurrency", 2, "--requests", 6, "--detailed")
+        self.assertEqual(code, 0)
+        starts = sorted(r["start_times"])
+        # Two in flight at a time, each ~0.31 s: the 6 sends spread over about three rounds.
+        self.assertGreater(starts[-1] - starts[0], 0.55)
+
+
+if __name__ == "__main__":
+    unittest.main()

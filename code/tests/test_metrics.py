@@ -1,0 +1,83 @@
+import math
+import unittest
+from collections import Counter
+from types import SimpleNamespace
+
+from helpers import FIXTURES, main
+
+
+def record(sent, times, output=None, prompt=10, queue=None, error=None):
+    return SimpleNamespace(sent_s=sent, first_token_s=times[0] if times else None,
+                           last_token_s=times[-1] if times else None, token_times=times,
+                           output_tokens=len(times) if output is None else output,
+                           prompt_tokens=prompt, queue_s=queue, error=error)
+
+
+class Percentiles(unittest.TestCase):
+    def test_nearest_rank(self):
+        d = main.distribution(Counter(range(1, 101)))
+        self.assertEqual((d["p50"], d["p90"], d["p95"], d["p99"]), (50, 90, 95, 99))
+        d = main.distribution(Counter([1, 2, 3, 4]))
+        self.assertEqual((d["p50"], d["p90"], d["p99"]), (2, 4, 4))   # ceil(0.5*4)=2nd, ceil(0.9*4)=4th
+
+    def test_counts_weigh_like_repeated_values(self):
+        self.assertEqual(main.distribution(Counter({1.0: 3, 10.0: 1})),
+                         main.distribution(Counter([1.0, 1.0, 1.0, 10.0])))
+        d = main.distribution(Counter({1.0: 3, 10.0: 1}))
+        self.assertAlmostEqual(d["mean"], 3.25)
+        self.assertAlmostEqual(d["std"], (3 * 2.25 ** 2 + 6.75 ** 2) ** 0.5 / 2)
+
+    def test_empty_is_none_not_zero(self):
+        self.assertIsNone(main.distribution(Counter())["p50"])
+
+
+class Definitions(unittest.TestCase):
+    def test_ttft_tpot_itl_e2e(self):
+        r = record(0.0, [0.5, 0.6, 0.8, 0.9])
+        s = main.summarize([r])
+        self.assertAlmostEqual(s["mean_ttft_ms"], 500)
+        self.assertAlmostEqual(s["mean_tpot_ms"], 400 / 3)        # the first token is excluded
+        self.assertAlmostEqual(s["median_itl_ms"], 100)
+        self.assertAlmostEqual(s["p99_itl_ms"], 200)
+        self.assertAlmostEqual(s["mean_e2el_ms"], 900)
+
+    def test_tpot_divides_by_the_token_count_not_the_events(self):
+        # Two events carrying 5 tokens: a server may put several tokens in one chunk.
+        s = main.summarize([record(0.0, [0.1, 0.5], output=5)])
+        self.assertAlmostEqual(s["mean_tpot_ms"], 100)
+
+    def test_throughput_runs_from_first_send_to_last_token(self):
+        s = main.summarize([record(1.0, [1.5, 2.0]), record(2.0, [2.5, 3.0], prompt=20)])
+        self.assertAlmostEqual(s["duration"], 2.0)
+        self.assertAlmostEqual(s["output_throughput"], 2.0)
+        self.assertAlmostEqual(s["total_token_throughput"], 17.0)
+        self.assertAlmostEqual(s["request_throughput"], 1.0)
+
+    def test_failed_requests_are_counted_by_kind_and_kept_out_of_the_averages(self):
+        s = main.summarize([record(0.0, [1.0, 2.0]), record(0.0, [], error="http 400: too long"),
+                            record(0.0, [], error="http 400: other")])
+        self.assertEqual((s["completed"], s["failed"]), (1, 2))
+        self.assertEqual(s["errors_by_kind"], {"http 400": 2})
+        self.assertAlmostEqual(s["mean_ttft_ms"], 1000)
+
+    def test_itl_counts_from_the_engine_give_the_same_answer_as_token_times(self):
+        records = [record(0.0, [0.5, 0.6, 0.8]), record(0.0, [0.2, 0.3])]
+        from_times = main.summarize(records)
+        counted = main.summarize(records, Counter({0.1: 2, 0.2: 1}))
+        for key in ("mean_itl_ms", "median_itl_ms", "p99_itl_ms"):
+            self.assertAlmostEqual(from_times[key], counted[key])
+
+
+class EngineItl(unittest.TestCase):
+    def test_simulated_itl_counts_match_the_detailed_token_times(self):
+        args = main.build_parser().parse_args(["simulate", "--hardware", "l4-24gb", "--trace",
+                                               f"{FIXTURES}/burst.jsonl", "--detailed"])
+        result = main.run_simulation(args, None, None)
+        gaps = sorted(g for row in result["itls"] for g in row)
+        n = len(gaps)
+        self.assertAlmostEqual(result["p99_itl_ms"], gaps[math.ceil(0.99 * n) - 1] * 1000, places=6)
+        self.assertAlmostEqual(result["mean_itl_ms"], sum(gaps) / n * 1000, places=6)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,131 @@
+"""The lesson's Step 9 simulator figures, and the Monday incident."""
+import json
+import unittest
+
+from helpers import FIXTURES, cells, run_cli
+
+H100_TABLE = """
+1 132.9 21.5 7.4 7.4 0.0 1.0 0.3% 0
+8 932.7 22.9 8.3 8.7 0.0 7.9 1.7% 0
+32 2568.2 26.8 11.4 12.6 267.1 29.2 5.8% 0
+128 4177.9 100.3 22.7 37.1 2403.5 86.9 22.3% 0
+256 4587.5 2937.6 30.6 66.7 5074.0 146.2 40.4% 0
+"""
+
+CPU_TABLE = """
+1 92.6 109.6 9.2 9.2 0.0 1.0 2.7% 0
+4 207.1 432.4 12.8 12.8 0.0 4.0 10.9% 0
+8 207.1 1668.7 12.8 12.8 1236.3 4.0 10.9% 0
+"""
+
+
+def table_rows(out):
+    lines = out.strip().splitlines()
+    header = lines[1].split()
+    return header, [cells(l) for l in lines[2:]]
+
+
+class Step9Sweeps(unittest.TestCase):
+    def assert_table(self, out, expected):
+        _, rows = table_rows(out)
+        want = [cells(l) for l in expected.strip().splitlines()]
+        # Our table adds a failed column; the lesson's columns come first, cell for cell.
+        self.assertEqual([row[:len(w)] for row, w in zip(rows, want)], want)
+        self.assertTrue(all(row[-1] == 0 for row in rows))
+
+    def test_h100_sweep_matches_the_lesson_cell_for_cell(self):
+        code, out, err = run_cli("sweep", "--requests", "256", "--concurrency", "1,8,32,128,256")
+        self.assertEqual(code, 0, err)
+        self.assertTrue(out.startswith("sweep llama-3.1-8b on h100-sxm-80gb  256 requests  prompt 256-1024  output 64-256"))
+        self.assert_table(out, H100_TABLE)
+
+    def test_cpu_sweep_matches_the_lesson_cell_for_cell(self):
+        code, out, err = run_cli("sweep", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                                 "--kv-tokens", "4096", "--max-num-seqs", "4", "--prompt-tokens", "40",
+                                 "--output-tokens", "64", "--requests", "16", "--concurrency", "1,4,8")
+        self.assertEqual(code, 0, err)
+        self.assert_table(out, CPU_TABLE)
+
+
+class BurstIncident(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        trace = f"{FIXTURES}/burst.jsonl"
+        cls.plain = json.loads(run_cli("simulate", "--hardware", "l4-24gb", "--trace", trace, "--json")[1])
+        cls.shared = json.loads(run_cli("simulate", "--hardware", "l4-24gb", "--trace", trace,
+                                        "--prefix-caching", "--json")[1])
+
+    def test_the_fixture_is_48_requests_in_3_5_seconds_on_two_1024_token_prefixes(self):
+        with open(f"{FIXTURES}/burst.jsonl") as f:
+            rows = [json.loads(l) for l in f]
+        self.assertEqual(len(rows), 48)
+        self.assertLessEqual(max(r["arrival"] for r in rows), 3.5)
+        self.assertEqual({(r["prefix"], r["prefix_tokens"]) for r in rows},
+                         {("system-a", 1024), ("system-b", 1024)})
+
+    def test_without_prefix_caching_the_cache_fills_and_requests_are_preempted(self):
+        self.assertEqual(self.plain["engine"]["kv_peak"], 1.0)
+        self.assertGreater(self.plain["engine"]["preemptions"], 0)
+        self.assertEqual(self.plain["failed"], 0)
+
+    def test_prefix_caching_removes_preemption_and_cuts_ttft_and_raises_throughput(self):
+        self.assertEqual(self.shared["engine"]["preemptions"], 0)
+        self.assertGreater(self.shared["engine"]["prefix_hit_rate"], 0.6)
+        self.assertGreaterEqual(self.plain["median_ttft_ms"] / self.shared["median_ttft_ms"], 5)
+        self.assertGreaterEqual(self.shared["output_throughput"] / self.plain["output_throughput"], 1.5)
+        self.assertGreater(self.shared["engine"]["mean_batch"], self.plain["engine"]["mean_batch"])
+
+    def test_the_queue_not_generation_is_the_spinner(self):
+        self.assertGreater(self.plain["median_queue_ms"], 0.8 * self.plain["median_ttft_ms"])
+
+
+class JsonOutput(unittest.TestCase):
+    VLLM_KEYS = ["duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                 "request_throughput", "output_throughput", "total_token_throughput"] + [
+        f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el", "queue")
+        for stat in ("mean", "median", "std", "p90", "p95", "p99")]
+
+    def test_simulate_json_has_vllm_bench_keys_engine_and_config(self):
+        code, out, _ = run_cli("simulate", "--requests", "20", "--concurrency", "4", "--json")
+        self.assertEqual(code, 0)
+        result = json.loads(out)
+        for key in self.VLLM_KEYS:
+            self.assertIn(key, result)
+        self.assertEqual(set(result["engine"]), {"steps", "mean_batch", "kv_peak", "kv_mean", "preemptions",
+                                                 "evictions", "prefix_hit_rate", "num_blocks", "block_size"})
+        self.assertEqual(result["config"]["max_concurrency"], 4)
+        self.assertEqual(result["completed"], 20)
+
+    def test_detailed_adds_per_request_arrays(self):
+        result = json.loads(run_cli("simulate", "--requests", "5", "--output-tokens", "3", "--json", "--detailed")[1])
+        self.assertEqual(result["output_lens"], [3] * 5)
+        self.assertEqual([len(g) for g in result["itls"]], [2] * 5)
+        for key in ("input_lens", "ttfts", "latencies", "start_times", "errors"):
+            self.assertEqual(len(result[key]), 5)
+
+    def test_a_fixed_seed_gives_the_same_output_and_another_seed_does_not(self):
+        args = ("simulate", "--rate", "20", "--requests", "50", "--json")
+        a, b = run_cli(*args)[1], run_cli(*args)[1]
+        self.assertEqual(a, b)
+        self.assertNotEqual(json.loads(a)["mean_ttft_ms"], json.loads(run_cli(*args, "--seed", "8")[1])["mean_ttft_ms"])
+
+    def test_failed_requests_are_reported_and_exit_1(self):
+        code, out, _ = run_cli("simulate", "--requests", "10", "--prompt-tokens", "100-5000", "--json")
+        result = json.loads(out)
+        self.assertEqual(code, 1)
+        self.assertGreater(result["failed"], 0)
+        self.assertEqual(result["completed"] + result["failed"], 10)
+        self.assertEqual(list(result["errors_by_kind"]), ["longer than --max-model-len"])
+
+    def test_sweep_csv_and_json(self):
+        code, out, _ = run_cli("sweep", "--requests", "8", "--concurrency", "1,2", "--csv")
+        lines = out.strip().splitlines()
+        self.assertEqual(code, 0)
+        self.assertEqual(len(lines), 3)
+        self.assertIn("engine.mean_batch", lines[0].split(","))
+        results = json.loads(run_cli("sweep", "--requests", "8", "--rate", "1,2", "--json")[1])
+        self.assertEqual([r["config"]["request_rate"] for r in results], [1, 2])
+
+
+if __name__ == "__main__":
+    unittest.main()
