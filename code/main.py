@@ -58,6 +58,7 @@ class Hardware:
     mfu: float = 0.5           # share of peak FLOPs a prefill achieves
     step_overhead_ms: float = 1.0   # scheduling and kernel launches, per step
     reserve_gib: float = 2.0   # activations and CUDA graphs, kept out of the KV cache
+    seq_overhead_ms: float = 0.0    # per sequence per step (sampling, per-slot work); calibrated on CPUs
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def load_preset(kind: str, value: str, presets: dict, cls):
             if not isinstance(v, str) or not v:
                 raise UserError(f"{kind} file {value}: field 'name' must be a non-empty string")
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (v == 0 and name not in ("step_overhead_ms", "reserve_gib")):
+                or (v == 0 and name not in ("step_overhead_ms", "reserve_gib", "seq_overhead_ms")):
             raise UserError(f"{kind} file {value}: field {name!r} must be a positive number, got {v!r}")
         elif known[name].type == "int" and v != int(v):
             raise UserError(f"{kind} file {value}: field {name!r} must be a whole number, got {v!r}")
@@ -198,10 +199,12 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 # needs, and does two FLOPs per weight per token; whichever is slower sets the time.
 # ---------------------------------------------------------------------------------------------
 
-def step_seconds(hardware: Hardware, model: ModelSpec, tokens: int, context_tokens: int) -> float:
+def step_seconds(hardware: Hardware, model: ModelSpec, tokens: int, context_tokens: int, seqs: int = 1) -> float:
     compute = 2 * model.params * tokens / (hardware.tflops * 1e12 * hardware.mfu)
     memory = (model.weight_bytes + context_tokens * model.kv_bytes_per_token) / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
-    return hardware.step_overhead_ms / 1000 + max(compute, memory)
+    # The GPU presets have no per-sequence cost; a CPU server pays one (see calibrate).
+    overhead = hardware.step_overhead_ms + seqs * hardware.seq_overhead_ms
+    return overhead / 1000 + max(compute, memory)
 
 
 def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
@@ -483,6 +486,7 @@ class Engine:
         self.scheduled_seqs = 0      # summed over steps, for the mean batch
         self.kv_peak = 0             # blocks in use, the highest seen
         self.kv_block_seconds = 0.0  # blocks in use x step time, for the time-weighted mean
+        self.peak_waiting = 0
         self.itl = Counter()         # every gap between two tokens of one request -> count
         self.done: list[Request] = []   # completed and failed, in the order they ended
 
@@ -506,12 +510,13 @@ class Engine:
         for request, count in batch:
             tokens += count
             context += request.computed + count
-        duration = step_seconds(self.hardware, self.model, tokens, context)
+        duration = step_seconds(self.hardware, self.model, tokens, context, len(batch))
         self.clock = now = start + duration
         self.steps += 1
         self.scheduled_seqs += len(batch)
         used = scheduler.pool.used_count()
         self.kv_peak = max(self.kv_peak, used)
+        self.peak_waiting = max(self.peak_waiting, len(scheduler.waiting))
         self.kv_block_seconds += used * duration
         back_to_back = 0     # tokens whose previous token came at the end of the last step
         finished = False
@@ -760,6 +765,7 @@ def engine_report(engine: Engine, span: float) -> dict:
         "mean_batch": engine.scheduled_seqs / engine.steps if engine.steps else 0.0,
         "kv_peak": engine.kv_peak / pool.num_blocks,
         "kv_mean": engine.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
+        "peak_waiting": engine.peak_waiting,
         "preemptions": s.preemptions,
         "evictions": pool.evictions,
         "prefix_hit_rate": s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
@@ -1304,6 +1310,144 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
 
 
 # ---------------------------------------------------------------------------------------------
+# Calibration: fit the cost model's three unknowns (effective bandwidth, effective FLOPS, step
+# overhead) to measured runs. A TPOT is one decode step at the run's batch; the TTFT of an
+# unqueued request is one prefill step. Each is step_seconds() of a known shape.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class StepObservation:
+    label: str
+    seconds: float
+    tokens: float      # tokens in the step
+    context: float     # KV tokens the step reads
+    seqs: float        # sequences in the step
+
+
+def observations(report: dict, name: str) -> list[StepObservation]:
+    """The steps a report pins down: its decode step (TPOT at its batch) and, for a single
+    client, its prefill step (TTFT, nothing queued ahead)."""
+    done = report.get("completed") or 0
+    if not done or report.get("median_tpot_ms") is None:
+        raise UserError(f"{name}: no completed requests with a TPOT; calibrate needs a report with output")
+    prompt = report["total_input_tokens"] / done
+    output = report["total_output_tokens"] / done
+    config = report.get("config", {})
+    clients = config.get("max_concurrency")
+    if not clients:
+        raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs")
+    # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
+    batch = (report.get("server") or {}).get("mean_batch_per_decode") or min(clients, config.get("max_num_seqs") or clients)
+    found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
+                             batch, batch * (prompt + output / 2), batch)]
+    if clients == 1 and report.get("median_ttft_ms"):
+        found.append(StepObservation(f"{name} ttft of a {prompt:.0f}-token prefill",
+                                     report["median_ttft_ms"] / 1000, prompt, prompt, 1))
+    return found
+
+
+def nelder_mead(f: Callable[[list[float]], float], start: list[float], step: float = 0.5,
+                iterations: int = 6000) -> list[float]:
+    """A plain downhill simplex: deterministic and enough for four parameters."""
+    simplex = [list(start)] + [[x + (step if i == j else 0) for j, x in enumerate(start)] for i in range(len(start))]
+    scores = [f(p) for p in simplex]
+    for _ in range(iterations):
+        order = sorted(range(len(simplex)), key=scores.__getitem__)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        if scores[-1] - scores[0] < 1e-18:
+            break
+        centre = [sum(p[j] for p in simplex[:-1]) / (len(simplex) - 1) for j in range(len(start))]
+        toward = lambda t: [c + t * (w - c) for c, w in zip(centre, simplex[-1])]
+        reflected = toward(-1.0)
+        r = f(reflected)
+        if r < scores[0]:
+            expanded = toward(-2.0)
+            e = f(expanded)
+            simplex[-1], scores[-1] = (expanded, e) if e < r else (reflected, r)
+        elif r < scores[-2]:
+            simplex[-1], scores[-1] = reflected, r
+        else:
+            contracted = toward(0.5)
+            c = f(contracted)
+            if c < scores[-1]:
+                simplex[-1], scores[-1] = contracted, c
+            else:
+                simplex = [simplex[0]] + [[b + 0.5 * (x - b) for b, x in zip(simplex[0], p)] for p in simplex[1:]]
+                scores = [scores[0]] + [f(p) for p in simplex[1:]]
+    return min(simplex, key=f)
+
+
+def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, name: str) -> tuple[Hardware, list[float]]:
+    """Effective figures (mbu = mfu = 1) that best fit the observed step times by relative error:
+    bandwidth, TFLOPS, overhead per step and overhead per sequence. A small prior keeps the
+    per-sequence cost at zero unless the data needs it: a GPU fits the plain roofline, while a
+    CPU llama.cpp pays milliseconds per extra sequence that no FLOPS figure explains.
+    Returns the hardware and each observation's error (predicted / measured - 1)."""
+    def hardware(params: list[float]) -> Hardware:
+        bandwidth, tflops, overhead = (float(f"{math.exp(v):.6g}") for v in params[:3])
+        return Hardware(name, base.memory_gib, bandwidth, tflops, mbu=1.0, mfu=1.0, step_overhead_ms=overhead,
+                        reserve_gib=base.reserve_gib, seq_overhead_ms=float(f"{params[3] ** 2:.6g}"))
+
+    def errors(h: Hardware) -> list[float]:
+        return [step_seconds(h, model, o.tokens, o.context, o.seqs) / o.seconds - 1 for o in found]
+
+    shortest = min(o.seconds for o in found)
+    biggest = max(found, key=lambda o: o.tokens)
+    smallest = min(found, key=lambda o: o.tokens)
+    # Start from "half the shortest step is overhead; the biggest step is compute, the smallest memory".
+    overhead = shortest / 2
+    tflops = 2 * model.params * biggest.tokens / max(biggest.seconds - overhead, 1e-9) / 1e12
+    bandwidth = (model.weight_bytes + smallest.context * model.kv_bytes_per_token) / max(smallest.seconds - overhead, 1e-9) / 1e9
+    prior = 1e-4 / (shortest * 1000) ** 2     # per-sequence cost, relative to the shortest step
+    best = nelder_mead(lambda p: sum(e * e for e in errors(hardware(p))) + prior * p[3] ** 4,
+                       [math.log(bandwidth), math.log(tflops), math.log(overhead * 1000), 0.0])
+    fitted = hardware(best)
+    return fitted, errors(fitted)
+
+
+def replay(report: dict, hardware: Hardware, model: ModelSpec, config: SchedulerConfig,
+           kv_tokens: Optional[int]) -> dict:
+    """Simulate the shape a measured run had: its clients (or rate), and each request's prompt and
+    output lengths as the server counted them (the means, without --detailed arrays)."""
+    done = report["completed"]
+    if not done:
+        raise CapacityError("no request completed, so there is no measured shape to simulate")
+    if report.get("input_lens"):
+        lengths = [(p, o) for p, o, e in zip(report["input_lens"], report["output_lens"], report["errors"]) if not e]
+    else:
+        lengths = [(round(report["total_input_tokens"] / done), round(report["total_output_tokens"] / done))] * done
+    requests = [Request(i, max(1, p), max(1, o)) for i, (p, o) in enumerate(lengths)]
+    cfg = report["config"]
+    if cfg.get("request_rate"):
+        rng = random.Random(cfg.get("seed", 7))
+        clock = 0.0
+        for request in requests:
+            request.sent_s = clock
+            clock += rng.expovariate(cfg["request_rate"])
+    config = SchedulerConfig(**{**asdict(config), "max_model_len": max(config.max_model_len, max(p + o for p, o in lengths))})
+    plan = plan_capacity(hardware, model, block_size=config.block_size, max_model_len=config.max_model_len, kv_tokens=kv_tokens)
+    engine = Engine(hardware, model, plan, config)
+    simulate(engine, requests, None if cfg.get("request_rate") else cfg.get("max_concurrency") or 1)
+    result = summarize(engine.done, engine.itl)
+    result["engine"] = engine_report(engine, result["duration"])
+    result["config"] = {"hardware": hardware.name, "model": model.name, "max_num_seqs": config.max_num_seqs,
+                        "max_num_batched_tokens": config.max_num_batched_tokens, "kv_tokens": plan.kv_tokens}
+    return result
+
+
+def server_shape(http: Http) -> Optional[dict]:
+    """llama.cpp's slots and per-slot context from /props, to simulate the same server."""
+    try:
+        status, body = http.get("/props")
+        props = json.loads(body) if status == 200 else {}
+        slots = int(props["total_slots"])
+        context = int(props["default_generation_settings"]["n_ctx"])
+    except (OSError, CapacityError, ValueError, KeyError, TypeError):
+        return None
+    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}
+
+
+# ---------------------------------------------------------------------------------------------
 # Reports: one printer for a run, simulated or measured, and one for a sweep table.
 # ---------------------------------------------------------------------------------------------
 
@@ -1376,6 +1520,33 @@ def print_server(result: dict, w) -> None:
          if client['requests_without_usage'] else "") + "\n")
     w(f"{'definitions':<12}ttft: send to the first content or reasoning event; tpot: (last - first content "
       f"event) / (usage completion_tokens - 1); itl: every gap between content events; nearest-rank percentiles\n")
+
+
+SIDE_BY_SIDE = (
+    ("out tok/s", lambda r: r["output_throughput"]),
+    ("ttft p50 ms", lambda r: r["median_ttft_ms"]), ("ttft p95 ms", lambda r: r["p95_ttft_ms"]),
+    ("tpot p50 ms", lambda r: r["median_tpot_ms"]), ("tpot p95 ms", lambda r: r["p95_tpot_ms"]),
+    ("itl p50 ms", lambda r: r["median_itl_ms"]), ("e2e p50 ms", lambda r: r["median_e2el_ms"]),
+    ("mean batch", lambda r: (r.get("server") or {}).get("mean_batch_per_decode") or (r.get("engine") or {}).get("mean_batch")),
+    ("peak waiting", lambda r: (r.get("server") or {}).get("peak_requests_deferred", (r.get("server") or {}).get("peak_waiting"))
+     if "server" in r else r["engine"]["peak_waiting"]),
+)
+
+
+def side_by_side(measured: dict, predicted: dict) -> dict:
+    rows = {}
+    for name, value in SIDE_BY_SIDE:
+        m, p = value(measured), value(predicted)
+        rows[name] = {"measured": m, "servesim": p,
+                      "error": p / m - 1 if m and p is not None else None}
+    return rows
+
+
+def print_side_by_side(rows: dict, title: str, w) -> None:
+    w(f"{'side by side':<14}{'measured':>12}{'servesim':>12}{'error':>9}   {title}\n")
+    for name, row in rows.items():
+        error = "" if row["error"] is None else f"{row['error']:+.0%}"
+        w(f"{name:<14}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
 
 
 SWEEP_COLUMNS = (
@@ -1721,14 +1892,74 @@ def cmd_loadgen(args) -> int:
         prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
         timeout_s=args.timeout, scrape_interval_s=args.scrape_interval,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
+    simulated = None
+    if args.simulate:
+        # Resolve the presets before the run, so a typo costs nothing.
+        hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
+        model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
     result, records = run_load(config, Progress("loadgen"))
-    if args.detailed:
-        result.update(detailed_arrays(records))
+    result.update(detailed_arrays(records))
+    if args.simulate:
+        shape = server_shape(Http(config.url, config.timeout_s, config.api_key)) or {}
+        engine = SchedulerConfig(**{k: v for k, v in shape.items() if k != "kv_tokens"})
+        predicted = replay(result, hardware, model, engine, shape.get("kv_tokens"))
+        title = (f"servesim {hardware.name} / {model.name}, {engine.max_num_seqs} seqs, "
+                 f"{predicted['config']['kv_tokens']:,} kv tokens"
+                 + ("" if shape else " (no llama.cpp /props: simulator defaults)"))
+        simulated = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
+        result["side_by_side"] = simulated
+    if not args.detailed:
+        for key in detailed_arrays([]):
+            del result[key]
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_run(result)
+        if simulated:
+            print_side_by_side(simulated["rows"], simulated["title"], sys.stdout.write)
     return 1 if result["failed"] else 0
+
+
+def cmd_calibrate(args) -> int:
+    found, model_names = [], set()
+    for path in args.reports:
+        try:
+            with open(path) as f:
+                loaded = json.load(f)
+        except OSError as e:
+            raise UserError(f"report {path}: cannot read it ({e.strerror})") from None
+        except ValueError as e:
+            raise UserError(f"report {path}: not JSON ({e}); pass loadgen --json or simulate --json output") from None
+        for report in loaded if isinstance(loaded, list) else [loaded]:
+            if not isinstance(report, dict) or "median_tpot_ms" not in report:
+                raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
+            found += observations(report, os.path.basename(path))
+            model_names.add(report.get("config", {}).get("model"))
+    if args.model:
+        model = load_preset("model", args.model, MODELS, ModelSpec)
+    elif len(model_names) == 1 and next(iter(model_names)) in MODELS:
+        model = MODELS[next(iter(model_names))]
+    else:
+        raise UserError(f"the reports do not name one model preset ({', '.join(map(str, model_names))}); pass --model")
+    if len(found) < 3:
+        raise UserError(f"only {len(found)} measured steps in these reports; calibrate needs three: pass a "
+                        f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
+    base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
+    hardware, errors = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
+    text = json.dumps(asdict(hardware), indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
+    summary = (f"calibrated {hardware.name} for {model.name}: {hardware.bandwidth_gbs:.2f} GB/s, "
+               f"{hardware.tflops:.4g} TFLOPS, {hardware.step_overhead_ms:.2f} ms per step "
+               f"+ {hardware.seq_overhead_ms:.2f} ms per sequence "
+               f"(knee at ~{critical_batch(hardware, model):.1f} tokens); fit: {fit}"
+               + (f"; wrote {args.out}" if args.out else ""))
+    (sys.stdout if args.out else sys.stderr).write(summary + "\n")
+    return 0
 
 
 def cmd_presets(args) -> int:
@@ -1823,6 +2054,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
                         "used in turn (default: generated prompts)")
     g.add_argument("--seed", type=int, default=7, help="seed for prompts and arrivals (default: %(default)s)")
+    g.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
+                   help="after the run, simulate the same shape (clients, each request's measured lengths, "
+                        "llama.cpp's slots and context from /props) and print both side by side (default: off)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true",
                      help="one JSON object with vllm bench serve's keys, plus server, timings, client and config")
@@ -1830,6 +2064,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, latencies, "
                           "start_times, errors; seconds)")
     p.set_defaults(func=cmd_loadgen)
+
+    p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overhead to measured runs",
+                       description="Fit effective bandwidth, TFLOPS and step overhead to loadgen --json (or "
+                                   "simulate --json) reports: the TPOT of a concurrency-1 run (memory-bound), the "
+                                   "TPOT of a run near the knee, and the TTFT of a concurrency-1 run (a prefill). "
+                                   "Writes a hardware JSON that --hardware FILE reads.")
+    p.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports, e.g. c1.json c4.json [c1-long-prompt.json]")
+    p.add_argument("--model", help="model preset name or JSON file the server ran (default: the one simulate reports name)")
+    p.add_argument("--hardware", default="cpu-4vcpu",
+                   help="preset whose memory and reserve the result keeps (default: %(default)s)")
+    p.add_argument("--name", help="name of the fitted hardware (default: the --hardware name + '-calibrated')")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the hardware JSON here and the summary on stdout (default: JSON on stdout, summary on stderr)")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("presets", help="list the hardware and model presets",
                        description="List the hardware and model presets with the figures the cost model uses.")

@@ -1,0 +1,170 @@
+"""loadgen against a real llama.cpp server, servesim beside it, and calibrate on real runs.
+
+The lesson's Use It: llama-server on the CPU with SmolLM2-135M's shape, 4 slots of a 4,096-token
+context. Needs SERVESIM_LLAMA_SERVER (the llama-server binary) and SERVESIM_LLAMA_MODEL (a GGUF);
+.ci/run builds and sets both. Without them every test here skips, saying so."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from helpers import main, run_cli
+
+SERVER = os.environ.get("SERVESIM_LLAMA_SERVER")
+MODEL = os.environ.get("SERVESIM_LLAMA_MODEL")
+SLOTS, CONTEXT = 4, 4096
+state = {}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setUpModule():
+    if not SERVER or not MODEL:
+        raise unittest.SkipTest("no real llama.cpp server: set SERVESIM_LLAMA_SERVER and SERVESIM_LLAMA_MODEL "
+                                "(.ci/run builds llama-server and the test model and sets both)")
+    if not os.access(SERVER, os.X_OK) or not os.path.isfile(MODEL):
+        raise unittest.SkipTest(f"llama-server {SERVER} or model {MODEL} is missing; run .ci/run")
+    port = free_port()
+    state["url"] = f"http://127.0.0.1:{port}"
+    state["tmp"] = tempfile.TemporaryDirectory()
+    state["log"] = open(os.path.join(state["tmp"].name, "server.log"), "w+")
+    state["proc"] = subprocess.Popen(
+        [SERVER, "-m", MODEL, "--alias", "smollm2-135m", "--host", "127.0.0.1", "--port", str(port),
+         "--parallel", str(SLOTS), "--ctx-size", str(CONTEXT), "-cb", "--metrics", "--threads", "2"],
+        stdout=state["log"], stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if state["proc"].poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(f"{state['url']}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        tearDownModule()
+        raise RuntimeError("llama-server did not become healthy in 120 s")
+    if state["proc"].poll() is not None:
+        state["log"].seek(0)
+        tail = state["log"].read()[-2000:]
+        tearDownModule()
+        raise RuntimeError(f"llama-server exited: {tail}")
+    # The lesson's three runs, once, for every test below. Concurrency 8 also asks servesim for the
+    # same shape (with the cpu preset), which is the side-by-side the README shows.
+    for clients, requests, extra in ((1, 8, []), (4, 16, []), (8, 16, ["--simulate", "cpu-4vcpu", "smollm2-135m-q8_0"])):
+        code, out, err = run_cli("loadgen", "--url", state["url"], "--concurrency", clients, "--requests", requests,
+                                 "--max-tokens", 64, "--ignore-eos", "--json", "--detailed", *extra, timeout=600)
+        if code != 0:
+            raise RuntimeError(f"loadgen at concurrency {clients} exited {code}: {err[-500:]} {out[-500:]}")
+        state[clients] = json.loads(out)
+        path = os.path.join(state["tmp"].name, f"c{clients}.json")
+        with open(path, "w") as f:
+            f.write(out)
+        state[f"path{clients}"] = path
+
+
+def tearDownModule():
+    proc = state.get("proc")
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if state.get("log"):
+        state["log"].close()
+    if state.get("tmp"):
+        state["tmp"].cleanup()
+
+
+class LoadgenOnARealServer(unittest.TestCase):
+    def test_no_errors_and_every_request_gets_exactly_64_tokens(self):
+        for clients in (1, 4, 8):
+            r = state[clients]
+            self.assertEqual(r["failed"], 0, r["errors_by_kind"])
+            self.assertEqual(set(r["output_lens"]), {64}, clients)
+            self.assertEqual(r["client"]["finish_reasons"], {"length": r["completed"]})
+
+    def test_the_servers_generated_tokens_equal_the_clients(self):
+        for clients in (1, 4, 8):
+            server = state[clients]["server"]
+            self.assertEqual(server["server"], "llama.cpp")
+            self.assertEqual(server["client_minus_server_tokens"], 0, clients)
+
+    def test_four_clients_get_clearly_more_throughput_than_one(self):
+        ratio = state[4]["output_throughput"] / state[1]["output_throughput"]
+        print(f"\n  real server: throughput at 4 clients / at 1 = {ratio:.2f}", file=sys.stderr)
+        self.assertGreater(ratio, 1.15)
+        self.assertGreater(state[4]["median_tpot_ms"], state[1]["median_tpot_ms"])   # each token waits longer
+
+    def test_the_window_mean_batch_per_decode_is_1_then_near_4(self):
+        self.assertAlmostEqual(state[1]["server"]["mean_batch_per_decode"], 1.0, delta=0.05)
+        self.assertGreater(state[4]["server"]["mean_batch_per_decode"], 3.5)
+        self.assertEqual(state[4]["server"]["peak_requests_processing"], SLOTS)
+
+    def test_at_8_clients_four_wait_and_ttft_grows_by_the_queue(self):
+        self.assertEqual(state[8]["server"]["peak_requests_deferred"], 4)
+        self.assertEqual(state[8]["server"]["peak_requests_processing"], SLOTS)
+        # A deferred request waits about one whole request for a slot.
+        grown = state[8]["median_ttft_ms"] - state[4]["median_ttft_ms"]
+        self.assertGreater(grown, 0.5 * state[4]["median_e2el_ms"])
+        ratio = state[8]["output_throughput"] / state[4]["output_throughput"]
+        self.assertLess(abs(ratio - 1), 0.25)   # four slots are four slots
+
+    def test_a_prompt_longer_than_a_slot_fails_with_the_servers_error_and_the_run_goes_on(self):
+        long_prompt = " ".join(["water"] * 1200)        # 1,200 tokens > 1,024 per slot
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write(json.dumps({"prompt": long_prompt}) + "\n" + json.dumps({"prompt": "the first word"}) + "\n")
+        self.addCleanup(os.unlink, f.name)
+        code, out, err = run_cli("loadgen", "--url", state["url"], "--requests", 4, "--prompts", f.name,
+                                 "--max-tokens", 8, "--json", "--detailed")
+        r = json.loads(out)
+        self.assertEqual(code, 1)
+        self.assertEqual((r["completed"], r["failed"]), (2, 2))
+        self.assertEqual(list(r["errors_by_kind"]), ["http 400"])
+        self.assertIn("context", r["errors"][0])
+        self.assertEqual(r["errors"][1], "")
+
+
+class ServesimBesideIt(unittest.TestCase):
+    def test_loadgen_simulate_puts_the_prediction_beside_each_measured_figure(self):
+        rows = state[8]["side_by_side"]["rows"]
+        self.assertIn("4 seqs, 4,096 kv tokens", state[8]["side_by_side"]["title"])
+        for name in ("out tok/s", "ttft p50 ms", "tpot p50 ms", "itl p50 ms", "mean batch", "peak waiting"):
+            self.assertIsNotNone(rows[name]["measured"], name)
+            self.assertIsNotNone(rows[name]["servesim"], name)
+        # The uncalibrated CPU preset gets the directions right, even where its milliseconds are off.
+        self.assertEqual(rows["mean batch"]["servesim"], 4.0)
+        self.assertEqual(rows["peak waiting"]["servesim"], 4)
+
+
+class CalibrateOnARealServer(unittest.TestCase):
+    def test_calibrated_on_1_and_4_clients_it_predicts_8_within_25_percent(self):
+        out = os.path.join(state["tmp"].name, "calibrated.json")
+        code, summary, err = run_cli("calibrate", state["path1"], state["path4"], "--model", "smollm2-135m-q8_0",
+                                     "--out", out)
+        self.assertEqual(code, 0, err)
+        hardware = main.load_preset("hardware", out, main.HARDWARE, main.Hardware)
+        shape = main.SchedulerConfig(max_num_seqs=SLOTS, max_num_batched_tokens=2048)
+        predicted = main.replay(state[8], hardware, main.MODELS["smollm2-135m-q8_0"], shape, CONTEXT)
+        throughput = predicted["output_throughput"] / state[8]["output_throughput"] - 1
+        tpot = predicted["median_tpot_ms"] / state[8]["median_tpot_ms"] - 1
+        ttft = predicted["median_ttft_ms"] / state[8]["median_ttft_ms"] - 1
+        print(f"\n  {summary.strip()}\n  concurrency 8 predicted from 1 and 4: throughput {throughput:+.1%}, "
+              f"tpot p50 {tpot:+.1%}, ttft p50 {ttft:+.1%}", file=sys.stderr)
+        self.assertLess(abs(throughput), 0.25)
+        self.assertLess(abs(tpot), 0.25)
+
+
+if __name__ == "__main__":
+    unittest.main()
