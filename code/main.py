@@ -1398,11 +1398,20 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, na
     overhead = shortest / 2
     tflops = 2 * model.params * biggest.tokens / max(biggest.seconds - overhead, 1e-9) / 1e12
     bandwidth = (model.weight_bytes + smallest.context * model.kv_bytes_per_token) / max(smallest.seconds - overhead, 1e-9) / 1e9
-    prior = 1e-4 / (shortest * 1000) ** 2     # per-sequence cost, relative to the shortest step
-    best = nelder_mead(lambda p: sum(e * e for e in errors(hardware(p))) + prior * p[3] ** 4,
+    # Weak priors, for what the runs may leave open: no per-sequence cost, and the base preset's
+    # bandwidth when no measured step was memory-bound (a CPU llama.cpp often has none).
+    seq_prior = 1e-4 / (shortest * 1000) ** 2
+    base_bandwidth = math.log(base.bandwidth_gbs * base.mbu)
+    best = nelder_mead(lambda p: sum(e * e for e in errors(hardware(p))) + seq_prior * p[3] ** 4
+                       + 1e-6 * (p[0] - base_bandwidth) ** 2,
                        [math.log(bandwidth), math.log(tflops), math.log(overhead * 1000), 0.0])
     fitted = hardware(best)
     return fitted, errors(fitted)
+
+
+def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bool:
+    memory = (model.weight_bytes + o.context * model.kv_bytes_per_token) / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
+    return memory >= 2 * model.params * o.tokens / (hardware.tflops * 1e12 * hardware.mfu)
 
 
 def replay(report: dict, hardware: Hardware, model: ModelSpec, config: SchedulerConfig,
@@ -1953,6 +1962,8 @@ def cmd_calibrate(args) -> int:
     else:
         print(text)
     fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
+    if not any(memory_bound(hardware, model, o) for o in found):
+        fit += f"; no measured step was memory-bound, so the bandwidth stays near {args.hardware}'s"
     summary = (f"calibrated {hardware.name} for {model.name}: {hardware.bandwidth_gbs:.2f} GB/s, "
                f"{hardware.tflops:.4g} TFLOPS, {hardware.step_overhead_ms:.2f} ms per step "
                f"+ {hardware.seq_overhead_ms:.2f} ms per sequence "
@@ -1967,10 +1978,10 @@ def cmd_presets(args) -> int:
         print(json.dumps({"hardware": [asdict(h) for h in HARDWARE.values()],
                           "models": [asdict(m) for m in MODELS.values()]}, indent=2))
         return 0
-    print(f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'reserve':>9}")
+    print(f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'seq ms':>8}{'reserve':>9}")
     for h in HARDWARE.values():
         print(f"{h.name:<16}{h.memory_gib:>6.1f} GiB{h.bandwidth_gbs:>8g}{h.tflops:>8g}{h.mbu:>6g}{h.mfu:>6g}"
-              f"{h.step_overhead_ms:>9g}{h.reserve_gib:>5g} GiB")
+              f"{h.step_overhead_ms:>9g}{h.seq_overhead_ms:>8g}{h.reserve_gib:>5g} GiB")
     print()
     print(f"{'model':<20}{'params':>10}{'layers':>8}{'kv heads':>10}{'head dim':>10}{'bytes/param':>13}{'kv/token':>12}")
     for m in MODELS.values():
