@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import heapq
 import http.client
+import itertools
 import json
 import math
 import os
@@ -338,6 +340,19 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     prefix_caching: bool = False
     reserve_full_isl: bool = False
+    max_tokens_in_flight: Optional[int] = None   # cap on prompt + output summed over running requests
+    batching: str = "continuous"                 # or "static": a new batch only when the last is done
+    kv_layout: str = "paged"                     # or "slots": one fixed context per sequence (llama.cpp)
+
+
+@dataclass
+class StaticBatch:
+    """The batch static batching runs until its slowest row is done. Rows are left-padded to
+    the longest prompt, and a row that finished early is still computed."""
+    rows: int
+    padded_prompt: int
+    longest_output: int
+    decode_steps: int = 0
 
 
 class Scheduler:
@@ -349,6 +364,8 @@ class Scheduler:
         self.preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.tokens_in_flight = 0      # prompt + output over running requests
+        self.static: Optional[StaticBatch] = None
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
@@ -362,9 +379,14 @@ class Scheduler:
         if not c.chunked_prefill and total > c.max_num_batched_tokens:
             return (f"longer than --max-num-batched-tokens without chunked prefill: "
                     f"{size} > {c.max_num_batched_tokens:,}")
+        if c.kv_layout == "slots" and total > c.block_size:
+            return (f"the request exceeds the available context size: {size} > one slot's "
+                    f"{c.block_size:,} (--kv-tokens / --max-num-seqs)")
         need = self.blocks_for(total - 1)
         if need > self.pool.num_blocks:
             return f"larger than the KV cache: needs {need:,} blocks, the cache has {self.pool.num_blocks:,}"
+        if c.max_tokens_in_flight and total > c.max_tokens_in_flight:
+            return f"longer than --max-tokens-in-flight: {size} > {c.max_tokens_in_flight:,}"
         return None
 
     def block_key(self, request: Request, index: int) -> tuple:
@@ -402,6 +424,7 @@ class Scheduler:
 
     def preempt(self, request: Request) -> None:
         self.pool.release(request.blocks)
+        self.tokens_in_flight -= request.prompt_tokens + request.output_tokens
         request.blocks = []
         request.computed = 0
         request.registered = 0
@@ -410,7 +433,8 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def schedule(self, now: float) -> list[tuple[Request, int]]:
-        budget = self.config.max_num_batched_tokens
+        # Static batching prefills its whole padded batch at once: no per-step token budget.
+        budget = self.config.max_num_batched_tokens if self.config.batching == "continuous" else 1 << 62
         block_size = self.config.block_size
         prefix_caching = self.config.prefix_caching
         batch: list[tuple[Request, int]] = []
@@ -431,15 +455,19 @@ class Scheduler:
             index += 1
         # No point admitting work in a step that had to evict work.
         if self.preemptions == preemptions_before:
-            self.admit(now, budget, batch)
+            if self.config.batching == "static":
+                self.admit_static_batch(now, batch)
+            else:
+                self.admit(now, budget, batch)
         return batch
 
     def admit(self, now: float, budget: int, batch: list[tuple[Request, int]]) -> None:
         c = self.config
         while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
             request = self.waiting[0]
-            hits = self.cache_hits(request)
-            start = len(hits) * c.block_size
+            # A request handed over by a prefill engine arrives with its KV already computed.
+            hits = self.cache_hits(request) if request.computed == 0 else []
+            start = request.computed or len(hits) * c.block_size
             tokens = min(request.length - start, budget)
             if not c.chunked_prefill and tokens < request.length - start:
                 break
@@ -449,6 +477,9 @@ class Scheduler:
             check = self.blocks_for(request.length) - len(hits) if c.reserve_full_isl else need
             if check > self.pool.free_count() - self.pool.free_among(hits):
                 break   # first come, first served: the head blocks everyone behind it
+            total = request.prompt_tokens + request.output_tokens
+            if c.max_tokens_in_flight and self.tokens_in_flight + total > c.max_tokens_in_flight:
+                break
             self.waiting.popleft()
             self.pool.touch(hits)
             request.blocks = hits
@@ -459,13 +490,45 @@ class Scheduler:
                 if c.prefix_caching:
                     self.prefix_queries += request.length
                     self.prefix_hits += start
-            self.running.append(request)
+            self.admitted(request, now)
             self.grow(request, tokens, need)
             batch.append((request, tokens))
             budget -= tokens
 
+    def admitted(self, request: Request, now: float) -> None:
+        self.running.append(request)
+        self.tokens_in_flight += request.prompt_tokens + request.output_tokens
+
+    def admit_static_batch(self, now: float, batch: list[tuple[Request, int]]) -> None:
+        """Static batching: when the last batch is done, take up to --max-num-seqs waiting requests
+        in order, as many as the cache holds once every row is padded to the longest prompt and
+        reserves the longest output."""
+        if self.running or not self.waiting:
+            return
+        rows: list[Request] = []
+        capacity = self.pool.num_blocks * self.config.block_size
+        for request in list(self.waiting)[:self.config.max_num_seqs]:
+            trial = rows + [request]
+            padded = max(r.length for r in trial) + max(r.output_tokens - r.generated for r in trial)
+            if len(trial) * padded > capacity:
+                break
+            rows = trial
+        if not rows:
+            return
+        self.static = StaticBatch(len(rows), max(r.length for r in rows), max(r.output_tokens - r.generated for r in rows))
+        for request in rows:
+            self.waiting.popleft()
+            if request.queue_s is None:
+                request.queue_s = now - request.sent_s
+            request.computed = 0
+            self.admitted(request, now)
+            tokens = request.length
+            self.grow(request, tokens, self.blocks_for(tokens))
+            batch.append((request, tokens))
+
     def finish(self, request: Request) -> None:
         self.pool.release(request.blocks)
+        self.tokens_in_flight -= request.prompt_tokens + request.output_tokens
         request.blocks = []
 
 
@@ -479,20 +542,46 @@ class Engine:
                  config: SchedulerConfig, detailed: bool = False):
         self.hardware = hardware
         self.model = model
-        self.scheduler = Scheduler(config, plan.num_blocks)
+        if config.kv_layout == "slots":
+            # llama.cpp with an explicit --parallel: the cache is split evenly into one fixed
+            # context per slot. A slot is a block as long as that context, one per sequence.
+            slot = plan.kv_tokens // config.max_num_seqs
+            config = SchedulerConfig(**{**asdict(config), "block_size": slot})
+            self.scheduler = Scheduler(config, config.max_num_seqs)
+        else:
+            self.scheduler = Scheduler(config, plan.num_blocks)
         self.detailed = detailed
         self.clock = 0.0
+        self.inbox: list = []        # (time, order, request) not yet handed to the scheduler
+        self.handoff: Optional[Callable[[Request, float], None]] = None   # a prefill-only engine's exit
         self.steps = 0
         self.scheduled_seqs = 0      # summed over steps, for the mean batch
         self.kv_peak = 0             # blocks in use, the highest seen
         self.kv_block_seconds = 0.0  # blocks in use x step time, for the time-weighted mean
         self.peak_waiting = 0
+        self.decode_rows = 0         # rows of decode steps computed, padding included
+        self.useful_rows = 0         # of those, rows of a request still generating
+        self.kv_reserved_peak = 0    # tokens of KV memory set aside, the most at once
+        self.kv_used_share = 0.0     # sum over steps of used / reserved
         self.itl = Counter()         # every gap between two tokens of one request -> count
         self.done: list[Request] = []   # completed and failed, in the order they ended
 
+    def deliver(self, at: float, request: Request) -> None:
+        heapq.heappush(self.inbox, (at, next(DELIVERY_ORDER), request))
+
+    def next_event(self) -> float:
+        """When this engine can next do something: now if it has work, else its next delivery."""
+        if self.has_work():
+            return self.clock
+        return self.inbox[0][0] if self.inbox else math.inf
+
+    def take_deliveries(self) -> None:
+        while self.inbox and self.inbox[0][0] <= self.clock:
+            self.add(heapq.heappop(self.inbox)[2])
+
     def add(self, request: Request) -> None:
         request.error = self.scheduler.rejection(request)
-        if self.detailed:
+        if self.detailed and request.token_times is None:
             request.token_times = []
         if request.error:
             self.done.append(request)
@@ -502,24 +591,48 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
+    def priced(self, tokens: int, context: int, decodes: int) -> tuple[int, int, int, int]:
+        """(tokens, context, decode rows computed, KV tokens reserved) the hardware pays for."""
+        scheduler, static = self.scheduler, self.scheduler.static
+        if static:
+            # Every row is computed, padded to the longest prompt, until the slowest is done.
+            width = static.padded_prompt + static.decode_steps
+            rows = static.rows if static.decode_steps else 0
+            tokens = static.rows * (1 if static.decode_steps else static.padded_prompt)
+            static.decode_steps += 1
+            return tokens, static.rows * width, rows, static.rows * (static.padded_prompt + static.longest_output)
+        if scheduler.config.kv_layout == "slots":
+            reserved = scheduler.pool.num_blocks * scheduler.config.block_size   # allocated up front
+        else:
+            reserved = scheduler.pool.used_count() * scheduler.config.block_size
+        return tokens, context, decodes, reserved
+
     def step(self) -> list[tuple[Request, int]]:
         scheduler = self.scheduler
         start = self.clock
         batch = scheduler.schedule(start)
-        tokens = context = 0
+        tokens = context = decodes = 0
         for request, count in batch:
             tokens += count
             context += request.computed + count
-        duration = step_seconds(self.hardware, self.model, tokens, context, len(batch))
+            if count == 1 and request.generated:
+                decodes += 1
+        priced_tokens, priced_context, rows, reserved = self.priced(tokens, context, decodes)
+        duration = step_seconds(self.hardware, self.model, priced_tokens, priced_context,
+                                scheduler.static.rows if scheduler.static else len(batch))
         self.clock = now = start + duration
         self.steps += 1
         self.scheduled_seqs += len(batch)
         used = scheduler.pool.used_count()
         self.kv_peak = max(self.kv_peak, used)
-        self.peak_waiting = max(self.peak_waiting, len(scheduler.waiting))
         self.kv_block_seconds += used * duration
+        self.peak_waiting = max(self.peak_waiting, len(scheduler.waiting))
+        self.decode_rows += rows
+        self.useful_rows += decodes
+        self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
+        self.kv_used_share += context / reserved if reserved else 0.0
         back_to_back = 0     # tokens whose previous token came at the end of the last step
-        finished = False
+        leaving = []
         for request, count in batch:
             request.computed += count
             if request.computed < request.length:
@@ -538,39 +651,84 @@ class Engine:
             if request.finished:
                 scheduler.finish(request)
                 self.done.append(request)
-                finished = True
+                leaving.append(request)
+            elif self.handoff and request.generated == 1:
+                scheduler.finish(request)        # the KV leaves with the request
+                leaving.append(request)
+                self.handoff(request, now)
         if back_to_back:
             self.itl[duration] += back_to_back
-        if finished:
-            scheduler.running = [r for r in scheduler.running if not r.finished]
+        if leaving:
+            gone = set(map(id, leaving))
+            scheduler.running = [r for r in scheduler.running if id(r) not in gone]
+        if scheduler.static and not scheduler.running:
+            scheduler.static = None
         return batch
 
 
-def simulate(engine: Engine, requests: list[Request], concurrency: Optional[int] = None,
-             progress: Optional[Callable[[Engine, int], None]] = None) -> Engine:
-    """Run requests to the end. Open loop: each request is sent at its sent_s. Closed loop:
-    `concurrency` clients, each sending the next request the moment its previous one ends."""
-    backlog = deque(requests if concurrency else sorted(requests, key=lambda r: r.sent_s))
+DELIVERY_ORDER = itertools.count()   # ties in delivery time keep the order they were sent in
+
+
+@dataclass
+class KvLink:
+    """Prefill/decode disaggregation's link: each request's KV (its computed tokens x KV bytes
+    per token) crosses it before the decode engine can take the request. Transfers queue."""
+    gbs: float
+    kv_bytes_per_token: int
+    decode: Engine
+    free_at: float = 0.0
+    transfers: int = 0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+
+    def send(self, request: Request, ready: float) -> None:
+        start = max(ready, self.free_at)
+        seconds = request.computed * self.kv_bytes_per_token / (self.gbs * 1e9)
+        self.free_at = arrival = start + seconds
+        self.transfers += 1
+        self.busy_s += seconds
+        self.wait_s += arrival - ready
+        # The first token, sampled by the prefill engine, reaches the user with the KV.
+        request.first_token_s = request.last_token_s = arrival
+        if request.token_times:
+            request.token_times[-1] = arrival
+        request.last_step = -2
+        self.decode.deliver(arrival, request)
+
+
+def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
+             progress: Optional[Callable[[Engine, int], None]] = None):
+    """Run requests to the end on one engine, or on a prefill engine feeding a decode engine
+    through a KvLink. Open loop: each request is sent at its sent_s. Closed loop: `concurrency`
+    clients, each sending the next request the moment its previous one ends. The engine whose
+    next event comes first steps next, so two engines share one virtual clock."""
+    engines = engines if isinstance(engines, list) else [engines]
+    first = engines[0]
+    backlog = deque(requests)
+    if not concurrency:
+        while backlog:
+            request = backlog.popleft()
+            first.deliver(request.sent_s, request)
     sent = 0
-    total = len(requests)
+    now = 0.0
     while True:
         if concurrency:
-            while backlog and sent - len(engine.done) < concurrency:
+            while backlog and sent - sum(len(e.done) for e in engines) < concurrency:
                 request = backlog.popleft()
-                request.sent_s = engine.clock
-                engine.add(request)
+                request.sent_s = now
+                first.deliver(now, request)
                 sent += 1
-        else:
-            while backlog and backlog[0].sent_s <= engine.clock:
-                engine.add(backlog.popleft())
+        engine = min(engines, key=Engine.next_event)
+        at = engine.next_event()
+        if at == math.inf:
+            return engines[-1]
+        engine.clock = max(engine.clock, at)
+        engine.take_deliveries()
         if engine.has_work():
             engine.step()
             if progress and engine.steps % 4096 == 0:
-                progress(engine, total)
-        elif backlog:
-            engine.clock = max(engine.clock, backlog[0].sent_s)   # idle until the next arrival
-        else:
-            return engine
+                progress(engine, len(requests))
+        now = engine.clock
 
 
 @dataclass(frozen=True)
@@ -761,6 +919,7 @@ def engine_report(engine: Engine, span: float) -> dict:
     s = engine.scheduler
     pool = s.pool
     return {
+        "hardware": engine.hardware.name,
         "steps": engine.steps,
         "mean_batch": engine.scheduled_seqs / engine.steps if engine.steps else 0.0,
         "kv_peak": engine.kv_peak / pool.num_blocks,
@@ -771,6 +930,10 @@ def engine_report(engine: Engine, span: float) -> dict:
         "prefix_hit_rate": s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
         "num_blocks": pool.num_blocks,
         "block_size": s.config.block_size,
+        "row_utilisation": engine.useful_rows / engine.decode_rows if engine.decode_rows else None,
+        "wasted_decode_rows": engine.decode_rows - engine.useful_rows,
+        "kv_reserved_peak_tokens": engine.kv_reserved_peak,
+        "kv_used_of_reserved": engine.kv_used_share / engine.steps if engine.steps else 0.0,
     }
 
 
@@ -1478,6 +1641,16 @@ def print_run(result: dict, out=sys.stdout) -> None:
         w(f"{'steps':<12}{engine['steps']:,}  mean batch {engine['mean_batch']:.1f} seqs  "
           f"preemptions {engine['preemptions']:,}  evictions {engine['evictions']:,}  "
           f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+        if engine["row_utilisation"] is not None:
+            w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,} "
+              f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
+              f"{engine['kv_used_of_reserved']:.1%} used\n")
+    if result.get("link"):
+        prefill, link = result["prefill_engine"], result["link"]
+        w(f"{'prefill':<12}{prefill['hardware']}: {prefill['steps']:,} steps  mean batch {prefill['mean_batch']:.1f}  "
+          f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,}\n")
+        w(f"{'link':<12}{link['gbs']:g} GB/s: {link['transfers']:,} transfers  mean wait {number(link['mean_wait_ms'])} ms "
+          f"(queue + transfer)  busy {link['busy']:.1%}\n")
     w(f"{'':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}\n")
     for name, label in (("ttft", "ttft ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
                         ("queue", "queue ms"), ("e2el", "e2e ms")):
@@ -1571,12 +1744,15 @@ SWEEP_COLUMNS = (
 )
 
 
-def print_sweep(title: str, axis: str, results: list[dict], out=sys.stdout) -> None:
+def print_sweep(title: str, axis: str, results: list[dict], columns=SWEEP_COLUMNS, out=sys.stdout) -> None:
     out.write(f"{title}\n")
-    width = [max(len(axis), 6)] + [max(len(name), 7) for name, _ in SWEEP_COLUMNS]
-    out.write("  ".join(h.rjust(w) for h, w in zip([axis] + [n for n, _ in SWEEP_COLUMNS], width)) + "\n")
-    for result in results:
-        cells = [f"{result['config']['sweep_value']:g}"] + [cell(result) for _, cell in SWEEP_COLUMNS]
+    labels = ["no cap" if v == 0 and axis == "max-tokens-in-flight" else
+              f"{v:g}" if isinstance(v, (int, float)) else os.path.basename(str(v))
+              for v in (r["config"]["sweep_value"] for r in results)]
+    width = [max(len(axis), 6, *map(len, labels))] + [max(len(name), 7) for name, _ in columns]
+    out.write("  ".join(h.rjust(w) for h, w in zip([axis] + [n for n, _ in columns], width)) + "\n")
+    for label, result in zip(labels, results):
+        cells = [label] + [cell(result) for _, cell in columns]
         out.write("  ".join(c.rjust(w) for c, w in zip(cells, width)) + "\n")
 
 
@@ -1713,7 +1889,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                            "(default: from the memory budget)")
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def non_negative_int(text: str) -> int:
+    return 0 if text.strip() in ("0", "none") else positive_int(text)
+
+
+def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     add_plan_args(p)
     g = p.add_argument_group("scheduler")
     g.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N",
@@ -1727,6 +1907,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-reserve-full-isl", action="store_true",
                    help="admit a request only if blocks for its whole prompt are free, not just its first "
                         "chunk (default: off)")
+    g.add_argument("--max-tokens-in-flight", type=list_of(non_negative_int) if sweep else non_negative_int,
+                   metavar="TOKENS" + (",..." if sweep else ""),
+                   help="admit a request only while prompt + output summed over running requests stays under "
+                        "this cap, as TGI's --max-batch-total-tokens; 0 is no cap" + (", several to sweep" if sweep else "")
+                        + " (default: no cap)")
+    g = p.add_argument_group("batching modes (the reference engine's, side by side)")
+    g.add_argument("--batching", choices=("continuous", "static"), default="continuous",
+                   help="continuous: the batch is decided again every step; static: take --max-num-seqs "
+                        "requests, left-pad them, run until the slowest is done (default: %(default)s)")
+    g.add_argument("--kv-layout", choices=("paged", "slots"), default="paged",
+                   help="paged: blocks allocated as sequences grow; slots: the cache split evenly into "
+                        "--max-num-seqs fixed contexts, as llama.cpp with --parallel (default: %(default)s)")
+    g = p.add_argument_group("prefill/decode disaggregation")
+    g.add_argument("--disaggregate", action="store_true",
+                   help="one engine only prefills, another only decodes; each request's KV crosses a link "
+                        "between them (default: off; any flag below turns it on)")
+    g.add_argument("--prefill-hardware", help="the prefill engine's hardware (default: --hardware)")
+    g.add_argument("--decode-hardware", help="the decode engine's hardware (default: --hardware)")
+    g.add_argument("--kv-link-gbs", type=list_of(positive_float) if sweep else positive_float,
+                   metavar="GBS" + (",..." if sweep else ""),
+                   help="the link's bandwidth in GB/s" + (", several to sweep beside the colocated engine" if sweep else "")
+                        + " (default: 25)")
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
@@ -1754,15 +1956,15 @@ def workload_from_args(args, rate: Optional[float]) -> list[Request]:
 def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("workload")
     arrivals = g.add_mutually_exclusive_group()
+    arrivals.add_argument("--trace", metavar="FILE",
+                          help="JSONL trace, one request per line: arrival (s), prompt_tokens, "
+                               "output_tokens, optional prefix and prefix_tokens")
     if sweep:
         arrivals.add_argument("--concurrency", type=list_of(positive_int), metavar="N,N,...",
                               help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
         arrivals.add_argument("--rate", type=list_of(positive_float), metavar="R,R,...",
                               help="open loop: sweep these Poisson arrival rates, requests/s")
     else:
-        arrivals.add_argument("--trace", metavar="FILE",
-                              help="JSONL trace, one request per line: arrival (s), prompt_tokens, "
-                                   "output_tokens, optional prefix and prefix_tokens")
         arrivals.add_argument("--rate", type=positive_float, metavar="R",
                               help="open loop: Poisson arrivals at R requests/s")
         arrivals.add_argument("--concurrency", type=positive_int, metavar="N",
@@ -1790,11 +1992,44 @@ def plan_from_args(args) -> tuple[Hardware, ModelSpec, CapacityPlan]:
 
 
 def scheduler_config(args) -> SchedulerConfig:
+    if args.batching == "static" and (args.prefix_caching or args.kv_layout == "slots"):
+        raise UserError("--batching static runs its own padded batch: drop --prefix-caching and --kv-layout slots")
+    if args.kv_layout == "slots" and args.prefix_caching:
+        raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
+                        "drop --prefix-caching")
     return SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, block_size=args.block_size,
         chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
-        reserve_full_isl=args.scheduler_reserve_full_isl)
+        reserve_full_isl=args.scheduler_reserve_full_isl,
+        max_tokens_in_flight=args.max_tokens_in_flight or None, batching=args.batching, kv_layout=args.kv_layout)
+
+
+def disaggregated(args) -> bool:
+    return bool(args.disaggregate or args.kv_link_gbs or args.prefill_hardware or args.decode_hardware)
+
+
+def build_engines(args, detailed: bool) -> tuple[list[Engine], Optional[KvLink]]:
+    """One engine, or a prefill engine and a decode engine joined by a KvLink."""
+    config = scheduler_config(args)
+    hardware, model, plan = plan_from_args(args)
+    if config.kv_layout == "slots" and plan.kv_tokens // config.max_num_seqs < 1:
+        raise UserError(f"--kv-layout slots splits {plan.kv_tokens:,} KV tokens into {config.max_num_seqs} slots: "
+                        f"less than one token each; lower --max-num-seqs")
+    if not disaggregated(args):
+        return [Engine(hardware, model, plan, config, detailed)], None
+    if config.batching == "static" or config.kv_layout == "slots":
+        raise UserError("disaggregation is modelled for continuous batching on a paged cache; "
+                        "drop --batching static / --kv-layout slots")
+    engines = []
+    for name in (args.prefill_hardware, args.decode_hardware):
+        device = load_preset("hardware", name, HARDWARE, Hardware) if name else hardware
+        engines.append(Engine(device, model, plan_capacity(device, model, args.gpu_memory_utilization, args.block_size,
+                                                           args.max_model_len, args.kv_tokens, args.num_gpu_blocks),
+                              config, detailed))
+    link = KvLink(args.kv_link_gbs or 25.0, model.kv_bytes_per_token, engines[1])
+    engines[0].handoff = link.send
+    return engines, link
 
 
 class Progress:
@@ -1813,35 +2048,44 @@ class Progress:
 
 def run_simulation(args, concurrency: Optional[int], rate: Optional[float],
                    progress: Optional[Progress] = None) -> dict:
-    hardware, model, plan = plan_from_args(args)
-    config = scheduler_config(args)
     trace = getattr(args, "trace", None)
     fill_workload_defaults(args)
+    engines, link = build_engines(args, getattr(args, "detailed", False))
+    model, hardware = engines[-1].model, engines[-1].hardware
     requests = workload_from_args(args, rate)
     if trace:
         arrivals = f"trace arrivals ({trace})"
     else:
         arrivals = f"poisson {rate:g} req/s" if rate else f"closed loop {concurrency} clients"
-    engine = Engine(hardware, model, plan, config, detailed=getattr(args, "detailed", False))
     report = None
     if progress:
-        report = lambda e, total: progress(f"{len(e.done):,}/{total:,} requests done, "
+        report = lambda e, total: progress(f"{sum(len(x.done) for x in engines):,}/{total:,} requests done, "
                                            f"{e.clock:,.1f} s simulated")
-    simulate(engine, requests, None if trace or rate else concurrency, report)
-    result = summarize(engine.done, engine.itl)
-    result["engine"] = engine_report(engine, result["duration"])
+    simulate(engines, requests, None if trace or rate else concurrency, report)
+    done = [r for e in engines for r in e.done]
+    result = summarize(done, sum((e.itl for e in engines), Counter()))
+    result["engine"] = engine_report(engines[-1], result["duration"])
+    where = f"on {hardware.name}"
+    if link:
+        result["prefill_engine"] = engine_report(engines[0], result["duration"])
+        result["link"] = {"gbs": link.gbs, "transfers": link.transfers,
+                          "mean_wait_ms": link.wait_s / link.transfers * 1000 if link.transfers else None,
+                          "busy": link.busy_s / result["duration"] if result["duration"] else 0.0}
+        where = f"prefill on {engines[0].hardware.name}, decode on {hardware.name}, {link.gbs:g} GB/s link"
+    config = engines[-1].scheduler.config
     result["config"] = {
-        "title": f"servesim {model.name} on {hardware.name}  {len(requests):,} requests  {arrivals}",
+        "title": f"servesim {model.name} {where}  {len(requests):,} requests  {arrivals}",
         "hardware": hardware.name, "model": model.name,
         "num_prompts": len(requests), "arrivals": arrivals,
         "max_concurrency": None if trace or rate else concurrency, "request_rate": rate,
         "trace": trace, "prompt_tokens": None if trace else str(args.prompt_tokens),
         "output_tokens": None if trace else str(args.output_tokens), "seed": args.seed,
         **asdict(config), "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_tokens": plan.kv_tokens,
+        "kv_tokens": engines[-1].scheduler.pool.num_blocks * config.block_size,
+        "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
     }
     if getattr(args, "detailed", False):
-        result.update(detailed_arrays(sorted(engine.done, key=lambda r: r.id)))
+        result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
 
 
@@ -1864,28 +2108,111 @@ def cmd_simulate(args) -> int:
     return 1 if result["failed"] else 0
 
 
+COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
+
+
+def compare_mode(text: str) -> str:
+    if text not in COMPARE_MODES:
+        raise argparse.ArgumentTypeError(f"unknown mode {text!r}: use static, slots or paged")
+    return text
+
+
+SWEEP_AXES = ("concurrency", "rate", "max_tokens_in_flight", "kv_link_gbs", "compare")
+
+
+def sweep_points(args) -> tuple[str, list]:
+    """The one axis a sweep varies, and its values. Every other list flag holds one value."""
+    given = {axis: getattr(args, axis) for axis in SWEEP_AXES if getattr(args, axis)}
+    varied = [axis for axis, values in given.items() if len(values) > 1 or axis == "compare"]
+    if len(varied) > 1:
+        raise UserError(f"sweep one axis at a time: {' and '.join('--' + a.replace('_', '-') for a in varied)} "
+                        f"both have several values")
+    if varied:
+        return varied[0], given[varied[0]]
+    if args.trace:
+        return "trace", [args.trace]
+    axis = "rate" if args.rate else "concurrency"
+    return axis, given.get(axis) or [1, 8, 32, 128, 256]
+
+
+def point_args(args, axis: str, value) -> argparse.Namespace:
+    point = argparse.Namespace(**vars(args))
+    for name in SWEEP_AXES:
+        values = getattr(args, name)
+        setattr(point, name, value if name == axis else (values[0] if values else None))
+    if axis == "compare":
+        point.batching, point.kv_layout = COMPARE_MODES[value]
+    if axis == "kv_link_gbs" and value == "colocated":
+        point.kv_link_gbs = None
+    return point
+
+
+SWEEP_TABLES = {
+    "compare": (("out tok/s", lambda r: number(r["output_throughput"])),
+                ("ttft p50", lambda r: number(r["median_ttft_ms"])),
+                ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
+                ("tpot p50", lambda r: number(r["median_tpot_ms"])),
+                ("row util", lambda r: "-" if r["engine"]["row_utilisation"] is None else f"{r['engine']['row_utilisation']:.1%}"),
+                ("wasted rows", lambda r: f"{r['engine']['wasted_decode_rows']:,}"),
+                ("kv reserved", lambda r: f"{r['engine']['kv_reserved_peak_tokens']:,}"),
+                ("kv used", lambda r: f"{r['engine']['kv_used_of_reserved']:.1%}"),
+                ("failed", lambda r: f"{r['failed']:,}")),
+    "kv_link_gbs": (("out tok/s", lambda r: number(r["output_throughput"])),
+                    ("ttft p50", lambda r: number(r["median_ttft_ms"])),
+                    ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
+                    ("tpot p50", lambda r: number(r["median_tpot_ms"])),
+                    ("itl p99", lambda r: number(r["p99_itl_ms"])),
+                    ("link wait", lambda r: number((r.get("link") or {}).get("mean_wait_ms"))),
+                    ("failed", lambda r: f"{r['failed']:,}")),
+}
+
+
+def colocation_verdict(results: list[dict]) -> str:
+    """The link bandwidth below which the colocated engine wins on TTFT p95."""
+    colocated = results[0]["p95_ttft_ms"]
+    points = sorted((r["config"]["kv_link_gbs"], r["p95_ttft_ms"]) for r in results[1:])
+    wins = [gbs for gbs, p95 in points if p95 < colocated]
+    losses = [gbs for gbs, p95 in points if p95 >= colocated]
+    if not wins:
+        return f"the colocated engine wins on ttft p95 at every link bandwidth tried (up to {points[-1][0]:g} GB/s)"
+    if not losses:
+        return f"disaggregation wins on ttft p95 at every link bandwidth tried (down to {points[0][0]:g} GB/s)"
+    return (f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s "
+            f"(colocated {number(colocated)} ms; disaggregated loses at {max(g for g in losses if g < min(wins)):g} GB/s"
+            if any(g < min(wins) for g in losses) else
+            f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s (colocated {number(colocated)} ms") + ")"
+
+
 def cmd_sweep(args) -> int:
-    if args.rate:
-        axis, values = "rate", args.rate
-    else:
-        axis, values = "concurrency", args.concurrency or [1, 8, 32, 128, 256]
+    if args.trace and (args.concurrency or args.rate):
+        raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
+    fill_workload_defaults(args)
+    axis, values = sweep_points(args)
+    if axis == "kv_link_gbs":
+        values = ["colocated"] + list(values)     # the baseline the link has to beat
     progress = Progress("sweep")
     results = []
     for i, value in enumerate(values):
-        progress(f"{axis} {value:g} ({i + 1}/{len(values)})")
-        result = run_simulation(args, None if axis == "rate" else value, value if axis == "rate" else None, progress)
-        result["config"]["sweep_value"] = value
+        progress(f"{axis.replace('_', '-')} {value} ({i + 1}/{len(values)})")
+        point = point_args(args, axis, value)
+        concurrency = None if point.trace or point.rate else point.concurrency or 32
+        result = run_simulation(point, concurrency, point.rate, progress)
+        result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, value
         results.append(result)
+    verdict = colocation_verdict(results) if axis == "kv_link_gbs" else None
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
         print_csv(results)
     else:
-        first = results[0]["config"]
-        print_sweep(f"sweep {first['model']} on {first['hardware']}  {args.requests:,} requests  "
-                    f"prompt {args.prompt_tokens}  output {args.output_tokens}"
-                    + (f"  prefix {args.prefix_tokens} x {args.num_prefixes}" if args.prefix_tokens else ""),
-                    axis, results)
+        first = results[-1]["config"]
+        workload = (f"trace {args.trace}" if args.trace else
+                    f"{args.requests:,} requests  prompt {args.prompt_tokens}  output {args.output_tokens}"
+                    + (f"  prefix {args.prefix_tokens} x {args.num_prefixes}" if args.prefix_tokens else ""))
+        print_sweep(f"sweep {first['model']} on {first['hardware']}  {workload}", axis.replace("_", "-"),
+                    results, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
+        if verdict:
+            print(verdict)
     return 1 if any(r["failed"] for r in results) else 0
 
 
@@ -2009,7 +2336,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate a vLLM-style server on a virtual clock and report TTFT, TPOT, ITL, "
                                    "queue time, throughput, batch size, KV use, preemptions and prefix hits. "
                                    "Exit 1 if any request failed.")
-    add_engine_args(p)
+    add_engine_args(p, sweep=False)
     add_workload_args(p, sweep=False)
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="one JSON object with vllm bench serve's keys")
@@ -2018,11 +2345,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("sweep", help="simulate at several concurrencies or rates, one table",
-                       description="Run the same workload at several concurrencies (closed loop) or rates "
-                                   "(Poisson) and print one row each. Exit 1 if any request failed.")
-    add_engine_args(p)
+    p = sub.add_parser("sweep", help="simulate at several concurrencies, rates or settings, one table",
+                       description="Run the same workload at several values of one axis and print one row each: "
+                                   "--concurrency (closed loop), --rate (Poisson), --max-tokens-in-flight, "
+                                   "--kv-link-gbs (beside the colocated engine, with the bandwidth below which "
+                                   "colocation wins on TTFT p95), or --compare batching modes. Exit 1 if any "
+                                   "request failed.")
+    add_engine_args(p, sweep=True)
     add_workload_args(p, sweep=True)
+    p.add_argument("--compare", type=list_of(compare_mode), metavar="MODE,...",
+                   help="run the same workload through each of static, slots, paged (continuous batching "
+                        "over a paged cache) and print one table with row utilisation and KV reserved "
+                        "versus used (default: off)")
     out = p.add_argument_group("output").add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="a JSON list, one simulate --json object per point")
     out.add_argument("--csv", action="store_true", help="CSV, one row per point, nested keys dotted")

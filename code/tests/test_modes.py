@@ -1,0 +1,195 @@
+"""The lesson's exercises and the reference engine's batching modes, each on a case that can be
+worked out on paper."""
+import json
+import unittest
+
+from helpers import FIXTURES, main, run_cli
+
+H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+
+
+def engine(blocks=1000, block_size=16, hardware=H100, **config):
+    plan = main.plan_capacity(hardware, LLAMA, block_size=block_size, num_gpu_blocks=blocks)
+    return main.Engine(hardware, LLAMA, plan, main.SchedulerConfig(block_size=block_size, **config))
+
+
+def req(id, prompt, output, **kw):
+    return main.Request(id, prompt, output, **kw)
+
+
+class MaxTokensInFlight(unittest.TestCase):
+    """The Easy exercise."""
+
+    def run_four(self, cap):
+        e = engine(max_tokens_in_flight=cap)
+        requests = [req(i, 890, 10) for i in range(4)]        # 900 tokens each
+        for r in requests:
+            e.add(r)
+        most = 0
+        while e.has_work():
+            e.step()
+            most = max(most, len(e.scheduler.running))
+        return most, requests
+
+    def test_a_2000_token_cap_runs_two_of_four_900_token_requests_at_once(self):
+        most, requests = self.run_four(2000)
+        self.assertEqual(most, 2)
+        self.assertEqual(sum(1 for r in requests if r.queue_s > 0), 2)
+
+    def test_without_the_cap_all_four_run(self):
+        most, requests = self.run_four(None)
+        self.assertEqual(most, 4)
+        self.assertTrue(all(r.queue_s == 0 for r in requests))
+
+    def test_on_the_burst_trace_the_cap_removes_preemptions_at_the_price_of_ttft(self):
+        code, out, _ = run_cli("sweep", "--hardware", "l4-24gb", "--trace", f"{FIXTURES}/burst.jsonl",
+                               "--max-tokens-in-flight", "0,24000", "--json")
+        uncapped, capped = json.loads(out)
+        self.assertGreater(uncapped["engine"]["preemptions"], 0)
+        self.assertEqual(capped["engine"]["preemptions"], 0)
+        self.assertGreater(capped["median_ttft_ms"], uncapped["median_ttft_ms"])
+
+    def test_a_request_over_the_cap_fails(self):
+        e = engine(max_tokens_in_flight=500)
+        r = req(0, 890, 10)
+        e.add(r)
+        self.assertIn("--max-tokens-in-flight", r.error)
+
+
+class Disaggregation(unittest.TestCase):
+    """The Hard exercise."""
+
+    def simulate(self, requests, *flags):
+        args = main.build_parser().parse_args(["simulate", "--max-model-len", "16384", "--detailed", *flags])
+        engines, link = main.build_engines(args, detailed=True)
+        main.simulate(engines, requests)
+        return engines, link
+
+    def test_a_2000_token_prompt_waits_about_10_ms_on_a_25_gbs_link(self):
+        alone, together = req(0, 2000, 5), req(0, 2000, 5)
+        self.simulate([alone])
+        _, link = self.simulate([together], "--kv-link-gbs", "25")
+        wait_ms = (together.first_token_s - alone.first_token_s) * 1000
+        self.assertAlmostEqual(wait_ms, 2000 * 131072 / 25e9 * 1000, delta=0.01)
+        self.assertAlmostEqual(wait_ms, 10.5, delta=0.1)
+        self.assertEqual(link.transfers, 1)
+
+    def test_transfers_queue_on_the_link(self):
+        a, b = req(0, 2000, 5), req(1, 2000, 5)
+        _, link = self.simulate([a, b], "--kv-link-gbs", "25")
+        self.assertAlmostEqual(b.first_token_s - a.first_token_s, 2000 * 131072 / 25e9, delta=1e-6)
+        self.assertGreater(link.wait_s, 2 * 2000 * 131072 / 25e9)
+
+    def test_decode_side_itl_no_longer_spikes_when_a_long_prompt_arrives(self):
+        def chats():
+            return [req(i, 100, 200) for i in range(8)] + [req(8, 8000, 10, sent_s=0.5)]
+        colocated, split = chats(), chats()
+        self.simulate(colocated)
+        self.simulate(split, "--disaggregate")
+        worst = lambda rs: max(max(b - a for a, b in zip(r.token_times[1:], r.token_times[2:])) for r in rs[:8])
+        decode_step = main.step_seconds(H100, LLAMA, 9, 9 * 300, 9)
+        self.assertGreater(worst(colocated), 10 * decode_step)     # a 8,000-token prefill landed in a step
+        self.assertLess(worst(split), 2 * decode_step)
+
+    def test_the_sweep_finds_the_bandwidth_below_which_colocation_wins(self):
+        code, out, err = run_cli("sweep", "--trace", f"{FIXTURES}/mixed.jsonl", "--max-model-len", "16384",
+                                 "--kv-link-gbs", "1,5,25,100")
+        self.assertEqual(code, 0, err)
+        rows = {line.split()[0]: line.split() for line in out.splitlines()[2:7]}
+        p95 = {name: float(cells[3].replace(",", "")) for name, cells in rows.items()}
+        self.assertLess(p95["colocated"], p95["1"])
+        self.assertLess(p95["colocated"], p95["5"])
+        self.assertGreater(p95["colocated"], p95["100"])
+        self.assertIn("the colocated engine wins on ttft p95 below 100 GB/s", out)
+
+    def test_flags_that_cannot_combine_with_disaggregation_exit_2(self):
+        code, _, err = run_cli("simulate", "--disaggregate", "--batching", "static")
+        self.assertEqual(code, 2)
+        self.assertIn("disaggregation", err)
+
+
+class StaticBatching(unittest.TestCase):
+    def test_outputs_of_10_and_100_in_one_batch_of_2_cost_198_rows_for_108_useful(self):
+        e = engine(batching="static", max_num_seqs=2)
+        e.add(req(0, 50, 10))
+        e.add(req(1, 50, 100))
+        while e.has_work():
+            e.step()
+        self.assertEqual(e.steps, 100)                      # one prefill, 99 decode steps
+        self.assertEqual((e.decode_rows, e.useful_rows), (198, 108))
+        self.assertAlmostEqual(main.engine_report(e, 1)["row_utilisation"], 108 / 198)
+
+    def test_the_prefill_is_left_padded_to_the_longest_prompt(self):
+        e = engine(batching="static", max_num_seqs=2)
+        e.add(req(0, 10, 5))
+        e.add(req(1, 100, 5))
+        e.step()
+        self.assertAlmostEqual(e.clock, main.step_seconds(H100, LLAMA, 200, 200, 2))
+
+    def test_the_next_batch_waits_for_the_slowest_row(self):
+        e = engine(batching="static", max_num_seqs=2)
+        quick, slow, next_one = req(0, 50, 2), req(1, 50, 40), req(2, 50, 2)
+        main.simulate(e, [quick, slow, next_one])
+        self.assertEqual(next_one.queue_s, slow.last_token_s)
+        self.assertLess(quick.last_token_s, next_one.queue_s)
+
+    def test_kv_reserved_is_every_row_padded_to_prompt_plus_longest_output(self):
+        e = engine(batching="static", max_num_seqs=2)
+        main.simulate(e, [req(0, 10, 5), req(1, 100, 50)])
+        self.assertEqual(e.kv_reserved_peak, 2 * (100 + 50))
+
+
+class SlotLayout(unittest.TestCase):
+    """llama.cpp with --parallel 4 --ctx-size 4096: four fixed 1,024-token contexts."""
+
+    def slots(self, **config):
+        plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)
+        return main.Engine(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], plan,
+                           main.SchedulerConfig(kv_layout="slots", max_num_seqs=4, **config))
+
+    def test_a_request_longer_than_one_slot_fails_even_with_idle_slots(self):
+        e = self.slots()
+        too_long, fits = req(0, 1000, 100), req(1, 900, 100)
+        e.add(too_long)
+        e.add(fits)
+        self.assertIn("the request exceeds the available context size", too_long.error)
+        self.assertIsNone(fits.error)
+        self.assertEqual(e.done, [too_long])
+
+    def test_a_fifth_request_waits_for_a_free_slot_and_nobody_is_preempted(self):
+        e = self.slots()
+        requests = [req(i, 900, 100) for i in range(5)]
+        main.simulate(e, requests)
+        self.assertEqual(e.scheduler.preemptions, 0)
+        self.assertEqual(requests[4].queue_s, min(r.last_token_s for r in requests[:4]))
+        self.assertEqual(e.kv_reserved_peak, 4096)           # the whole cache, set aside up front
+
+    def test_the_paged_cache_of_the_same_size_runs_what_slots_reject(self):
+        plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)
+        e = main.Engine(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], plan,
+                        main.SchedulerConfig(max_num_seqs=4))
+        r = req(0, 1000, 100)
+        main.simulate(e, [r])
+        self.assertIsNone(r.error)
+
+
+class CompareTable(unittest.TestCase):
+    def test_one_table_for_static_slots_and_paged(self):
+        code, out, err = run_cli("sweep", "--compare", "static,slots,paged", "--hardware", "cpu-4vcpu",
+                                 "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs", "4",
+                                 "--prompt-tokens", "300-1000", "--output-tokens", "10-200", "--requests", "16",
+                                 "--concurrency", "8")
+        lines = out.strip().splitlines()
+        self.assertEqual(lines[1].split(), ["compare", "out", "tok/s", "ttft", "p50", "ttft", "p95", "tpot", "p50",
+                                            "row", "util", "wasted", "rows", "kv", "reserved", "kv", "used", "failed"])
+        rows = {line.split()[0]: line.split() for line in lines[2:]}
+        self.assertEqual(set(rows), {"static", "slots", "paged"})
+        self.assertEqual(rows["paged"][5], "100.0%")
+        self.assertNotEqual(rows["static"][5], "100.0%")
+        self.assertGreater(int(rows["slots"][-1]), 0)          # some requests exceed a 1,024-token slot
+        self.assertEqual(rows["paged"][-1], "0")
+        self.assertEqual(code, 1)                              # failed requests make the exit code 1
+
+
+if __name__ == "__main__":
+    unittest.main()
