@@ -442,7 +442,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            tokens = min(request.remaining, budget)
+            remaining = request.remaining
+            tokens = remaining if remaining < budget else budget
             end = request.computed + tokens
             # Most steps of a decode stay inside the last block: nothing to allocate or key.
             if end > len(request.blocks) * block_size or (prefix_caching and end >= (request.registered + 1) * block_size):
@@ -633,6 +634,7 @@ class Engine:
         self.kv_used_share += context / reserved if reserved else 0.0
         back_to_back = 0     # tokens whose previous token came at the end of the last step
         leaving = []
+        step, previous, handoff, detailed = self.steps, self.steps - 1, self.handoff, self.detailed
         for request, count in batch:
             request.computed += count
             if request.computed < request.length:
@@ -640,22 +642,22 @@ class Engine:
             request.generated += 1
             if request.first_token_s is None:
                 request.first_token_s = now
-            elif request.last_step == self.steps - 1:
+            elif request.last_step == previous:
                 back_to_back += 1
             else:
                 self.itl[now - request.last_token_s] += 1
             request.last_token_s = now
-            request.last_step = self.steps
-            if request.token_times is not None:
+            request.last_step = step
+            if detailed:
                 request.token_times.append(now)
             if request.finished:
                 scheduler.finish(request)
                 self.done.append(request)
                 leaving.append(request)
-            elif self.handoff and request.generated == 1:
+            elif handoff and request.generated == 1:
                 scheduler.finish(request)        # the KV leaves with the request
                 leaving.append(request)
-                self.handoff(request, now)
+                handoff(request, now)
         if back_to_back:
             self.itl[duration] += back_to_back
         if leaving:
