@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import shlex
 import socket
 import sys
 import threading
@@ -560,6 +561,8 @@ class Engine:
         self.kv_peak = 0             # blocks in use, the highest seen
         self.kv_block_seconds = 0.0  # blocks in use x step time, for the time-weighted mean
         self.peak_waiting = 0
+        self.peak_running = 0
+        self.capped_steps = 0        # steps where requests waited while the batch was at --max-num-seqs
         self.decode_rows = 0         # rows of decode steps computed, padding included
         self.useful_rows = 0         # of those, rows of a request still generating
         self.kv_reserved_peak = 0    # tokens of KV memory set aside, the most at once
@@ -628,6 +631,9 @@ class Engine:
         self.kv_peak = max(self.kv_peak, used)
         self.kv_block_seconds += used * duration
         self.peak_waiting = max(self.peak_waiting, len(scheduler.waiting))
+        self.peak_running = max(self.peak_running, len(scheduler.running))
+        if scheduler.waiting and len(scheduler.running) >= scheduler.config.max_num_seqs:
+            self.capped_steps += 1
         self.decode_rows += rows
         self.useful_rows += decodes
         self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
@@ -927,6 +933,8 @@ def engine_report(engine: Engine, span: float) -> dict:
         "kv_peak": engine.kv_peak / pool.num_blocks,
         "kv_mean": engine.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
         "peak_waiting": engine.peak_waiting,
+        "peak_running": engine.peak_running,
+        "steps_waiting_at_seq_cap": engine.capped_steps,
         "preemptions": s.preemptions,
         "evictions": pool.evictions,
         "prefix_hit_rate": s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
@@ -1622,6 +1630,310 @@ def server_shape(http: Http) -> Optional[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Diagnosis: the runbook's decision table, applied to a /metrics scrape, a loadgen report or a
+# simulate/sweep report. The table lives here once; `explain --table` prints it for the runbook.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Remedy:
+    symptom: str
+    signs: str
+    binds: str
+    knobs: dict          # server -> the knob to change first
+    effect: str          # expected effect on each metric
+    will_not_help: str
+
+
+DECISION_TABLE = (
+    Remedy("kv-bound", "preemptions climb; KV usage pinned near 100%; requests wait",
+           "KV cache blocks",
+           {"vllm": "`--enable-prefix-caching` if prompts share a prefix; else raise `--gpu-memory-utilization`, "
+                    "lower `--max-model-len`, quantize, or add tensor parallelism (`--tensor-parallel-size`)",
+            "llama.cpp": "`--cache-reuse` for shared prefixes; else `--ctx-size` up",
+            "sglang": "`--mem-fraction-static` up"},
+           "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
+           "raising `--max-num-seqs` (memory, not the cap, limits the batch); a second GPU while prefix caching "
+           "is off (every request still stores its own copy of the prefix)"),
+    Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
+           "compute (the roofline)",
+           {"vllm": "`--max-num-seqs` down toward the knee to protect TPOT; quantization or tensor "
+                    "parallelism (`--tensor-parallel-size`) for more throughput",
+            "llama.cpp": "`--parallel` down toward the knee",
+            "sglang": "`--max-running-requests` down"},
+           "TPOT falls toward the batch-1 step; throughput drops by less than the batch does (past the knee "
+           "each sequence bought little); TTFT rises for waiting requests",
+           "more KV memory or prefix caching (the cache is not the limit); reading GPU utilisation as batch "
+           "fullness (it says a kernel ran, not how full the batch was)"),
+    Remedy("sequence-bound", "running requests at the sequence cap; KV cache mostly idle; requests wait",
+           "sequences",
+           {"vllm": "`--max-num-seqs` up",
+            "llama.cpp": "`--parallel` up, with `--ctx-size` raised to keep each slot's context (or `--kv-unified`)",
+            "sglang": "`--max-running-requests` up"},
+           "TTFT falls as the queue drains; throughput rises until KV or compute binds; TPOT rises a little",
+           "more KV memory (`--gpu-memory-utilization`, `--mem-fraction-static`): the cache is idle"),
+    Remedy("token-budget-bound", "long prompts; requests wait while sequences and KV have room",
+           "tokens per step",
+           {"vllm": "`--max-num-batched-tokens` up",
+            "llama.cpp": "`--batch-size` and `--ubatch-size` up",
+            "sglang": "`--chunked-prefill-size` up"},
+           "TTFT falls under load (more prompt tokens per step); ITL spikier when big chunks land; throughput about the same",
+           "raising `--max-num-seqs` (sequences are not the limit)"),
+    Remedy("queue-bound", "TTFT is mostly queue and no single budget binds: arrivals exceed one replica",
+           "the whole replica",
+           {"vllm": "another replica (data parallel), or a bigger one with `--tensor-parallel-size`",
+            "llama.cpp": "another `llama-server` on its own cores or machine",
+            "sglang": "another replica (`--dp-size`)"},
+           "TTFT falls with the added capacity; TPOT unchanged; throughput rises",
+           "tuning a budget that does not bind (`--max-num-seqs`, `--max-num-batched-tokens`)"),
+    Remedy("healthy", "little queue; TPOT near the batch-1 step; no preemptions",
+           "none",
+           {"vllm": "nothing; raise load until a budget binds if throughput matters",
+            "llama.cpp": "nothing; raise load until a budget binds if throughput matters",
+            "sglang": "nothing; raise load until a budget binds if throughput matters"},
+           "none expected",
+           "changing knobs without a symptom"),
+)
+REMEDIES = {r.symptom: r for r in DECISION_TABLE}
+
+
+def decision_table_markdown() -> str:
+    rows = ["| symptom | what the numbers show | binds | vLLM | llama.cpp | SGLang | expected effect | will not help |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in DECISION_TABLE:
+        rows.append(f"| {r.symptom} | {r.signs} | {r.binds} | {r.knobs['vllm']} | {r.knobs['llama.cpp']} | "
+                    f"{r.knobs['sglang']} | {r.effect} | {r.will_not_help} |")
+    return "\n".join(rows)
+
+
+@dataclass
+class Signals:
+    """What a diagnosis needs, from whichever input had it; None where the input cannot say."""
+    source: str
+    server: str                              # vllm, llama.cpp, sglang or servesim
+    ttft_ms: Optional[float] = None          # p50 or mean, as the input has it
+    queue_ms: Optional[float] = None
+    prefill_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    running: Optional[float] = None          # peak running sequences
+    waiting: Optional[float] = None          # peak waiting requests
+    max_seqs: Optional[int] = None
+    kv_peak: Optional[float] = None          # 0..1
+    kv_tokens: Optional[int] = None
+    preemptions: Optional[float] = None
+    prefix_hit_rate: Optional[float] = None
+    mean_batch: Optional[float] = None
+    knee: Optional[float] = None             # critical batch, when hardware and model are known
+    batch1_tpot_ms: Optional[float] = None
+    budget: Optional[int] = None             # tokens per step
+    prompt_tokens: Optional[float] = None    # mean per request
+    output_tokens: Optional[float] = None
+    throughput_trend: Optional[float] = None # throughput at the last sweep point / the one before
+    waited_at_cap: Optional[bool] = None     # requests waited while the batch was at the cap (simulator)
+
+
+FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
+    "--max-num-seqs": "max_seqs", "--parallel": "max_seqs", "-np": "max_seqs", "--max-running-requests": "max_seqs",
+    "--max-num-batched-tokens": "budget", "--batch-size": "budget", "-b": "budget", "--chunked-prefill-size": "budget",
+    "--ctx-size": "kv_tokens", "-c": "kv_tokens",
+}
+
+
+def server_flags(text: str) -> dict:
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise UserError(f"--server-flags: cannot split {text!r} ({e})") from None
+    found = {}
+    for flag, value in zip(words, words[1:]):
+        if flag in FLAG_NAMES:
+            try:
+                found[FLAG_NAMES[flag]] = int(value)
+            except ValueError:
+                raise UserError(f"--server-flags: {flag} needs a whole number, got {value!r}") from None
+    return found
+
+
+def mean_of(scrape: dict, histogram: str) -> Optional[float]:
+    count = scrape.get(f"{histogram}_count")
+    return scrape[f"{histogram}_sum"] / count * 1000 if count else None
+
+
+def signals_from_scrape(text: str, name: str) -> Signals:
+    m = parse_prometheus(text)
+    if any(k.startswith("vllm:") for k in m):
+        queries = m.get("vllm:prefix_cache_queries_total")
+        return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),
+                       queue_ms=mean_of(m, "vllm:request_queue_time_seconds"),
+                       prefill_ms=mean_of(m, "vllm:request_prefill_time_seconds"),
+                       e2e_ms=mean_of(m, "vllm:e2e_request_latency_seconds"),
+                       tpot_ms=mean_of(m, "vllm:request_time_per_output_token_seconds"),
+                       running=m.get("vllm:num_requests_running"), waiting=m.get("vllm:num_requests_waiting"),
+                       kv_peak=m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc")),
+                       preemptions=m.get("vllm:num_preemptions_total"),
+                       prefix_hit_rate=m["vllm:prefix_cache_hits_total"] / queries if queries else None,
+                       mean_batch=m.get("vllm:num_requests_running"),
+                       prompt_tokens=mean_of(m, "vllm:request_prompt_tokens") and mean_of(m, "vllm:request_prompt_tokens") / 1000,
+                       output_tokens=mean_of(m, "vllm:request_generation_tokens") and mean_of(m, "vllm:request_generation_tokens") / 1000)
+    if any(k.startswith("llamacpp:") for k in m):
+        prompts, decodes = m.get("llamacpp:prompt_tokens_total"), m.get("llamacpp:n_decode_total")
+        return Signals(name, "llama.cpp", running=m.get("llamacpp:requests_processing"),
+                       waiting=m.get("llamacpp:requests_deferred"),
+                       mean_batch=m.get("llamacpp:n_busy_slots_per_decode"))
+    if any(k.startswith("sglang:") for k in m):
+        return Signals(name, "sglang", ttft_ms=mean_of(m, "sglang:time_to_first_token_seconds"),
+                       queue_ms=mean_of(m, "sglang:queue_time_seconds"),
+                       e2e_ms=mean_of(m, "sglang:e2e_request_latency_seconds"),
+                       running=m.get("sglang:num_running_reqs"), waiting=m.get("sglang:num_queue_reqs"),
+                       kv_peak=m.get("sglang:token_usage"), mean_batch=m.get("sglang:num_running_reqs"))
+    raise UserError(f"{name}: no vllm:, llamacpp: or sglang: metrics in it; pass a /metrics scrape, "
+                    f"a loadgen --json report or a simulate/sweep --json report")
+
+
+def signals_from_report(report: dict, name: str, previous: Optional[dict] = None) -> Signals:
+    done = report.get("completed") or 0
+    config, engine = report.get("config", {}), report.get("engine")
+    server = report.get("server") or {}
+    sig = Signals(name, "servesim" if engine else server.get("server", "unknown"),
+                  ttft_ms=report.get("median_ttft_ms"), queue_ms=report.get("median_queue_ms"),
+                  e2e_ms=report.get("median_e2el_ms"), tpot_ms=report.get("median_tpot_ms"),
+                  prompt_tokens=report["total_input_tokens"] / done if done else None,
+                  output_tokens=report["total_output_tokens"] / done if done else None)
+    if previous and previous.get("output_throughput"):
+        sig.throughput_trend = report["output_throughput"] / previous["output_throughput"]
+    if engine:
+        sig.running, sig.waiting = engine["peak_running"], engine["peak_waiting"]
+        sig.max_seqs, sig.kv_peak = config.get("max_num_seqs"), engine["kv_peak"]
+        sig.kv_tokens, sig.preemptions = engine["num_blocks"] * engine["block_size"], engine["preemptions"]
+        sig.prefix_hit_rate, sig.mean_batch = engine["prefix_hit_rate"], engine["mean_batch"]
+        sig.waited_at_cap = engine["steps_waiting_at_seq_cap"] > 0.05 * engine["steps"]
+        sig.budget = config.get("max_num_batched_tokens")
+        if sig.queue_ms is not None and sig.ttft_ms is not None:
+            sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
+        if config.get("hardware") in HARDWARE and config.get("model") in MODELS:
+            h, m = HARDWARE[config["hardware"]], MODELS[config["model"]]
+            sig.knee, sig.batch1_tpot_ms = critical_batch(h, m), step_seconds(h, m, 1, 0) * 1000
+    elif server.get("server") == "llama.cpp":
+        sig.running, sig.waiting = server.get("peak_requests_processing"), server.get("peak_requests_deferred")
+        sig.mean_batch = server.get("mean_batch_per_decode")
+        timings = report.get("timings") or {}
+        if timings:
+            sig.prefill_ms = timings["prompt_ms"]["p50"]
+            sig.queue_ms = timings["ttft_minus_prompt_ms"]["p50"]
+            sig.batch1_tpot_ms = None
+    elif server.get("server") == "vllm":
+        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_waiting")
+        sig.kv_peak, sig.preemptions = server.get("peak_kv_cache_usage"), server.get("preemptions")
+        sig.prefix_hit_rate, sig.mean_batch = server.get("prefix_hit_rate"), server.get("peak_running")
+    elif server.get("server") == "sglang":
+        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_queued")
+        sig.kv_peak, sig.mean_batch = server.get("peak_token_usage"), server.get("peak_running")
+    return sig
+
+
+def read_signals(path: str) -> Signals:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+    name = os.path.basename(path)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return signals_from_scrape(text, name)
+    if isinstance(data, list) and data and all(isinstance(r, dict) and "median_ttft_ms" in r for r in data):
+        # A sweep: diagnose its most loaded point, and keep the trend from the point before.
+        return signals_from_report(data[-1], f"{name} (last of {len(data)} points)", data[-2] if len(data) > 1 else None)
+    if isinstance(data, dict) and "median_ttft_ms" in data:
+        return signals_from_report(data, name)
+    raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")
+
+
+def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
+    """The first row of the decision table whose signs the numbers show, and the evidence."""
+    waiting = (sig.waiting or 0) > 0 or (sig.queue_ms or 0) > 0.25 * (sig.ttft_ms or math.inf)
+    # The simulator counts steps that were at the cap with requests waiting; a server's gauges only
+    # give peaks, which must do.
+    at_cap = sig.waited_at_cap if sig.waited_at_cap is not None else (
+        sig.max_seqs is not None and sig.running is not None and sig.running >= 0.95 * sig.max_seqs)
+    kv_room = sig.kv_peak is None or sig.kv_peak < 0.8
+    if (sig.preemptions or 0) > 0 or ((sig.kv_peak or 0) >= 0.95 and waiting):
+        return REMEDIES["kv-bound"], [f"preemptions {sig.preemptions or 0:,.0f}",
+                                      f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV peak unknown"]
+    past_knee = sig.knee is not None and sig.mean_batch is not None and sig.mean_batch > sig.knee
+    slowed = sig.batch1_tpot_ms and sig.tpot_ms and sig.tpot_ms > 1.3 * sig.batch1_tpot_ms
+    flat = sig.throughput_trend is not None and sig.throughput_trend < 1.1
+    if past_knee and slowed or (flat and slowed):
+        return REMEDIES["compute-bound"], [f"mean batch {sig.mean_batch:.1f} past the knee at ~{sig.knee:.1f}"
+                                           if past_knee else "throughput flat from the previous point",
+                                           f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1"]
+    if waiting and at_cap and kv_room:
+        return REMEDIES["sequence-bound"], [f"{sig.running:.0f} running of {sig.max_seqs} allowed",
+                                            f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
+                                            f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV not reported"]
+    if waiting and kv_room and sig.budget and sig.prompt_tokens and sig.prompt_tokens >= sig.budget / 4:
+        return REMEDIES["token-budget-bound"], [f"mean prompt {sig.prompt_tokens:,.0f} tokens against a "
+                                                f"{sig.budget:,}-token step budget", "sequences and KV have room"]
+    if sig.queue_ms is not None and sig.ttft_ms and sig.queue_ms > 0.5 * sig.ttft_ms:
+        return REMEDIES["queue-bound"], [f"queue {sig.queue_ms:,.0f} ms of TTFT {sig.ttft_ms:,.0f} ms",
+                                         "no single budget binds"]
+    return REMEDIES["healthy"], ["no preemptions, little queue"]
+
+
+def explain(sig: Signals) -> dict:
+    remedy, evidence = diagnose(sig)
+    # 1. Which phase dominates latency.
+    phases = {"queue": sig.queue_ms, "prefill": sig.prefill_ms,
+              "decode": sig.e2e_ms - sig.ttft_ms if sig.e2e_ms is not None and sig.ttft_ms is not None else None}
+    known = {k: v for k, v in phases.items() if v is not None}
+    phase = max(known, key=known.get) if known else None
+    # 3. Capacity arithmetic: how many requests of this shape the cache holds, against the cap.
+    arithmetic = []
+    length = (sig.prompt_tokens or 0) + (sig.output_tokens or 0)
+    if sig.kv_tokens and length:
+        fit = sig.kv_tokens / length
+        arithmetic.append(f"the KV cache holds {sig.kv_tokens:,} tokens: {fit:,.1f} requests of "
+                          f"{length:,.0f} tokens (prompt {sig.prompt_tokens:,.0f} + output {sig.output_tokens:,.0f})")
+        if sig.max_seqs:
+            arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}, so "
+                              + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
+    if sig.knee is not None:
+        arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
+                          f"the mean batch was {sig.mean_batch:,.1f}")
+    if sig.running is not None:
+        arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}")
+    if not arithmetic:
+        arithmetic.append("not enough in this input to check: add --server-flags, or use a simulate report")
+    server = sig.server if sig.server in ("vllm", "llama.cpp", "sglang") else "vllm"
+    return {
+        "source": sig.source, "server": sig.server,
+        "phase": phase, "phases_ms": phases, "ttft_ms": sig.ttft_ms,
+        "binds": remedy.binds, "symptom": remedy.symptom, "evidence": evidence,
+        "capacity": arithmetic,
+        "change_first": remedy.knobs[server], "knobs": remedy.knobs, "expected_effect": remedy.effect,
+        "will_not_help": remedy.will_not_help,
+    }
+
+
+def print_explanation(e: dict, w) -> None:
+    phases = e["phases_ms"]
+    shown = ", ".join(f"{k} {v:,.0f} ms" for k, v in phases.items() if v is not None)
+    latency = f"{e['phase']} dominates ({shown})" if e["phase"] else "not in this input"
+    if phases["queue"] is not None and e.get("ttft_ms"):
+        latency += f"; TTFT is {min(1.0, phases['queue'] / e['ttft_ms']):.0%} queue"
+    line = lambda label, text: w(f"{label:<16}{text}\n")
+    w(f"explain {e['source']} ({e['server']})\n")
+    line("1. latency", latency)
+    line("2. binding", f"{e['binds']}  [{e['symptom']}: {'; '.join(e['evidence'])}]")
+    for i, text in enumerate(e["capacity"]):
+        line("3. capacity" if i == 0 else "", text)
+    line("4. change first", e["change_first"])
+    line("", f"expected: {e['expected_effect']}")
+    line("5. won't help", e["will_not_help"])
+
+
+# ---------------------------------------------------------------------------------------------
 # Reports: one printer for a run, simulated or measured, and one for a sweep table.
 # ---------------------------------------------------------------------------------------------
 
@@ -2302,6 +2614,39 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_explain(args) -> int:
+    if args.table:
+        print(decision_table_markdown())
+        return 0
+    if not args.files:
+        raise UserError("explain needs a FILE: a /metrics scrape, or a loadgen, simulate or sweep --json report")
+    flags = server_flags(args.server_flags)
+    if bool(args.hardware) != bool(args.model):
+        raise UserError("--hardware and --model go together: the knee needs both")
+    device = args.hardware and (load_preset("hardware", args.hardware, HARDWARE, Hardware),
+                                load_preset("model", args.model, MODELS, ModelSpec))
+    explanations = []
+    for path in args.files:
+        sig = read_signals(path)
+        if device:
+            h, m = device
+            context = (sig.prompt_tokens or 0) + (sig.output_tokens or 0) / 2
+            sig.knee, sig.batch1_tpot_ms = critical_batch(h, m), step_seconds(h, m, 1, context) * 1000
+        for key, value in flags.items():
+            setattr(sig, key, value)
+        if sig.server == "llama.cpp" and "kv_tokens" in flags and sig.max_seqs:
+            sig.kv_tokens = flags["kv_tokens"]       # --ctx-size is the whole cache, split over --parallel
+        explanations.append(explain(sig))
+    if args.json:
+        print(json.dumps(explanations, indent=2))
+    else:
+        for i, e in enumerate(explanations):
+            if i:
+                print()
+            print_explanation(e, sys.stdout.write)
+    return 0
+
+
 def cmd_presets(args) -> int:
     if args.json:
         print(json.dumps({"hardware": [asdict(h) for h in HARDWARE.values()],
@@ -2425,6 +2770,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE",
                    help="write the hardware JSON here and the summary on stdout (default: JSON on stdout, summary on stderr)")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("explain", help="diagnose a /metrics scrape or a loadgen, simulate or sweep report",
+                       description="Apply the runbook's decision table (outputs/skill-llm-serving-tuning.md) to a "
+                                   "Prometheus /metrics scrape, a loadgen --json report or a simulate/sweep --json "
+                                   "report: which phase dominates latency, which budget binds, the capacity "
+                                   "arithmetic, the single knob to change first with its expected effect, and "
+                                   "what will not help.")
+    p.add_argument("files", nargs="*", metavar="FILE", help="scrapes or JSON reports, each explained on its own")
+    p.add_argument("--server-flags", default="", metavar="FLAGS",
+                   help="the server's own flags, e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\" "
+                        "or \"--parallel 4 --ctx-size 4096\" (default: none)")
+    p.add_argument("--hardware", help="hardware preset or JSON (e.g. from calibrate) the server runs on, for the "
+                                      "knee and the batch-1 step (default: from a simulate report, else unknown)")
+    p.add_argument("--model", help="model preset or JSON the server runs, with --hardware (default: as --hardware)")
+    p.add_argument("--table", action="store_true", help="print the decision table as markdown and exit")
+    p.add_argument("--json", action="store_true", help="one JSON object per file, in a list")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("presets", help="list the hardware and model presets",
                        description="List the hardware and model presets with the figures the cost model uses.")

@@ -1,0 +1,144 @@
+"""explain applies the runbook's decision table: one case per row, scrapes of each server,
+and the runbook and the command sharing one table."""
+import json
+import os
+import re
+import tempfile
+import unittest
+
+from helpers import FIXTURES, ROOT, main, run_cli
+
+RUNBOOK = os.path.join(ROOT, "outputs", "skill-llm-serving-tuning.md")
+
+
+class Rows(unittest.TestCase):
+    """Each symptom row of the table, on a simulated case built to show it."""
+
+    def explain(self, *simulate):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "report.json")
+            code, out, err = run_cli(*simulate, "--json")
+            self.assertIn(code, (0, 1), err)
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path, "--json")
+        self.assertEqual(code, 0, err)
+        return json.loads(out)[0]
+
+    def test_kv_bound_with_preemptions(self):
+        e = self.explain("simulate", "--hardware", "l4-24gb", "--trace", f"{FIXTURES}/burst.jsonl")
+        self.assertEqual(e["symptom"], "kv-bound")
+        self.assertIn("--enable-prefix-caching", e["change_first"])
+        self.assertIn("--max-num-seqs", e["will_not_help"])
+        self.assertIn("memory binds first", " ".join(e["capacity"]))
+
+    def test_sequence_bound_with_idle_kv(self):
+        e = self.explain("simulate", "--max-num-seqs", "8", "--concurrency", "32", "--requests", "64")
+        self.assertEqual(e["symptom"], "sequence-bound")
+        self.assertEqual(e["phase"], "queue")
+        self.assertIn("--max-num-seqs", e["change_first"])
+        self.assertIn("--gpu-memory-utilization", e["will_not_help"])
+
+    def test_token_budget_bound_with_long_prompts(self):
+        e = self.explain("sweep", "--max-num-batched-tokens", "2048", "--prompt-tokens", "3000-4000",
+                         "--output-tokens", "64-128", "--concurrency", "32", "--requests", "64", "--max-model-len", "8192")
+        self.assertEqual(e["symptom"], "token-budget-bound")
+        self.assertIn("--max-num-batched-tokens", e["change_first"])
+
+    def test_queue_dominated_ttft(self):
+        e = self.explain("simulate", "--concurrency", "256", "--requests", "256")
+        self.assertEqual(e["symptom"], "queue-bound")
+        self.assertGreater(e["phases_ms"]["queue"], 0.5 * e["ttft_ms"])
+
+    def test_compute_bound_decode_past_the_knee(self):
+        e = self.explain("simulate", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096",
+                         "--max-num-seqs", "4", "--prompt-tokens", "40", "--output-tokens", "64", "--requests", "16",
+                         "--concurrency", "4")
+        self.assertEqual(e["symptom"], "compute-bound")
+        self.assertIn("GPU utilisation", e["will_not_help"])
+
+    def test_a_healthy_server(self):
+        e = self.explain("simulate", "--concurrency", "8", "--requests", "64")
+        self.assertEqual(e["symptom"], "healthy")
+        self.assertEqual(e["phase"], "decode")
+
+    def test_a_sweep_is_judged_at_its_most_loaded_point(self):
+        e = self.explain("sweep", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096",
+                         "--max-num-seqs", "4", "--prompt-tokens", "40", "--output-tokens", "64", "--requests", "16",
+                         "--concurrency", "1,4,8")
+        self.assertIn("last of 3 points", e["source"])
+        self.assertEqual(e["symptom"], "compute-bound")
+
+
+class Scrapes(unittest.TestCase):
+    def explain_text(self, text, *flags):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(text)
+        self.addCleanup(os.unlink, f.name)
+        code, out, err = run_cli("explain", f.name, "--json", *flags)
+        self.assertEqual(code, 0, err)
+        return json.loads(out)[0]
+
+    def test_a_vllm_scrape_with_preemptions_and_a_full_cache(self):
+        e = self.explain_text('vllm:num_requests_running{engine="0"} 17\nvllm:num_requests_waiting{engine="0"} 40\n'
+                              'vllm:kv_cache_usage_perc{engine="0"} 1.0\nvllm:num_preemptions_total{engine="0"} 31\n'
+                              'vllm:time_to_first_token_seconds_sum{engine="0"} 400\n'
+                              'vllm:time_to_first_token_seconds_count{engine="0"} 20\n'
+                              'vllm:request_queue_time_seconds_sum{engine="0"} 380\n'
+                              'vllm:request_queue_time_seconds_count{engine="0"} 20\n',
+                              "--server-flags", "--max-num-seqs 512")
+        self.assertEqual((e["server"], e["symptom"]), ("vllm", "kv-bound"))
+        self.assertIn("--enable-prefix-caching", e["change_first"])
+        self.assertAlmostEqual(e["phases_ms"]["queue"], 19000)
+
+    def test_a_llama_cpp_scrape_with_every_slot_busy_and_requests_deferred(self):
+        e = self.explain_text("llamacpp:requests_processing 4\nllamacpp:requests_deferred 4\n"
+                              "llamacpp:n_busy_slots_per_decode 3.9\n", "--server-flags", "--parallel 4 --ctx-size 4096")
+        self.assertEqual((e["server"], e["symptom"]), ("llama.cpp", "sequence-bound"))
+        self.assertIn("--parallel", e["change_first"])
+
+    def test_an_sglang_scrape(self):
+        e = self.explain_text('sglang:num_running_reqs{model_name="m"} 2\nsglang:num_queue_reqs{model_name="m"} 0\n'
+                              'sglang:token_usage{model_name="m"} 0.1\n')
+        self.assertEqual((e["server"], e["symptom"]), ("sglang", "healthy"))
+
+    def test_input_that_is_none_of_these_exits_2(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("hello world\n")
+        self.addCleanup(os.unlink, f.name)
+        code, _, err = run_cli("explain", f.name)
+        self.assertEqual(code, 2)
+        self.assertIn("scrape", err)
+        self.assertEqual(run_cli("explain")[0], 2)
+
+
+class OneTable(unittest.TestCase):
+    def test_the_runbook_holds_the_table_explain_applies(self):
+        code, table, _ = run_cli("explain", "--table")
+        self.assertEqual(code, 0)
+        with open(RUNBOOK) as f:
+            runbook = f.read()
+        self.assertIn(table.strip(), runbook)
+
+    def test_every_knob_in_the_runbook_is_in_the_table_and_back(self):
+        with open(RUNBOOK) as f:
+            runbook = f.read()
+        flags = lambda text: set(re.findall(r"`(--[a-z][a-z-]+)`", text))
+        table = flags(main.decision_table_markdown())
+        # The runbook's knob section names knobs in backticks; each must be one the table can recommend.
+        knobs_section = runbook[runbook.index("## The knobs"):runbook.index("## Decision table")]
+        self.assertEqual(flags(knobs_section) - table, set())
+        self.assertEqual(table - flags(runbook), set())
+
+    def test_the_table_covers_the_knobs_of_all_three_servers(self):
+        text = main.decision_table_markdown()
+        for knob in ("--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--enable-prefix-caching",
+                     "--max-model-len", "--tensor-parallel-size", "--parallel", "--ctx-size", "--batch-size",
+                     "--ubatch-size", "--kv-unified", "--cache-reuse", "--max-running-requests",
+                     "--chunked-prefill-size", "--mem-fraction-static"):
+            self.assertIn(f"`{knob}`", text)
+        self.assertIn("quantiz", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
