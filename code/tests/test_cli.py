@@ -5,7 +5,7 @@ import re
 import tempfile
 import unittest
 
-from helpers import run_cli
+from helpers import call_cli, run_cli
 
 
 class BadInput(unittest.TestCase):
@@ -20,7 +20,7 @@ class BadInput(unittest.TestCase):
         return path
 
     def assert_bad(self, *args, mentions=()):
-        code, out, err = run_cli(*args)
+        code, out, err = call_cli(*args)
         self.assertEqual(code, 2, (args, err))
         self.assertEqual(out, "")
         self.assertEqual(len(err.strip().splitlines()), 1, err)
@@ -28,6 +28,12 @@ class BadInput(unittest.TestCase):
         for word in mentions:
             self.assertIn(word, err)
         return err
+
+    def test_a_bad_input_exits_2_with_one_line_from_the_real_command(self):
+        code, out, err = run_cli("simulate", "--rate", "-3")
+        self.assertEqual((code, out), (2, ""))
+        self.assertEqual(len(err.strip().splitlines()), 1)
+        self.assertNotIn("Traceback", err)
 
     def test_unknown_presets(self):
         self.assert_bad("capacity", "--hardware", "tpu-v9", mentions=("tpu-v9", "h100-sxm-80gb"))

@@ -113,12 +113,12 @@ class Scrapes(unittest.TestCase):
 
 
 class OneTable(unittest.TestCase):
-    def test_the_runbook_holds_the_table_explain_applies(self):
+    def test_the_runbook_and_the_prompt_hold_the_table_explain_applies(self):
         code, table, _ = run_cli("explain", "--table")
         self.assertEqual(code, 0)
-        with open(RUNBOOK) as f:
-            runbook = f.read()
-        self.assertIn(table.strip(), runbook)
+        for path in (RUNBOOK, os.path.join(ROOT, "outputs", "prompt-explain-serving-metrics.md")):
+            with open(path) as f:
+                self.assertIn(table.strip(), f.read(), path)
 
     def test_every_knob_in_the_runbook_is_in_the_table_and_back(self):
         with open(RUNBOOK) as f:

@@ -6,7 +6,7 @@ import tempfile
 import unittest
 
 from fake_server import FakeServer, chunk, data, paced, scripted, usage
-from helpers import main, run_cli
+from helpers import call_cli, main, run_cli
 
 LLAMA_BEFORE = """# HELP llamacpp:n_decode_total Total number of llama_decode() calls
 # TYPE llamacpp:n_decode_total counter
@@ -55,9 +55,12 @@ vllm:generation_tokens_total{engine="1",model_name="m"} 60.0
 """
 
 
-def loadgen(server, *args, key=None):
+def loadgen(server, *args, key=None, own_process=False):
+    """loadgen --json against a scripted server. Timing tests run it in its own process, as a user
+    does: in this one its threads would share the interpreter with the server's."""
     env = {"OPENAI_API_KEY": ""} if key is None else {"OPENAI_API_KEY": key}
-    code, out, err = run_cli("loadgen", "--url", server.url, "--json", *args, env=env)
+    run = run_cli if own_process else call_cli
+    code, out, err = run("loadgen", "--url", server.url, "--json", *args, env=env)
     try:
         return code, json.loads(out), err
     except ValueError:
@@ -70,7 +73,7 @@ class Timing(unittest.TestCase):
         monotonic clock, the same in the server (this process) and loadgen (a subprocess)."""
         with FakeServer(paced(ttft=0.1, gap=0.02, tokens=10)) as server:
             code, r, err = loadgen(server, "--concurrency", concurrency, "--requests", concurrency * 2,
-                                   "--max-tokens", 10, "--detailed")
+                                   "--max-tokens", 10, "--detailed", own_process=True)
             log = server.log
         self.assertEqual(code, 0, err)
         self.assertEqual(r["completed"], concurrency * 2)
@@ -102,19 +105,19 @@ class Timing(unittest.TestCase):
                           0.2, data(chunk({"content": "a"})), 0.05, data(chunk({"content": "b"})),
                           data(chunk(finish="stop")), data(usage(5, 2)), "data: [DONE]\n\n")
         with FakeServer(stream) as server:
-            code, r, _ = loadgen(server, "--requests", 1)
+            code, r, _ = loadgen(server, "--requests", 1, own_process=True)
         self.assertEqual(code, 0)
         self.assertAlmostEqual(r["mean_ttft_ms"], 200, delta=15)
 
     def test_reasoning_content_counts_as_a_token(self):
         with FakeServer(paced(ttft=0.05, gap=0.01, tokens=4, field="reasoning_content")) as server:
-            code, r, _ = loadgen(server, "--requests", 1)
+            code, r, _ = loadgen(server, "--requests", 1, own_process=True)
         self.assertEqual(code, 0)
         self.assertAlmostEqual(r["mean_ttft_ms"], 50, delta=15)
 
     def test_tpot_divides_by_usage_tokens_when_chunks_carry_several(self):
         with FakeServer(paced(ttft=0.02, gap=0.06, tokens=10, per_event=5)) as server:
-            code, r, _ = loadgen(server, "--requests", 1, "--max-tokens", 10)
+            code, r, _ = loadgen(server, "--requests", 1, "--max-tokens", 10, own_process=True)
         self.assertEqual(code, 0)
         self.assertEqual(r["total_output_tokens"], 10)
         self.assertAlmostEqual(r["mean_tpot_ms"], 60 / 9, delta=1.5)   # not 60 / 1
@@ -250,7 +253,7 @@ class ServerMetrics(unittest.TestCase):
     def test_llama_cpp_timings_are_summarised(self):
         timings = {"prompt_n": 12, "prompt_ms": 40.0, "cache_n": 3, "predicted_n": 5, "predicted_per_token_ms": 10.0}
         with FakeServer(paced(ttft=0.1, tokens=5, timings=timings)) as server:
-            code, r, _ = loadgen(server, "--requests", 2)
+            code, r, _ = loadgen(server, "--requests", 2, own_process=True)
         self.assertEqual(code, 0)
         self.assertEqual(r["timings"]["cache_n"], 6)
         self.assertAlmostEqual(r["timings"]["prompt_ms"]["p50"], 40.0)
