@@ -775,23 +775,27 @@ TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
                 "prefix": str, "prefix_tokens": int}
 
 
-def read_trace(path: str) -> list[Request]:
-    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
-    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
+    """(where, parsed line) for each non-blank line; an unreadable file or line is a UserError."""
     try:
         with open(path) as f:
             lines = f.readlines()
     except OSError as e:
-        raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
-    requests = []
+        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
     for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"trace {path} line {number}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        if line.strip():
+            where = f"{kind} {path} line {number}"
+            try:
+                yield where, json.loads(line)
+            except ValueError as e:
+                raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+
+
+def read_trace(path: str) -> list[Request]:
+    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
+    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+    requests = []
+    for where, row in read_jsonl(path, "trace"):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object with arrival, prompt_tokens, output_tokens")
         unknown = set(row) - set(TRACE_FIELDS)
@@ -1189,20 +1193,8 @@ def request_body(config: LoadConfig, model: str, index: int) -> dict:
 
 def read_prompts(path: str) -> list:
     """JSONL: each line {"prompt": "..."} or {"messages": [...]}."""
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except OSError as e:
-        raise UserError(f"prompts {path}: cannot read it ({e.strerror})") from None
     prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"prompts {path} line {number}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+    for where, row in read_jsonl(path, "prompts"):
         if isinstance(row, dict) and isinstance(row.get("prompt"), str):
             prompts.append([{"role": "user", "content": row["prompt"]}])
         elif isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"] and all(
@@ -1483,9 +1475,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
 
 
 # ---------------------------------------------------------------------------------------------
-# Calibration: fit the cost model's three unknowns (effective bandwidth, effective FLOPS, step
-# overhead) to measured runs. A TPOT is one decode step at the run's batch; the TTFT of an
-# unqueued request is one prefill step. Each is step_seconds() of a known shape.
+# Calibration: fit the cost model's unknowns (effective bandwidth, effective FLOPS, overhead per
+# step and per sequence) to measured runs. A TPOT is one decode step at the run's batch; the TTFT
+# of an unqueued request is one prefill step. Each is step_seconds() of a known shape.
 # ---------------------------------------------------------------------------------------------
 
 @dataclass

@@ -90,9 +90,10 @@ class Timing(unittest.TestCase):
         for name, errors in (("ttft", ttft_error), ("tpot", tpot_error), ("itl", itl_error)):
             errors.sort()
             self.assertLess(errors[len(errors) // 2], 2.0, (name, errors))
-        # And the pace itself comes through: 100 ms to the first token, 20 ms apart after.
-        self.assertAlmostEqual(r["median_ttft_ms"], 100, delta=8)
-        self.assertAlmostEqual(r["median_itl_ms"], 20, delta=3)
+        # And the pace itself comes through. A sleep never ends early but can end late on a busy
+        # machine, so these bounds are one-sided with room above.
+        self.assertTrue(100 <= r["median_ttft_ms"] < 150, r["median_ttft_ms"])
+        self.assertTrue(20 <= r["median_itl_ms"] < 30, r["median_itl_ms"])
 
     def test_known_pace_is_recovered_at_concurrency_1(self):
         self.check_pace(1)
@@ -107,21 +108,21 @@ class Timing(unittest.TestCase):
         with FakeServer(stream) as server:
             code, r, _ = loadgen(server, "--requests", 1, own_process=True)
         self.assertEqual(code, 0)
-        self.assertAlmostEqual(r["mean_ttft_ms"], 200, delta=15)
+        self.assertTrue(200 <= r["mean_ttft_ms"] < 250, r["mean_ttft_ms"])
 
     def test_reasoning_content_counts_as_a_token(self):
         with FakeServer(paced(ttft=0.05, gap=0.01, tokens=4, field="reasoning_content")) as server:
             code, r, _ = loadgen(server, "--requests", 1, own_process=True)
         self.assertEqual(code, 0)
-        self.assertAlmostEqual(r["mean_ttft_ms"], 50, delta=15)
+        self.assertTrue(50 <= r["mean_ttft_ms"] < 100, r["mean_ttft_ms"])
 
     def test_tpot_divides_by_usage_tokens_when_chunks_carry_several(self):
         with FakeServer(paced(ttft=0.02, gap=0.06, tokens=10, per_event=5)) as server:
             code, r, _ = loadgen(server, "--requests", 1, "--max-tokens", 10, own_process=True)
         self.assertEqual(code, 0)
         self.assertEqual(r["total_output_tokens"], 10)
-        self.assertAlmostEqual(r["mean_tpot_ms"], 60 / 9, delta=1.5)   # not 60 / 1
-        self.assertAlmostEqual(r["mean_itl_ms"], 60, delta=8)
+        self.assertTrue(60 / 9 <= r["mean_tpot_ms"] < 90 / 9, r["mean_tpot_ms"])   # not 60 / 1
+        self.assertTrue(60 <= r["mean_itl_ms"] < 90, r["mean_itl_ms"])
 
     def test_keep_alive_comments_crlf_lines_and_chunked_encoding(self):
         stream = scripted(": keep-alive\r\n\r\n", data(chunk({"content": "a"}), "\r\n"), ": ping\r\n\r\n",
@@ -257,7 +258,7 @@ class ServerMetrics(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertEqual(r["timings"]["cache_n"], 6)
         self.assertAlmostEqual(r["timings"]["prompt_ms"]["p50"], 40.0)
-        self.assertAlmostEqual(r["timings"]["ttft_minus_prompt_ms"]["p50"], 60, delta=15)
+        self.assertTrue(60 <= r["timings"]["ttft_minus_prompt_ms"]["p50"] < 110)
 
 
 class Requests(unittest.TestCase):
