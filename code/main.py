@@ -443,7 +443,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            remaining = request.remaining
+            remaining = request.prompt_tokens + request.generated - request.computed   # .remaining, inlined: the hot loop
             tokens = remaining if remaining < budget else budget
             end = request.computed + tokens
             # Most steps of a decode stay inside the last block: nothing to allocate or key.
@@ -643,7 +643,7 @@ class Engine:
         step, previous, handoff, detailed = self.steps, self.steps - 1, self.handoff, self.detailed
         for request, count in batch:
             request.computed += count
-            if request.computed < request.length:
+            if request.computed < request.prompt_tokens + request.generated:   # .length, inlined: the hot loop
                 continue     # a prefill chunk that did not reach the end of the prompt
             request.generated += 1
             if request.first_token_s is None:
