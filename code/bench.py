@@ -19,7 +19,7 @@ CASES = [
 
 def run(argv):
     args = main.build_parser().parse_args(argv)
-    concurrency = args.concurrency or (None if args.trace or args.rate else 32)
+    concurrency = main.simulate_concurrency(args)
     started = time.perf_counter()
     result = main.run_simulation(args, concurrency, args.rate)
     return result, time.perf_counter() - started

@@ -603,7 +603,6 @@ class Engine:
             width = static.padded_prompt + static.decode_steps
             rows = static.rows if static.decode_steps else 0
             tokens = static.rows * (1 if static.decode_steps else static.padded_prompt)
-            static.decode_steps += 1
             return tokens, static.rows * width, rows, static.rows * (static.padded_prompt + static.longest_output)
         if scheduler.config.kv_layout == "slots":
             reserved = scheduler.pool.num_blocks * scheduler.config.block_size   # allocated up front
@@ -669,8 +668,10 @@ class Engine:
         if leaving:
             gone = set(map(id, leaving))
             scheduler.running = [r for r in scheduler.running if id(r) not in gone]
-        if scheduler.static and not scheduler.running:
-            scheduler.static = None
+        if scheduler.static:
+            scheduler.static.decode_steps += 1
+            if not scheduler.running:
+                scheduler.static = None
         return batch
 
 
@@ -705,7 +706,7 @@ class KvLink:
 
 
 def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
-             progress: Optional[Callable[[Engine, int], None]] = None):
+             progress: Optional[Callable[[Engine, int], None]] = None) -> None:
     """Run requests to the end on one engine, or on a prefill engine feeding a decode engine
     through a KvLink. Open loop: each request is sent at its sent_s. Closed loop: `concurrency`
     clients, each sending the next request the moment its previous one ends. The engine whose
@@ -729,7 +730,7 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
         engine = min(engines, key=Engine.next_event)
         at = engine.next_event()
         if at == math.inf:
-            return engines[-1]
+            return
         engine.clock = max(engine.clock, at)
         engine.take_deliveries()
         if engine.has_work():
@@ -1746,9 +1747,10 @@ def server_flags(text: str) -> dict:
     return found
 
 
-def mean_of(scrape: dict, histogram: str) -> Optional[float]:
+def mean_of(scrape: dict, histogram: str, scale: float = 1000) -> Optional[float]:
+    """A histogram's mean from its _sum and _count; seconds become ms unless scale says otherwise."""
     count = scrape.get(f"{histogram}_count")
-    return scrape[f"{histogram}_sum"] / count * 1000 if count else None
+    return scrape[f"{histogram}_sum"] / count * scale if count else None
 
 
 def signals_from_scrape(text: str, name: str) -> Signals:
@@ -1765,10 +1767,9 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        preemptions=m.get("vllm:num_preemptions_total"),
                        prefix_hit_rate=m["vllm:prefix_cache_hits_total"] / queries if queries else None,
                        mean_batch=m.get("vllm:num_requests_running"),
-                       prompt_tokens=mean_of(m, "vllm:request_prompt_tokens") and mean_of(m, "vllm:request_prompt_tokens") / 1000,
-                       output_tokens=mean_of(m, "vllm:request_generation_tokens") and mean_of(m, "vllm:request_generation_tokens") / 1000)
+                       prompt_tokens=mean_of(m, "vllm:request_prompt_tokens", scale=1),
+                       output_tokens=mean_of(m, "vllm:request_generation_tokens", scale=1))
     if any(k.startswith("llamacpp:") for k in m):
-        prompts, decodes = m.get("llamacpp:prompt_tokens_total"), m.get("llamacpp:n_decode_total")
         return Signals(name, "llama.cpp", running=m.get("llamacpp:requests_processing"),
                        waiting=m.get("llamacpp:requests_deferred"),
                        mean_batch=m.get("llamacpp:n_busy_slots_per_decode"))
@@ -1812,7 +1813,6 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         if timings:
             sig.prefill_ms = timings["prompt_ms"]["p50"]
             sig.queue_ms = timings["ttft_minus_prompt_ms"]["p50"]
-            sig.batch1_tpot_ms = None
     elif server.get("server") == "vllm":
         sig.running, sig.waiting = server.get("peak_running"), server.get("peak_waiting")
         sig.kv_peak, sig.preemptions = server.get("peak_kv_cache_usage"), server.get("preemptions")
@@ -2289,6 +2289,14 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
 
 
+def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help=json_help)
+    out.add_argument("--detailed", action="store_true",
+                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, "
+                          "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
+
+
 def plan_from_args(args) -> tuple[Hardware, ModelSpec, CapacityPlan]:
     hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     model = load_preset("model", args.model, MODELS, ModelSpec)
@@ -2404,8 +2412,13 @@ def cmd_capacity(args) -> int:
     return 0
 
 
+def simulate_concurrency(args) -> Optional[int]:
+    """simulate's clients: --concurrency, else 32 unless a trace or a rate sets the arrivals."""
+    return args.concurrency or (None if args.trace or args.rate else 32)
+
+
 def cmd_simulate(args) -> int:
-    concurrency = args.concurrency or (None if args.trace or args.rate else 32)
+    concurrency = simulate_concurrency(args)
     result = run_simulation(args, concurrency, args.rate, Progress("simulate"))
     if args.json:
         print(json.dumps(result, indent=2))
@@ -2483,10 +2496,9 @@ def colocation_verdict(results: list[dict]) -> str:
         return f"the colocated engine wins on ttft p95 at every link bandwidth tried (up to {points[-1][0]:g} GB/s)"
     if not losses:
         return f"disaggregation wins on ttft p95 at every link bandwidth tried (down to {points[0][0]:g} GB/s)"
-    return (f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s "
-            f"(colocated {number(colocated)} ms; disaggregated loses at {max(g for g in losses if g < min(wins)):g} GB/s"
-            if any(g < min(wins) for g in losses) else
-            f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s (colocated {number(colocated)} ms") + ")"
+    below = [gbs for gbs in losses if gbs < min(wins)]
+    return (f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s (colocated {number(colocated)} ms"
+            + (f"; disaggregated loses at {max(below):g} GB/s" if below else "") + ")")
 
 
 def cmd_sweep(args) -> int:
@@ -2540,19 +2552,18 @@ def cmd_loadgen(args) -> int:
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
     result, records = run_load(config, Progress("loadgen"))
-    result.update(detailed_arrays(records))
+    arrays = detailed_arrays(records)
     if args.simulate:
         shape = server_shape(Http(config.url, config.timeout_s, config.api_key)) or {}
         engine = SchedulerConfig(**{k: v for k, v in shape.items() if k != "kv_tokens"})
-        predicted = replay(result, hardware, model, engine, shape.get("kv_tokens"))
+        predicted = replay({**result, **arrays}, hardware, model, engine, shape.get("kv_tokens"))
         title = (f"servesim {hardware.name} / {model.name}, {engine.max_num_seqs} seqs, "
                  f"{predicted['config']['kv_tokens']:,} kv tokens"
                  + ("" if shape else " (no llama.cpp /props: simulator defaults)"))
         simulated = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
         result["side_by_side"] = simulated
-    if not args.detailed:
-        for key in detailed_arrays([]):
-            del result[key]
+    if args.detailed:
+        result.update(arrays)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -2677,11 +2688,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Exit 1 if any request failed.")
     add_engine_args(p, sweep=False)
     add_workload_args(p, sweep=False)
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="one JSON object with vllm bench serve's keys")
-    out.add_argument("--detailed", action="store_true",
-                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, "
-                          "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
+    add_report_args(p, "one JSON object with vllm bench serve's keys")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("sweep", help="simulate at several concurrencies, rates or settings, one table",
@@ -2741,16 +2748,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
                    help="after the run, simulate the same shape (clients, each request's measured lengths, "
                         "llama.cpp's slots and context from /props) and print both side by side (default: off)")
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true",
-                     help="one JSON object with vllm bench serve's keys, plus server, timings, client and config")
-    out.add_argument("--detailed", action="store_true",
-                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, latencies, "
-                          "start_times, errors; seconds)")
+    add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
     p.set_defaults(func=cmd_loadgen)
 
-    p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overhead to measured runs",
-                       description="Fit effective bandwidth, TFLOPS and step overhead to loadgen --json (or "
+    p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overheads to measured runs",
+                       description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead to loadgen --json (or "
                                    "simulate --json) reports: the TPOT of a concurrency-1 run (memory-bound), the "
                                    "TPOT of a run near the knee, and the TTFT of a concurrency-1 run (a prefill). "
                                    "Writes a hardware JSON that --hardware FILE reads.")
