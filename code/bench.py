@@ -1,34 +1,73 @@
 #!/usr/bin/env python3
-"""Simulator speed: simulated requests and steps per wall-second, and peak memory.
+"""Simulator speed and memory, measured in one run so the ratios hold on a noisy machine.
+
+1. The event engine against the per-step rule it is tested against (same results, checked
+   here too), on the 10,000-request case and a long-output case: wall seconds, best of 3.
+2. Peak memory (tracemalloc) when every request's output is 10x longer: it follows requests and
+   steps, not tokens.
+3. A sweep with --jobs 1 and --jobs N.
+
 Run: python3 code/bench.py   (figures, not a test: they depend on the machine)"""
 import os
-import resource
 import sys
 import time
+import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import main  # noqa: E402
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "burst.jsonl")
-CASES = [
-    ("10,000 requests, h100, --rate 30", ["simulate", "--rate", "30", "--requests", "10000"]),
-    ("burst trace, l4", ["simulate", "--hardware", "l4-24gb", "--trace", FIXTURE]),
-    ("256-client closed loop, 2,048 requests", ["simulate", "--concurrency", "256", "--requests", "2048"]),
+TIMED = [
+    ("10,000 requests, h100, --rate 30", main.RunSpec(rate=30, requests=10000)),
+    ("1,000 requests, outputs 1,024-2,048, 64 clients",
+     main.RunSpec(concurrency=64, requests=1000, output_tokens=main.TokenRange(1024, 2048))),
 ]
+MEMORY = [
+    ("1,000 requests, outputs 64-256, 64 clients",
+     main.RunSpec(concurrency=64, requests=1000, output_tokens=main.TokenRange(64, 256))),
+    ("1,000 requests, outputs 640-2,560, 64 clients",
+     main.RunSpec(concurrency=64, requests=1000, output_tokens=main.TokenRange(640, 2560))),
+]
+SWEEP = (main.RunSpec(requests=1000), "concurrency", [1, 8, 32, 128, 256])
 
 
-def run(argv):
-    args = main.build_parser().parse_args(argv)
-    concurrency = main.simulate_concurrency(args)
-    started = time.perf_counter()
-    result = main.run_simulation(args, concurrency, args.rate)
-    return result, time.perf_counter() - started
+def best_of(runs, fn):
+    times, result = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - started)
+    return min(times), result
 
 
-print(f"{'case':<42}{'wall s':>8}{'requests/s':>12}{'steps/s':>10}{'steps':>8}")
-for name, argv in CASES:
-    result, wall = run(argv)
-    requests = result["completed"] + result["failed"]
-    steps = result["engine"]["steps"]
-    print(f"{name:<42}{wall:>8.2f}{requests / wall:>12,.0f}{steps / wall:>10,.0f}{steps:>8,}")
-print(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB  python {sys.version.split()[0]}")
+def peak_mib(spec):
+    tracemalloc.start()
+    main.run(spec)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+print(f"{'per-step rule vs event engine':<50}{'step s':>8}{'event s':>9}{'ratio':>7}{'steps':>9}  same output")
+for name, spec in TIMED:
+    step_s, step = best_of(3, lambda: main.run(main.replace(spec, engine="step")))
+    event_s, event = best_of(3, lambda: main.run(spec))
+    print(f"{name:<50}{step_s:>8.2f}{event_s:>9.3f}{step_s / event_s:>6.1f}x{event['engine']['steps']:>9,}  "
+          f"{'yes' if step == event else 'NO'}")
+
+print()
+print(f"{'peak memory, event engine':<50}{'MiB':>8}{'output tokens':>15}")
+peaks = []
+for name, spec in MEMORY:
+    result = main.run(spec)
+    peaks.append(peak_mib(spec))
+    print(f"{name:<50}{peaks[-1]:>8.1f}{result['total_output_tokens']:>15,}")
+print(f"{'10x the tokens costs':<50}{peaks[1] / peaks[0]:>7.2f}x the memory")
+
+print()
+spec, axis, values = SWEEP
+jobs = os.cpu_count() or 1
+one_s, one = best_of(1, lambda: main.sweep(spec, axis, values, jobs=1))
+many_s, many = best_of(1, lambda: main.sweep(spec, axis, values, jobs=jobs))
+print(f"sweep of {len(values)} concurrencies, 1,000 requests: --jobs 1 {one_s:.2f} s, --jobs {jobs} {many_s:.2f} s "
+      f"({one_s / many_s:.1f}x), same output: {'yes' if one == many else 'NO'}")
+print(f"python {sys.version.split()[0]}, {jobs} cores")

@@ -16,12 +16,15 @@ line. Standard library only.
 from __future__ import annotations
 
 import argparse
-import csv
+import bisect
 import heapq
+import concurrent.futures
+import csv
 import http.client
 import itertools
 import json
 import math
+import operator
 import os
 import random
 import shlex
@@ -30,9 +33,9 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import Counter, OrderedDict, deque
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Callable, Iterable, Optional
+from collections import Counter, defaultdict, deque
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Callable, Iterable, Iterator, Optional
 
 GIB = 2**30
 KIB = 2**10
@@ -198,22 +201,51 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
 # Cost model: a roofline per step. A step reads every weight once plus the KV the attention
 # needs, and does two FLOPs per weight per token; whichever is slower sets the time.
 # ---------------------------------------------------------------------------------------------
 
-def step_seconds(hardware: Hardware, model: ModelSpec, tokens: int, context_tokens: int, seqs: int = 1) -> float:
-    compute = 2 * model.params * tokens / (hardware.tflops * 1e12 * hardware.mfu)
-    memory = (model.weight_bytes + context_tokens * model.kv_bytes_per_token) / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
-    # The GPU presets have no per-sequence cost; a CPU server pays one (see calibrate).
-    overhead = hardware.step_overhead_ms + seqs * hardware.seq_overhead_ms
-    return overhead / 1000 + max(compute, memory)
+class Roofline:
+    """The lesson's cost of one step: compute is two FLOPs per weight per token at the achieved
+    share of peak; memory is every weight plus the KV the attention reads, at the achieved share
+    of the bandwidth; the slower of the two, plus a fixed overhead. Everything that prices a step
+    uses this; the constants are worked out once per device."""
+
+    def __init__(self, hardware: Hardware, model: ModelSpec):
+        self.flops_per_token = 2 * model.params
+        self.flops_per_second = hardware.tflops * 1e12 * hardware.mfu
+        self.weight_bytes = model.weight_bytes
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.mbu
+        # The GPU presets have no per-sequence cost; a CPU server pays one (see calibrate).
+        self.step_overhead_ms = hardware.step_overhead_ms
+        self.seq_overhead_ms = hardware.seq_overhead_ms
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        """(compute seconds, memory seconds) of a step of `tokens` that reads `context_tokens` of KV."""
+        compute = self.flops_per_token * tokens / self.flops_per_second
+        memory = (self.weight_bytes + context_tokens * self.kv_bytes_per_token) / self.bytes_per_second
+        return compute, memory
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1) -> float:
+        overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
+        return overhead / 1000 + max(self.times(tokens, context_tokens))
+
+    def critical_batch(self) -> float:
+        """Tokens per step at which the arithmetic takes as long as reading the weights."""
+        compute_per_token, weight_read = self.times(1, 0)
+        return weight_read / compute_per_token
+
+
+def step_seconds(hardware: Hardware, model: ModelSpec, tokens: float, context_tokens: float, seqs: float = 1) -> float:
+    return Roofline(hardware, model).step_seconds(tokens, context_tokens, seqs)
 
 
 def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
-    """Tokens per step at which the arithmetic takes as long as reading the weights."""
-    weight_read = model.weight_bytes / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
-    return weight_read * hardware.tflops * 1e12 * hardware.mfu / (2 * model.params)
+    return Roofline(hardware, model).critical_batch()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,47 +254,103 @@ def critical_batch(hardware: Hardware, model: ModelSpec) -> float:
 # ---------------------------------------------------------------------------------------------
 
 class BlockPool:
+    """The free list is in least-recently-used order: first the blocks never used (lowest id
+    first), then released blocks in the order they were released. Only blocks that have been
+    used cost memory, so a cache of any size is cheap. Released blocks queue in a list read from
+    `head`, so taking and returning many blocks is a slice and an extend. Only keyed blocks can
+    be shared (a cache hit takes them), so only they carry a holder count; a cache hit that takes
+    a block back off the free list leaves a stale entry there, skipped when reached."""
+
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
-        self.refs = [0] * num_blocks
+        self.in_use = 0
+        self.fresh = 0                       # blocks fresh.. have never been used
+        self.free: list[int] = []            # released blocks, oldest first, from index head
+        self.head = 0
+        self.stale: Counter = Counter()      # block -> entries of it in free that are out of date
         self.key_of: dict[int, object] = {}
         self.cached: dict[object, int] = {}
+        self.holders: dict[int, int] = {}    # keyed blocks in use -> how many requests hold them
         self.evictions = 0
 
     def free_count(self) -> int:
-        return len(self.free)
+        return self.num_blocks - self.in_use
 
     def used_count(self) -> int:
-        return self.num_blocks - len(self.free)
+        return self.in_use
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self.free):
-            raise CapacityError(f"asked for {count} KV blocks, {len(self.free)} free")
-        blocks = []
-        for _ in range(count):
-            block, _ = self.free.popitem(last=False)
-            key = self.key_of.pop(block, None)
-            if key is not None:
-                # Reusing a block that still held cached content: that content is gone now.
-                del self.cached[key]
-                self.evictions += 1
-            self.refs[block] = 1
-            blocks.append(block)
+        if count > self.free_count():
+            raise CapacityError(f"asked for {count} KV blocks, {self.free_count()} free")
+        new = min(count, self.num_blocks - self.fresh)
+        blocks = list(range(self.fresh, self.fresh + new)) if new else []
+        self.fresh += new
+        while len(blocks) < count:
+            want = count - len(blocks)
+            taken = self.free[self.head:self.head + want]
+            self.head += want
+            if self.stale:
+                taken = [block for block in taken if not self.skip(block)]
+            if self.key_of:
+                for block in taken:
+                    key = self.key_of.pop(block, None)
+                    if key is not None:
+                        # Reusing a block that still held cached content: that content is gone now.
+                        del self.cached[key]
+                        self.evictions += 1
+            blocks += taken
+        if self.head > 4096 and self.head * 2 > len(self.free):
+            del self.free[:self.head]
+            self.head = 0
+        self.in_use += count
         return blocks
+
+    def skip(self, block: int) -> bool:
+        """Whether this free-list entry of `block` is out of date (older entries are met first)."""
+        if not self.stale[block]:
+            return False
+        self.stale[block] -= 1
+        if not self.stale[block]:
+            del self.stale[block]
+        return True
 
     def release(self, blocks: list[int]) -> None:
         # In reverse, as vLLM does: a sequence's tail is evicted before the prefix it shares.
-        for block in reversed(blocks):
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self.free[block] = None
+        freed = blocks[::-1]
+        if self.holders and not self.holders.keys().isdisjoint(blocks):
+            freed = [block for block in freed if self.let_go(block)]
+        self.in_use -= len(freed)
+        self.free += freed
+
+    def let_go(self, block: int) -> bool:
+        """One holder lets go of `block`; whether that was the last one."""
+        holders = self.holders.get(block)
+        if holders is None:
+            return True
+        if holders > 1:
+            self.holders[block] = holders - 1
+            return False
+        del self.holders[block]
+        return True
+
+    def free_order(self) -> list[int]:
+        """The released blocks on the free list, least recently used first (for tests)."""
+        stale = Counter(self.stale)
+        order = []
+        for block in self.free[self.head:]:
+            if stale[block]:
+                stale[block] -= 1
+            else:
+                order.append(block)
+        return order
 
     def register(self, block: int, key: object) -> None:
-        """Key a full block by its content. A duplicate of content already cached stays unkeyed."""
+        """Key a full block (held by the one request that filled it) by its content. A duplicate
+        of content already cached stays unkeyed."""
         if key not in self.cached and block not in self.key_of:
             self.cached[key] = block
             self.key_of[block] = key
+            self.holders[block] = 1
 
     def lookup(self, keys: Iterable[object]) -> list[int]:
         """The leading run of keys that are cached, as blocks."""
@@ -275,14 +363,18 @@ class BlockPool:
         return run
 
     def touch(self, blocks: list[int]) -> None:
+        """Take cached blocks for a request: one more holder, or back off the free list."""
         for block in blocks:
-            if self.refs[block] == 0:
-                del self.free[block]
-            self.refs[block] += 1
+            if block in self.holders:
+                self.holders[block] += 1
+            else:
+                self.holders[block] = 1
+                self.in_use += 1
+                self.stale[block] += 1       # its entry in the free list no longer counts
 
     def free_among(self, blocks: list[int]) -> int:
-        """How many of these blocks sit on the free list (cached but idle)."""
-        return sum(1 for block in blocks if self.refs[block] == 0)
+        """How many of these cached blocks sit on the free list (idle)."""
+        return sum(1 for block in blocks if block not in self.holders)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,13 +397,19 @@ class Request:
     blocks: list = field(default_factory=list)
     registered: int = 0          # leading full blocks already keyed in the pool
     preemptions: int = 0
+    admitted: int = -1           # order of the latest admission: the running order
+    cruise_from: int = -1        # the event engine's step counter when this decode last joined it
+    wake_at: int = -1            # ... and the step at which it must be handled on its own again
     # What the client sees. Times are seconds on the virtual clock.
     queue_s: Optional[float] = None
     first_token_s: Optional[float] = None
     last_token_s: Optional[float] = None
-    last_step: int = -2          # the engine step that emitted the last token
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.output_tokens
 
     @property
     def length(self) -> int:
@@ -325,6 +423,27 @@ class Request:
     def finished(self) -> bool:
         return self.generated >= self.output_tokens
 
+    def emit(self, now: float) -> Optional[float]:
+        """Sample one token at `now`; the gap since the previous one (None for the first)."""
+        gap = None if self.last_token_s is None else now - self.last_token_s
+        if self.first_token_s is None:
+            self.first_token_s = now
+        self.generated += 1
+        self.last_token_s = now
+        if self.token_times is not None:
+            self.token_times.append(now)
+        return gap
+
+
+def block_key(request: Request, index: int, block_size: int) -> tuple:
+    """What a full KV block holds, for prefix caching. Real servers hash the block's token ids
+    chained with the previous block's hash; here a block of a shared prefix is keyed by the
+    prefix's name and position, so every request with that system prompt finds it, and the rest
+    by the request's own id."""
+    if (index + 1) * block_size <= request.prefix_tokens:
+        return (request.prefix, index)
+    return (request.id, index)
+
 
 # ---------------------------------------------------------------------------------------------
 # Scheduler: vLLM v1's first-come-first-served loop. Running requests first, each with the
@@ -332,7 +451,7 @@ class Request:
 # budget and the free blocks last. A block shortage preempts the last-admitted request.
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -341,129 +460,106 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     prefix_caching: bool = False
     reserve_full_isl: bool = False
-    max_tokens_in_flight: Optional[int] = None   # cap on prompt + output summed over running requests
-    batching: str = "continuous"                 # or "static": a new batch only when the last is done
-    kv_layout: str = "paged"                     # or "slots": one fixed context per sequence (llama.cpp)
 
 
-@dataclass
-class StaticBatch:
-    """The batch static batching runs until its slowest row is done. Rows are left-padded to
-    the longest prompt, and a row that finished early is still computed."""
-    rows: int
-    padded_prompt: int
-    longest_output: int
-    decode_steps: int = 0
+@dataclass(slots=True)
+class Batch:
+    """One step's work: the requests scheduled one by one with their token counts, and the sums
+    the cost model and the statistics need."""
+    items: list = field(default_factory=list)
+    tokens: int = 0          # tokens computed in the step
+    context: int = 0         # KV tokens the attention reads: each request's computed + its tokens
+    seqs: int = 0
+    decodes: int = 0         # rows of requests already generating, one token each
+    rows: int = 0            # decode rows computed; more than decodes only when padding is computed
+
+    def add(self, request: Request, tokens: int) -> None:
+        self.items.append((request, tokens))
+        self.tokens += tokens
+        self.context += request.computed + tokens
+        self.seqs += 1
+        if tokens == 1 and request.generated:
+            self.decodes += 1
+            self.rows += 1
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+# Gaps between tokens are counted to the microsecond: exact counts of each distinct gap would
+# grow with the number of steps (every step's duration differs), counts per microsecond with the
+# spread of step times only. Percentiles print to 0.1 ms.
+ITL_DIGITS = 6
+
+
+def size_of(request: Request) -> str:
+    return f"prompt {request.prompt_tokens:,} + output {request.output_tokens:,} tokens"
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, num_blocks: int):
+    def __init__(self, config: SchedulerConfig, num_blocks: int, detailed: bool = False):
         self.config = config
         self.pool = BlockPool(num_blocks)
+        self.detailed = detailed                 # keep every token's time
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []     # in order of latest admission
-        self.preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.tokens_in_flight = 0      # prompt + output over running requests
-        self.static: Optional[StaticBatch] = None
+        self.running: list[Request] = []         # in order of latest admission
+        self.done: list[Request] = []            # completed and failed, in the order they ended
+        self.itl: Counter = Counter()            # every gap between two tokens of a request -> count
+        self.handoff: Optional[Callable[[Request, float], None]] = None   # see Disaggregation
+        self.admissions = itertools.count()
+        self.preemptions = self.prefix_queries = self.prefix_hits = 0
+
+    def add(self, request: Request) -> None:
+        if self.detailed and request.token_times is None:
+            request.token_times = []
+        reason = self.rejection(request)
+        if reason:
+            self.fail(request, reason)
+        else:
+            self.waiting.append(request)
+
+    def fail(self, request: Request, reason: str) -> None:
+        """Failed requests are counted and reported with their reason, never dropped."""
+        request.error = reason
+        self.done.append(request)
+
+    def rejection(self, request: Request) -> Optional[str]:
+        """Why this request can never run here, or None."""
+        c = self.config
+        if request.total > c.max_model_len:
+            return f"longer than --max-model-len: {size_of(request)} > {c.max_model_len:,}"
+        if not c.chunked_prefill and request.total > c.max_num_batched_tokens:
+            return (f"longer than --max-num-batched-tokens without chunked prefill: {size_of(request)} > "
+                    f"{c.max_num_batched_tokens:,}")
+        if self.blocks_for(request.total - 1) > self.pool.num_blocks:   # the last token is never stored
+            return (f"larger than the KV cache: needs {self.blocks_for(request.total - 1):,} blocks, "
+                    f"the cache has {self.pool.num_blocks:,}")
+        return None
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
 
-    def rejection(self, request: Request) -> Optional[str]:
-        """Why this request can never run here, or None. It is failed at once, never dropped."""
-        c, total = self.config, request.prompt_tokens + request.output_tokens
-        size = f"prompt {request.prompt_tokens:,} + output {request.output_tokens:,} tokens"
-        if total > c.max_model_len:
-            return f"longer than --max-model-len: {size} > {c.max_model_len:,}"
-        if not c.chunked_prefill and total > c.max_num_batched_tokens:
-            return (f"longer than --max-num-batched-tokens without chunked prefill: "
-                    f"{size} > {c.max_num_batched_tokens:,}")
-        if c.kv_layout == "slots" and total > c.block_size:
-            return (f"the request exceeds the available context size: {size} > one slot's "
-                    f"{c.block_size:,} (--kv-tokens / --max-num-seqs)")
-        need = self.blocks_for(total - 1)
-        if need > self.pool.num_blocks:
-            return f"larger than the KV cache: needs {need:,} blocks, the cache has {self.pool.num_blocks:,}"
-        if c.max_tokens_in_flight and total > c.max_tokens_in_flight:
-            return f"longer than --max-tokens-in-flight: {size} > {c.max_tokens_in_flight:,}"
-        return None
+    def token_budget(self) -> int:
+        return self.config.max_num_batched_tokens
 
-    def block_key(self, request: Request, index: int) -> tuple:
-        # A block of a shared prefix is keyed by the prefix's name and position, so every
-        # request with that system prompt finds it; the rest by the request's own id.
-        if (index + 1) * self.config.block_size <= request.prefix_tokens:
-            return (request.prefix, index)
-        return (request.id, index)
-
-    def cache_hits(self, request: Request) -> list[int]:
-        if not self.config.prefix_caching:
-            return []
-        # The last token is always computed: the model needs its logits to sample.
-        full = (request.length - 1) // self.config.block_size
-        return self.pool.lookup(self.block_key(request, i) for i in range(full))
-
-    def grow(self, request: Request, tokens: int, need: int) -> None:
-        """Give a request the blocks for this step's tokens, and key the blocks it fills."""
-        if need > 0:
-            request.blocks.extend(self.pool.allocate(need))
-        if self.config.prefix_caching:
-            full = (request.computed + tokens) // self.config.block_size
-            for index in range(request.registered, full):
-                self.pool.register(request.blocks[index], self.block_key(request, index))
-            request.registered = max(request.registered, full)
-
-    def make_room(self, request: Request, need: int) -> bool:
-        """Preempt from the tail until `need` blocks are free. False if `request` itself went."""
-        while need > self.pool.free_count():
-            victim = self.running.pop()
-            self.preempt(victim)
-            if victim is request:
-                return False
-        return True
-
-    def preempt(self, request: Request) -> None:
-        self.pool.release(request.blocks)
-        self.tokens_in_flight -= request.prompt_tokens + request.output_tokens
-        request.blocks = []
-        request.computed = 0
-        request.registered = 0
-        request.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(request)
-
-    def schedule(self, now: float) -> list[tuple[Request, int]]:
-        # Static batching prefills its whole padded batch at once: no per-step token budget.
-        budget = self.config.max_num_batched_tokens if self.config.batching == "continuous" else 1 << 62
-        block_size = self.config.block_size
-        prefix_caching = self.config.prefix_caching
-        batch: list[tuple[Request, int]] = []
-        preemptions_before = self.preemptions
+    def schedule(self, now: float) -> Batch:
+        batch, budget, preemptions = Batch(), self.token_budget(), self.preemptions
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            remaining = request.prompt_tokens + request.generated - request.computed   # .remaining, inlined: the hot loop
-            tokens = remaining if remaining < budget else budget
-            end = request.computed + tokens
-            # Most steps of a decode stay inside the last block: nothing to allocate or key.
-            if end > len(request.blocks) * block_size or (prefix_caching and end >= (request.registered + 1) * block_size):
-                need = self.blocks_for(end) - len(request.blocks)
-                if need > 0 and not self.make_room(request, need):
-                    break
-                self.grow(request, tokens, need)
-            batch.append((request, tokens))
+            tokens = min(request.remaining, budget)
+            need = self.blocks_for(request.computed + tokens) - len(request.blocks)
+            if not self.make_room(request, need):
+                break                 # it was the last running request, and it had to go
+            self.grow(request, tokens, need)
+            batch.add(request, tokens)
             budget -= tokens
             index += 1
-        # No point admitting work in a step that had to evict work.
-        if self.preemptions == preemptions_before:
-            if self.config.batching == "static":
-                self.admit_static_batch(now, batch)
-            else:
-                self.admit(now, budget, batch)
+        if self.preemptions == preemptions:   # no point admitting work in a step that evicted work
+            self.admit(now, budget, batch)
         return batch
 
-    def admit(self, now: float, budget: int, batch: list[tuple[Request, int]]) -> None:
+    def admit(self, now: float, budget: int, batch: Batch) -> None:
         c = self.config
         while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
             request = self.waiting[0]
@@ -474,104 +570,201 @@ class Scheduler:
             if not c.chunked_prefill and tokens < request.length - start:
                 break
             need = self.blocks_for(start + tokens) - len(hits)
-            # With --scheduler-reserve-full-isl the whole prompt's blocks must be free now, so
-            # a request is not admitted only to stall on its second chunk.
-            check = self.blocks_for(request.length) - len(hits) if c.reserve_full_isl else need
-            if check > self.pool.free_count() - self.pool.free_among(hits):
-                break   # first come, first served: the head blocks everyone behind it
-            total = request.prompt_tokens + request.output_tokens
-            if c.max_tokens_in_flight and self.tokens_in_flight + total > c.max_tokens_in_flight:
-                break
+            if not self.admissible(request, hits, need):
+                break                 # first come, first served: the head blocks everyone behind it
             self.waiting.popleft()
-            self.pool.touch(hits)
-            request.blocks = hits
-            request.computed = start
-            request.registered = len(hits)
-            if request.queue_s is None:
-                request.queue_s = now - request.sent_s
-                if c.prefix_caching:
-                    self.prefix_queries += request.length
-                    self.prefix_hits += start
-            self.admitted(request, now)
+            self.start(request, hits, start, now)
             self.grow(request, tokens, need)
-            batch.append((request, tokens))
+            batch.add(request, tokens)
             budget -= tokens
 
-    def admitted(self, request: Request, now: float) -> None:
+    def admissible(self, request: Request, hits: list[int], need: int) -> bool:
+        # With --scheduler-reserve-full-isl the whole prompt's blocks must be free now, so a
+        # request is not admitted only to stall on its second chunk. Idle cached blocks count as free.
+        if self.config.reserve_full_isl:
+            need = self.blocks_for(request.length) - len(hits)
+        return need <= self.free_blocks() - (self.pool.free_among(hits) if hits else 0)
+
+    def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
+        if hits:
+            self.pool.touch(hits)
+        request.blocks, request.computed, request.registered = hits, start, len(hits)
+        request.admitted = next(self.admissions)
+        if request.queue_s is None:
+            request.queue_s = now - request.sent_s
+            if self.config.prefix_caching:
+                self.prefix_queries += request.length
+                self.prefix_hits += start
         self.running.append(request)
-        self.tokens_in_flight += request.prompt_tokens + request.output_tokens
 
-    def admit_static_batch(self, now: float, batch: list[tuple[Request, int]]) -> None:
-        """Static batching: when the last batch is done, take up to --max-num-seqs waiting requests
-        in order, as many as the cache holds once every row is padded to the longest prompt and
-        reserves the longest output."""
-        if self.running or not self.waiting:
-            return
-        rows: list[Request] = []
-        capacity = self.pool.num_blocks * self.config.block_size
-        for request in list(self.waiting)[:self.config.max_num_seqs]:
-            trial = rows + [request]
-            padded = max(r.length for r in trial) + max(r.output_tokens - r.generated for r in trial)
-            if len(trial) * padded > capacity:
-                break
-            rows = trial
-        if not rows:
-            return
-        self.static = StaticBatch(len(rows), max(r.length for r in rows), max(r.output_tokens - r.generated for r in rows))
-        for request in rows:
-            self.waiting.popleft()
-            if request.queue_s is None:
-                request.queue_s = now - request.sent_s
-            request.computed = 0
-            self.admitted(request, now)
-            tokens = request.length
-            self.grow(request, tokens, self.blocks_for(tokens))
-            batch.append((request, tokens))
+    def make_room(self, request: Request, need: int) -> bool:
+        """Preempt from the tail until `need` blocks are free. False if `request` itself went."""
+        while need > self.free_blocks():
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is request:
+                return False
+        return True
 
-    def finish(self, request: Request) -> None:
+    def preempt(self, request: Request) -> None:
+        self.release(request)
+        request.computed = request.registered = 0
+        request.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def grow(self, request: Request, tokens: int, need: int) -> None:
+        """Give a request the blocks for this step's tokens, and key the blocks it fills."""
+        if need > 0:
+            request.blocks.extend(self.pool.allocate(need))
+        if self.config.prefix_caching:
+            full = (request.computed + tokens) // self.config.block_size
+            for index in range(request.registered, full):
+                self.pool.register(request.blocks[index], block_key(request, index, self.config.block_size))
+            request.registered = max(request.registered, full)
+
+    def update(self, batch: Batch, now: float) -> None:
+        for request, tokens in batch.items:
+            request.computed += tokens
+            if request.computed < request.length:
+                continue              # a prefill chunk that did not reach the end of the prompt
+            gap = request.emit(now)
+            if gap is not None:
+                gap = round(gap, ITL_DIGITS)
+                self.itl[gap] = self.itl.get(gap, 0) + 1
+            if request.finished:
+                self.release(request)
+                self.done.append(request)
+            elif self.handoff:
+                self.release(request)             # the KV leaves with the request
+                self.handoff(request, now)
+
+    def release(self, request: Request) -> None:
+        """The request leaves the running batch and its blocks go back to the pool."""
+        self.running.remove(request)
         self.pool.release(request.blocks)
-        self.tokens_in_flight -= request.prompt_tokens + request.output_tokens
         request.blocks = []
 
+    # The cache as the statistics and the cost model see it; variants override these.
+    def free_blocks(self) -> int:
+        return self.pool.free_count()
+
+    def used_blocks(self) -> int:
+        return self.pool.used_count()
+
+    def reserved_tokens(self) -> int:
+        return self.used_blocks() * self.config.block_size
+
+    def work(self, batch: Batch) -> tuple[int, int, int]:
+        """(tokens, context, sequences) the hardware computes for this batch."""
+        return batch.tokens, batch.context, batch.seqs
+
+    def cache_hits(self, request: Request) -> list[int]:
+        if not self.config.prefix_caching:
+            return []
+        # The last token is always computed: the model needs its logits to sample.
+        full = (request.length - 1) // self.config.block_size
+        return self.pool.lookup(block_key(request, i, self.config.block_size) for i in range(full))
+
 
 # ---------------------------------------------------------------------------------------------
-# Simulation: an engine steps the scheduler on a virtual clock, pricing each batch with the
-# roofline; simulate() feeds it arrivals, open loop (trace, Poisson) or closed loop (N clients).
+# Engine: steps a scheduler on a virtual clock, pricing each batch with the roofline, and
+# keeps the statistics only a server can see. simulate() feeds it arrivals.
 # ---------------------------------------------------------------------------------------------
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    scheduled_seqs: int = 0      # summed over steps, for the mean batch
+    kv_peak: int = 0             # blocks in use, the highest seen
+    kv_block_seconds: float = 0.0  # blocks in use x step time, for the time-weighted mean
+    peak_waiting: int = 0
+    peak_running: int = 0
+    capped_steps: int = 0        # steps where requests waited while the batch was at --max-num-seqs
+    decode_rows: int = 0         # rows of decode steps computed, padding included
+    useful_rows: int = 0         # of those, rows of a request still generating
+    kv_reserved_peak: int = 0    # tokens of KV memory set aside, the most at once
+    kv_used_share: float = 0.0   # sum over steps of KV read / KV reserved
+
+    def record(self, batch: Batch, duration: float, scheduler: Scheduler) -> None:
+        self.steps += 1
+        self.scheduled_seqs += batch.seqs
+        used, waiting, running = scheduler.used_blocks(), len(scheduler.waiting), len(scheduler.running)
+        if used > self.kv_peak:
+            self.kv_peak = used
+        self.kv_block_seconds += used * duration
+        if waiting > self.peak_waiting:
+            self.peak_waiting = waiting
+        if running > self.peak_running:
+            self.peak_running = running
+        if waiting and running >= scheduler.config.max_num_seqs:
+            self.capped_steps += 1
+        self.decode_rows += batch.rows
+        self.useful_rows += batch.decodes
+        reserved = scheduler.reserved_tokens()
+        self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
+        self.kv_used_share += batch.context / reserved if reserved else 0.0
+
+    def report(self, scheduler: Scheduler, span: float) -> dict:
+        pool = scheduler.pool
+        return {
+            "steps": self.steps,
+            "mean_batch": self.scheduled_seqs / self.steps if self.steps else 0.0,
+            "kv_peak": self.kv_peak / pool.num_blocks,
+            "kv_mean": self.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
+            "peak_waiting": self.peak_waiting,
+            "peak_running": self.peak_running,
+            "steps_waiting_at_seq_cap": self.capped_steps,
+            "preemptions": scheduler.preemptions,
+            "evictions": pool.evictions,
+            "prefix_hit_rate": scheduler.prefix_hits / scheduler.prefix_queries if scheduler.prefix_queries else 0.0,
+            "num_blocks": pool.num_blocks,
+            "block_size": scheduler.config.block_size,
+            "row_utilisation": self.useful_rows / self.decode_rows if self.decode_rows else None,
+            "wasted_decode_rows": self.decode_rows - self.useful_rows,
+            "kv_reserved_peak_tokens": self.kv_reserved_peak,
+            "kv_used_of_reserved": self.kv_used_share / self.steps if self.steps else 0.0,
+        }
+
 
 class Engine:
-    def __init__(self, hardware: Hardware, model: ModelSpec, plan: CapacityPlan,
-                 config: SchedulerConfig, detailed: bool = False):
+    def __init__(self, hardware: Hardware, model: ModelSpec, scheduler: Scheduler):
         self.hardware = hardware
         self.model = model
-        if config.kv_layout == "slots":
-            # llama.cpp with an explicit --parallel: the cache is split evenly into one fixed
-            # context per slot. A slot is a block as long as that context, one per sequence.
-            slot = plan.kv_tokens // config.max_num_seqs
-            config = SchedulerConfig(**{**asdict(config), "block_size": slot})
-            self.scheduler = Scheduler(config, config.max_num_seqs)
-        else:
-            self.scheduler = Scheduler(config, plan.num_blocks)
-        self.detailed = detailed
+        self.cost = Roofline(hardware, model)
+        self.scheduler = scheduler
+        self.stats = EngineStats()
         self.clock = 0.0
-        self.inbox: list = []        # (time, order, request) not yet handed to the scheduler
-        self.handoff: Optional[Callable[[Request, float], None]] = None   # a prefill-only engine's exit
-        self.steps = 0
-        self.scheduled_seqs = 0      # summed over steps, for the mean batch
-        self.kv_peak = 0             # blocks in use, the highest seen
-        self.kv_block_seconds = 0.0  # blocks in use x step time, for the time-weighted mean
-        self.peak_waiting = 0
-        self.peak_running = 0
-        self.capped_steps = 0        # steps where requests waited while the batch was at --max-num-seqs
-        self.decode_rows = 0         # rows of decode steps computed, padding included
-        self.useful_rows = 0         # of those, rows of a request still generating
-        self.kv_reserved_peak = 0    # tokens of KV memory set aside, the most at once
-        self.kv_used_share = 0.0     # sum over steps of used / reserved
-        self.itl = Counter()         # every gap between two tokens of one request -> count
-        self.done: list[Request] = []   # completed and failed, in the order they ended
+        self.inbox: deque = deque()  # (time, request) not yet handed to the scheduler, in time order
+
+    def step(self) -> Batch:
+        scheduler, start, preemptions = self.scheduler, self.clock, self.scheduler.preemptions
+        batch = scheduler.schedule(start)
+        if not batch.seqs and not scheduler.running and scheduler.preemptions == preemptions:
+            # Nothing runs and the head of the queue could not start in an idle engine: it never
+            # will. Fail it rather than spin.
+            head = scheduler.waiting.popleft()
+            scheduler.fail(head, f"cannot be scheduled: it does not fit this engine even when idle "
+                                 f"(prompt {head.prompt_tokens:,} + output {head.output_tokens:,} tokens)")
+            return batch
+        duration = self.cost.step_seconds(*scheduler.work(batch))
+        self.stats.record(batch, duration, scheduler)
+        self.clock = start + duration
+        scheduler.update(batch, self.clock)
+        return batch
+
+    def advance(self, until: float) -> None:
+        """Take the next step. (An engine that can tell the steps after it are plain decode steps
+        may take every one that starts before `until`, when something may reach it: EventEngine.)"""
+        self.step()
 
     def deliver(self, at: float, request: Request) -> None:
-        heapq.heappush(self.inbox, (at, next(DELIVERY_ORDER), request))
+        # Deliveries nearly always come in time order (sends, link transfers): append. Ties keep
+        # the order they were sent in.
+        if self.inbox and at < self.inbox[-1][0]:
+            self.inbox.insert(bisect.bisect_right([t for t, _ in self.inbox], at), (at, request))
+        else:
+            self.inbox.append((at, request))
 
     def next_event(self) -> float:
         """When this engine can next do something: now if it has work, else its next delivery."""
@@ -581,164 +774,61 @@ class Engine:
 
     def take_deliveries(self) -> None:
         while self.inbox and self.inbox[0][0] <= self.clock:
-            self.add(heapq.heappop(self.inbox)[2])
-
-    def add(self, request: Request) -> None:
-        request.error = self.scheduler.rejection(request)
-        if self.detailed and request.token_times is None:
-            request.token_times = []
-        if request.error:
-            self.done.append(request)
-        else:
-            self.scheduler.waiting.append(request)
+            self.scheduler.add(self.inbox.popleft()[1])
 
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
-    def priced(self, tokens: int, context: int, decodes: int) -> tuple[int, int, int, int]:
-        """(tokens, context, decode rows computed, KV tokens reserved) the hardware pays for."""
-        scheduler, static = self.scheduler, self.scheduler.static
-        if static:
-            # Every row is computed, padded to the longest prompt, until the slowest is done.
-            width = static.padded_prompt + static.decode_steps
-            rows = static.rows if static.decode_steps else 0
-            tokens = static.rows * (1 if static.decode_steps else static.padded_prompt)
-            return tokens, static.rows * width, rows, static.rows * (static.padded_prompt + static.longest_output)
-        if scheduler.config.kv_layout == "slots":
-            reserved = scheduler.pool.num_blocks * scheduler.config.block_size   # allocated up front
-        else:
-            reserved = scheduler.pool.used_count() * scheduler.config.block_size
-        return tokens, context, decodes, reserved
-
-    def step(self) -> list[tuple[Request, int]]:
-        scheduler = self.scheduler
-        start = self.clock
-        batch = scheduler.schedule(start)
-        tokens = context = decodes = 0
-        for request, count in batch:
-            tokens += count
-            context += request.computed + count
-            if count == 1 and request.generated:
-                decodes += 1
-        priced_tokens, priced_context, rows, reserved = self.priced(tokens, context, decodes)
-        duration = step_seconds(self.hardware, self.model, priced_tokens, priced_context,
-                                scheduler.static.rows if scheduler.static else len(batch))
-        self.clock = now = start + duration
-        self.steps += 1
-        self.scheduled_seqs += len(batch)
-        used = scheduler.pool.used_count()
-        self.kv_peak = max(self.kv_peak, used)
-        self.kv_block_seconds += used * duration
-        self.peak_waiting = max(self.peak_waiting, len(scheduler.waiting))
-        self.peak_running = max(self.peak_running, len(scheduler.running))
-        if scheduler.waiting and len(scheduler.running) >= scheduler.config.max_num_seqs:
-            self.capped_steps += 1
-        self.decode_rows += rows
-        self.useful_rows += decodes
-        self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
-        self.kv_used_share += context / reserved if reserved else 0.0
-        back_to_back = 0     # tokens whose previous token came at the end of the last step
-        leaving = []
-        step, previous, handoff, detailed = self.steps, self.steps - 1, self.handoff, self.detailed
-        for request, count in batch:
-            request.computed += count
-            if request.computed < request.prompt_tokens + request.generated:   # .length, inlined: the hot loop
-                continue     # a prefill chunk that did not reach the end of the prompt
-            request.generated += 1
-            if request.first_token_s is None:
-                request.first_token_s = now
-            elif request.last_step == previous:
-                back_to_back += 1
-            else:
-                self.itl[now - request.last_token_s] += 1
-            request.last_token_s = now
-            request.last_step = step
-            if detailed:
-                request.token_times.append(now)
-            if request.finished:
-                scheduler.finish(request)
-                self.done.append(request)
-                leaving.append(request)
-            elif handoff and request.generated == 1:
-                scheduler.finish(request)        # the KV leaves with the request
-                leaving.append(request)
-                handoff(request, now)
-        if back_to_back:
-            self.itl[duration] += back_to_back
-        if leaving:
-            gone = set(map(id, leaving))
-            scheduler.running = [r for r in scheduler.running if id(r) not in gone]
-        if scheduler.static:
-            scheduler.static.decode_steps += 1
-            if not scheduler.running:
-                scheduler.static = None
-        return batch
-
-
-DELIVERY_ORDER = itertools.count()   # ties in delivery time keep the order they were sent in
-
-
-@dataclass
-class KvLink:
-    """Prefill/decode disaggregation's link: each request's KV (its computed tokens x KV bytes
-    per token) crosses it before the decode engine can take the request. Transfers queue."""
-    gbs: float
-    kv_bytes_per_token: int
-    decode: Engine
-    free_at: float = 0.0
-    transfers: int = 0
-    busy_s: float = 0.0
-    wait_s: float = 0.0
-
-    def send(self, request: Request, ready: float) -> None:
-        start = max(ready, self.free_at)
-        seconds = request.computed * self.kv_bytes_per_token / (self.gbs * 1e9)
-        self.free_at = arrival = start + seconds
-        self.transfers += 1
-        self.busy_s += seconds
-        self.wait_s += arrival - ready
-        # The first token, sampled by the prefill engine, reaches the user with the KV.
-        request.first_token_s = request.last_token_s = arrival
-        if request.token_times:
-            request.token_times[-1] = arrival
-        request.last_step = -2
-        self.decode.deliver(arrival, request)
+    def report(self, span: float) -> dict:
+        return {"hardware": self.hardware.name, **self.stats.report(self.scheduler, span)}
 
 
 def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
              progress: Optional[Callable[[Engine, int], None]] = None) -> None:
-    """Run requests to the end on one engine, or on a prefill engine feeding a decode engine
-    through a KvLink. Open loop: each request is sent at its sent_s. Closed loop: `concurrency`
-    clients, each sending the next request the moment its previous one ends. The engine whose
-    next event comes first steps next, so two engines share one virtual clock."""
+    """Run requests to the end on one engine, or on several sharing one virtual clock (a prefill
+    engine feeding a decode engine). Open loop: each request is sent at its sent_s. Closed loop:
+    `concurrency` clients, each sending the next request the moment its previous one ends. The
+    engine whose next event comes first steps next."""
     engines = engines if isinstance(engines, list) else [engines]
     first = engines[0]
     backlog = deque(requests)
     if not concurrency:
-        while backlog:
-            request = backlog.popleft()
+        for request in sorted(backlog, key=lambda r: r.sent_s):
             first.deliver(request.sent_s, request)
-    sent = 0
+    sent = next_report = 0
     now = 0.0
     while True:
         if concurrency:
-            while backlog and sent - sum(len(e.done) for e in engines) < concurrency:
+            while backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
                 request = backlog.popleft()
                 request.sent_s = now
                 first.deliver(now, request)
                 sent += 1
-        engine = min(engines, key=Engine.next_event)
+        engine = first if len(engines) == 1 else min(engines, key=Engine.next_event)
         at = engine.next_event()
         if at == math.inf:
             return
         engine.clock = max(engine.clock, at)
         engine.take_deliveries()
         if engine.has_work():
-            engine.step()
-            if progress and engine.steps % 4096 == 0:
+            # Until when nothing else can reach this engine: a free client sends now; another
+            # engine may hand it work from its next event on.
+            if concurrency and backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
+                until = engine.clock
+            elif len(engines) == 1:
+                until = math.inf
+            else:
+                until = min(e.next_event() for e in engines if e is not engine)
+            engine.advance(until)
+            if progress and engine.stats.steps >= next_report:
                 progress(engine, len(requests))
+                next_report = engine.stats.steps + 4096
         now = engine.clock
 
+
+# ---------------------------------------------------------------------------------------------
+# Workload: synthetic requests with seeded lengths, and Poisson arrivals.
+# ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TokenRange:
@@ -750,85 +840,26 @@ class TokenRange:
         return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
 
 
-def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, seed: int = 7,
-                       rate: Optional[float] = None, prefix_tokens: int = 0,
-                       num_prefixes: int = 1) -> list[Request]:
+def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, rng: random.Random,
+                       prefix_tokens: int = 0, num_prefixes: int = 1) -> list[Request]:
     """One randint for the prompt, then one for the output, per request, from one seeded stream.
     A shared system prompt of prefix_tokens goes in front of the drawn prompt."""
-    rng = random.Random(seed)
     requests = []
     for i in range(count):
-        prompt_tokens = rng.randint(prompt.low, prompt.high)
-        output_tokens = rng.randint(output.low, output.high)
+        prompt_tokens = rng.randrange(prompt.low, prompt.high + 1)     # randint, one call less
+        output_tokens = rng.randrange(output.low, output.high + 1)
         prefix = f"system-{i % num_prefixes}" if prefix_tokens else None
         requests.append(Request(i, prefix_tokens + prompt_tokens, output_tokens,
                                 prefix=prefix, prefix_tokens=prefix_tokens))
-    if rate:
-        # Poisson arrivals, drawn after the lengths so a rate sweep sees the same requests.
-        clock = 0.0
-        for request in requests:
-            request.sent_s = clock
-            clock += rng.expovariate(rate)
     return requests
 
 
-TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
-                "prefix": str, "prefix_tokens": int}
-
-
-def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
-    """(where, parsed line) for each non-blank line; an unreadable file or line is a UserError."""
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except OSError as e:
-        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            where = f"{kind} {path} line {number}"
-            try:
-                yield where, json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-
-
-def read_trace(path: str) -> list[Request]:
-    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
-    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
-    requests = []
-    for where, row in read_jsonl(path, "trace"):
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: expected a JSON object with arrival, prompt_tokens, output_tokens")
-        unknown = set(row) - set(TRACE_FIELDS)
-        if unknown:
-            raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
-        for name in ("arrival", "prompt_tokens", "output_tokens"):
-            if name not in row:
-                raise UserError(f"{where}: missing field {name!r}")
-        for name, kind in TRACE_FIELDS.items():
-            if name not in row:
-                continue
-            value = row[name]
-            if kind is str:
-                ok = isinstance(value, str) and value != ""
-            elif kind is int:
-                ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if name == "prefix_tokens" else 1)
-            else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-            if not ok:
-                want = {"arrival": "a number of seconds >= 0", "prefix": "a non-empty string",
-                        "prefix_tokens": "an integer >= 0"}.get(name, "a positive integer")
-                raise UserError(f"{where}: field {name!r} must be {want}, got {value!r}")
-        if row.get("prefix_tokens", 0) > row["prompt_tokens"]:
-            raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
-        if row.get("prefix_tokens") and "prefix" not in row:
-            raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
-        requests.append(Request(len(requests), row["prompt_tokens"], row["output_tokens"],
-                                sent_s=float(row["arrival"]), prefix=row.get("prefix"),
-                                prefix_tokens=row.get("prefix_tokens", 0) if row.get("prefix") else 0))
-    if not requests:
-        raise UserError(f"trace {path}: no requests in it")
-    return requests
+def poisson_arrivals(requests: list[Request], rate: float, rng: random.Random) -> None:
+    """Send times with exponential gaps at `rate` requests per second, the first at 0."""
+    clock = 0.0
+    for request in requests:
+        request.sent_s = clock
+        clock += rng.expovariate(rate)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -842,26 +873,28 @@ PERCENTILES = (50, 90, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
 
 
-def distribution(counts: Counter) -> dict:
-    """Mean, population std and nearest-rank percentiles of values given as value -> count."""
-    n = sum(counts.values())
-    if n == 0:
+def distribution(samples) -> dict:
+    """Mean, population std and nearest-rank percentiles of a list of values, or of a Counter of
+    value -> how many times it occurred (the ITL gaps, where one gap repeats for a whole batch)."""
+    values = sorted(samples)    # sums in value order: the same samples always give the same floats
+    if isinstance(samples, Counter):
+        weights = [samples[v] for v in values]
+        n = sum(weights)
+        mean = sum(map(operator.mul, values, weights)) / n if n else None
+    else:
+        weights = None
+        n = len(values)
+        mean = sum(values) / n if n else None
+    if not n:
         return {"mean": None, "std": None, **{f"p{p}": None for p in PERCENTILES}}
-    values = sorted(counts)
-    mean = sum(v * c for v, c in counts.items()) / n
-    std = math.sqrt(sum(c * (v - mean) ** 2 for v, c in counts.items()) / n)
+    deviations = [v - mean for v in values]
+    squares = map(operator.mul, deviations, deviations)
+    std = math.sqrt(sum(map(operator.mul, squares, weights) if weights else squares) / n)
+    # Nearest rank: the smallest value with at least p% of the samples at or below it.
+    seen = list(itertools.accumulate(weights)) if weights else range(1, n + 1)
     result = {"mean": mean, "std": std}
-    ranks = iter((p, max(1, math.ceil(p / 100 * n))) for p in PERCENTILES)
-    p, rank = next(ranks)
-    seen = 0
-    for value in values:
-        seen += counts[value]
-        while seen >= rank:
-            result[f"p{p}"] = value
-            try:
-                p, rank = next(ranks)
-            except StopIteration:
-                return result
+    for p in PERCENTILES:
+        result[f"p{p}"] = values[bisect.bisect_left(seen, max(1, math.ceil(p / 100 * n)))]
     return result
 
 
@@ -871,20 +904,20 @@ def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
     done = [r for r in requests if r.error is None and r.first_token_s is not None]
     if itl is None:
         itl = Counter(b - a for r in done for a, b in zip(r.token_times, r.token_times[1:]))
-    start = min((r.sent_s for r in requests), default=0.0)
-    end = max((r.last_token_s for r in done), default=start)
+    start = min(map(operator.attrgetter("sent_s"), requests), default=0.0)
+    end = max(map(operator.attrgetter("last_token_s"), done), default=start)
     duration = end - start
     ms = 1000
     samples = {
-        "ttft": Counter((r.first_token_s - r.sent_s) * ms for r in done),
-        "tpot": Counter((r.last_token_s - r.first_token_s) * ms / (r.output_tokens - 1)
-                        for r in done if r.output_tokens > 1 and r.last_token_s > r.first_token_s),
+        "ttft": [(r.first_token_s - r.sent_s) * ms for r in done],
+        "tpot": [(r.last_token_s - r.first_token_s) * ms / (r.output_tokens - 1)
+                 for r in done if r.output_tokens > 1 and r.last_token_s > r.first_token_s],
         "itl": Counter({gap * ms: count for gap, count in itl.items()}),
-        "e2el": Counter((r.last_token_s - r.sent_s) * ms for r in done),
-        "queue": Counter(r.queue_s * ms for r in done if r.queue_s is not None),
+        "e2el": [(r.last_token_s - r.sent_s) * ms for r in done],
+        "queue": [r.queue_s * ms for r in done if r.queue_s is not None],
     }
-    total_in = sum(r.prompt_tokens for r in done)
-    total_out = sum(r.output_tokens for r in done)
+    total_in = sum(map(operator.attrgetter("prompt_tokens"), done))
+    total_out = sum(map(operator.attrgetter("output_tokens"), done))
     per_second = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     result = {
         "duration": duration,
@@ -928,28 +961,671 @@ def detailed_arrays(requests: list) -> dict:
     }
 
 
-def engine_report(engine: Engine, span: float) -> dict:
-    s = engine.scheduler
-    pool = s.pool
-    return {
-        "hardware": engine.hardware.name,
-        "steps": engine.steps,
-        "mean_batch": engine.scheduled_seqs / engine.steps if engine.steps else 0.0,
-        "kv_peak": engine.kv_peak / pool.num_blocks,
-        "kv_mean": engine.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
-        "peak_waiting": engine.peak_waiting,
-        "peak_running": engine.peak_running,
-        "steps_waiting_at_seq_cap": engine.capped_steps,
-        "preemptions": s.preemptions,
-        "evictions": pool.evictions,
-        "prefix_hit_rate": s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
-        "num_blocks": pool.num_blocks,
-        "block_size": s.config.block_size,
-        "row_utilisation": engine.useful_rows / engine.decode_rows if engine.decode_rows else None,
-        "wasted_decode_rows": engine.decode_rows - engine.useful_rows,
-        "kv_reserved_peak_tokens": engine.kv_reserved_peak,
-        "kv_used_of_reserved": engine.kv_used_share / engine.steps if engine.steps else 0.0,
+# ---------------------------------------------------------------------------------------------
+# Variations on the core, one section each, in the lesson's order of exercises. Each one
+# overrides what differs and nothing else; deleting a section deletes a feature.
+# ---------------------------------------------------------------------------------------------
+
+# In-flight cap (the Easy exercise): admit a request only while prompt + output, summed over the
+# running requests, stays within a cap, counted the way TGI's --max-batch-total-tokens counts.
+
+class InFlightCap:
+    """Mixed in before a scheduler class: one more admission check and one more rejection."""
+
+    def __init__(self, *args, max_tokens_in_flight: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens_in_flight = max_tokens_in_flight
+
+    def rejection(self, request: Request) -> Optional[str]:
+        if request.total > self.max_tokens_in_flight:
+            reason = f"longer than --max-tokens-in-flight: {size_of(request)} > {self.max_tokens_in_flight:,}"
+        else:
+            reason = None
+        return super().rejection(request) or reason
+
+    def admissible(self, request: Request, hits: list[int], need: int) -> bool:
+        in_flight = sum(r.total for r in self.running)
+        return super().admissible(request, hits, need) and in_flight + request.total <= self.max_tokens_in_flight
+
+
+# Static batching (the reference engine's run_static): when the last batch is done, take up to
+# --max-num-seqs waiting requests in order, as many as the cache holds once every row is padded
+# to the longest prompt and reserves the longest output; prefill them at once, then decode every
+# row until the slowest is done. A row that finished early is still computed.
+
+@dataclass
+class StaticBatch:
+    rows: int
+    padded_prompt: int
+    longest_output: int
+    decode_steps: int = 0
+
+
+class StaticBatchScheduler(Scheduler):
+    """Always stepped by the per-step rule: a padded batch has no cruising decodes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shape: Optional[StaticBatch] = None
+
+    def capacity(self) -> int:
+        return self.pool.num_blocks * self.config.block_size
+
+    def token_budget(self) -> int:
+        return 1 << 62                # the padded batch is prefilled whole: no per-step budget
+
+    def rejection(self, request: Request) -> Optional[str]:
+        # A row reserves its prompt plus its whole output, so that much must fit an empty cache.
+        reason = (f"larger than the KV cache for static batching, where a row holds its prompt and its "
+                  f"whole output: {size_of(request)} > {self.capacity():,}") if request.total > self.capacity() else None
+        return super().rejection(request) or reason
+
+    def admit(self, now: float, budget: int, batch: Batch) -> None:
+        if self.running or not self.waiting:
+            return
+        rows: list[Request] = []
+        for request in itertools.islice(self.waiting, self.config.max_num_seqs):
+            trial = rows + [request]
+            padded = max(r.length for r in trial) + max(r.output_tokens - r.generated for r in trial)
+            if len(trial) * padded > self.capacity():
+                break
+            rows = trial
+        if not rows:
+            return
+        self.shape = StaticBatch(len(rows), max(r.length for r in rows), max(r.output_tokens - r.generated for r in rows))
+        for request in rows:
+            self.waiting.popleft()
+            self.start(request, [], 0, now)
+            self.grow(request, request.length, self.blocks_for(request.length))
+            batch.add(request, request.length)
+
+    def schedule(self, now: float) -> Batch:
+        batch = super().schedule(now)
+        if self.shape:
+            batch.rows = self.shape.rows if self.shape.decode_steps else 0
+        return batch
+
+    def work(self, batch: Batch) -> tuple[int, int, int]:
+        s = self.shape
+        if s is None:
+            return super().work(batch)
+        if s.decode_steps == 0:       # the prefill: every row left-padded to the longest prompt
+            return s.rows * s.padded_prompt, s.rows * s.padded_prompt, s.rows
+        return s.rows, s.rows * (s.padded_prompt + s.decode_steps), s.rows
+
+    def reserved_tokens(self) -> int:
+        s = self.shape
+        return s.rows * (s.padded_prompt + s.longest_output) if s else super().reserved_tokens()
+
+    def update(self, batch: Batch, now: float) -> None:
+        super().update(batch, now)
+        if self.shape:
+            self.shape.decode_steps += 1
+            if not self.running:
+                self.shape = None
+
+
+# Slots (llama.cpp with an explicit --parallel): the cache is split evenly into one fixed
+# context per sequence, allocated up front. A slot is a block as long as that context.
+
+class SlotLayout:
+    """Mixed in before a scheduler class."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int, *args, kv_tokens: int, **kwargs):
+        slot = kv_tokens // config.max_num_seqs
+        super().__init__(replace(config, block_size=slot), config.max_num_seqs, *args, **kwargs)
+
+    def rejection(self, request: Request) -> Optional[str]:
+        slot = self.config.block_size
+        reason = (f"the request exceeds the available context size: {size_of(request)} > one slot's "
+                  f"{slot:,} (--kv-tokens / --max-num-seqs)") if request.total > slot else None
+        return super().rejection(request) or reason
+
+    def reserved_tokens(self) -> int:
+        return self.pool.num_blocks * self.config.block_size
+
+
+# Prefill/decode disaggregation (the Hard exercise): one engine only prefills, another only
+# decodes. The prefill engine's scheduler hands each request over after its first token (the
+# one hook in the core, Scheduler.handoff); its KV crosses a link before the decode engine can
+# take it. Transfers queue on the link.
+
+@dataclass
+class KvLink:
+    gbs: float
+    kv_bytes_per_token: int
+    decode: Engine
+    free_at: float = 0.0
+    transfers: int = 0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+
+    def send(self, request: Request, ready: float) -> None:
+        start = max(ready, self.free_at)
+        seconds = request.computed * self.kv_bytes_per_token / (self.gbs * 1e9)
+        self.free_at = arrival = start + seconds
+        self.transfers += 1
+        self.busy_s += seconds
+        self.wait_s += arrival - ready
+        # The first token, sampled by the prefill engine, reaches the user with the KV.
+        request.first_token_s = request.last_token_s = arrival
+        if request.token_times:
+            request.token_times[-1] = arrival
+        self.decode.deliver(arrival, request)
+
+    def report(self, span: float) -> dict:
+        return {"gbs": self.gbs, "transfers": self.transfers,
+                "mean_wait_ms": self.wait_s / self.transfers * 1000 if self.transfers else None,
+                "busy": self.busy_s / span if span else 0.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed: the same rule with work per event, not per token. The per-step Scheduler above is the
+# rule and the test oracle: code/tests/test_engine.py runs both on random cases and compares
+# every output, and code/bench.py times both.
+# ---------------------------------------------------------------------------------------------
+
+class EventScheduler(Scheduler):
+    """In most steps most running requests are plain decodes: one token, no new block, not their
+    last token, nothing else changes for them. Such a decode *cruises*: it advances with a shared
+    step counter and costs nothing per step. It is handled on its own again at its wake step (its
+    next block boundary, or the step of its last token), when it is released, or when the budget
+    runs out before the end of the running list, where every request goes through the per-step
+    rule itself. Without prefix caching no block has a key, so which block a decode gets cannot be
+    seen: cruising decodes then take the blocks they grew into when they wake, the free count
+    already having subtracted them, and wake only to finish."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps = 0                       # steps done: the counter cruising decodes advance with
+        self.last_end = 0.0                  # when the last step ended: every cruising decode's last token
+        self.step_ends: list[float] = []     # each step's end, kept for --detailed token times
+        self.active: list[Request] = []      # running requests handled one by one, in running order
+        self.cruising = 0
+        self.cruise_base = 0                 # sum over cruising decodes of (computed - steps)
+        self.wake: dict[int, list] = defaultdict(list)   # step -> [(request, its cruise_from)]
+        self.wake_steps: list[int] = []      # a heap of the steps in `wake`
+        self.blocked = False                 # the last step's admission left its head waiting
+        self.finishing: list[Request] = []   # cruising decodes whose last token is this step's
+        self.lazy_blocks = not self.config.prefix_caching
+        self.owed = 0                        # blocks cruising decodes grew into and have not taken
+        self.phase: dict[int, int] = {}      # cruising decodes by (computed - steps) % block_size
+
+    def schedule(self, now: float) -> Batch:
+        while self.wake_steps and self.wake_steps[0] <= self.steps:
+            heapq.heappop(self.wake_steps)
+        due = self.wake.pop(self.steps, None)
+        if due and self.lazy_blocks:
+            # Without keys every wake is a last token, and the order of releases cannot be seen:
+            # these decodes take their last token with the others and leave in update().
+            self.finishing = [request for request, since in due if request.cruise_from == since]
+        elif due:
+            woken = [request for request, since in due if request.cruise_from == since]
+            for request in woken:
+                self.settle(request)
+            self.active = sorted(self.active + woken, key=operator.attrgetter("admitted")) \
+                if self.active or len(woken) > 1 else woken
+        # Every cruising decode takes one token, and (lazily) a block when it crosses into one.
+        budget = self.token_budget() - self.cruising
+        crossing = self.phase.get(-self.steps % self.config.block_size, 0) if self.lazy_blocks else 0
+        free = self.free_blocks() - crossing
+        last = self.running[-1] if self.running else None
+        plan = []
+        for request in self.active:
+            tokens = min(request.remaining, budget)
+            need = self.blocks_for(request.computed + tokens) - len(request.blocks)
+            free -= need
+            # The budget or the blocks run out before the end of the running list: this step is
+            # for the per-step rule (only the last request may be cut short here).
+            if tokens < 1 or (tokens < request.remaining and request is not last) or free < 0:
+                return self.per_step(now)
+            plan.append((request, tokens, need))
+            budget -= tokens
+        if budget < 0 or free < 0:
+            return self.per_step(now)
+        n = self.cruising
+        batch = Batch([], n, self.cruise_base + n * self.steps + n, n, n, n)
+        self.owed += crossing
+        for request, tokens, need in plan:
+            self.grow(request, tokens, need)
+            batch.add(request, tokens)
+        if self.waiting:
+            self.admit(now, budget, batch)
+        # Refused with nobody else scheduled: refused again by every plain step after this one.
+        self.blocked = bool(self.waiting) and not batch.items
+        return batch
+
+    def per_step(self, now: float) -> Batch:
+        for request in self.running:
+            if request.cruise_from >= 0:
+                self.settle(request)
+        self.active = list(self.running)
+        self.finishing = []
+        self.wake.clear()
+        self.wake_steps.clear()
+        self.blocked = False          # a step that preempted did not try to admit
+        return super().schedule(now)
+
+    def update(self, batch: Batch, now: float) -> None:
+        super().update(batch, now)
+        if self.cruising:
+            gap = round(now - self.last_end, ITL_DIGITS)
+            self.itl[gap] = self.itl.get(gap, 0) + self.cruising
+        self.steps += 1
+        self.last_end = now
+        if self.detailed:
+            self.step_ends.append(now)
+        for request in self.finishing:
+            self.release(request)
+            self.done.append(request)
+        self.finishing = []
+        active, self.active = self.active, []
+        for request in active:
+            wake = self.wake_step(request, now)
+            if wake is None:
+                self.active.append(request)
+            else:
+                self.cruise(request, wake)
+
+    def wake_step(self, request: Request, now: float) -> Optional[int]:
+        """The step at which a decode that sampled a token now must next be handled on its own,
+        or None if that is the next step (or it is not a plain decode)."""
+        if request.remaining != 1 or request.last_token_s != now:
+            return None               # still prefilling, or not served this step
+        plain = request.output_tokens - request.generated - 1     # steps before its last token
+        if not self.lazy_blocks:
+            plain = min(plain, -request.computed % self.config.block_size)   # ... or its next block
+        return self.steps + plain if plain > 0 else None
+
+    def cruise(self, request: Request, wake: int) -> None:
+        request.cruise_from, request.wake_at = self.steps, wake
+        base = request.computed - self.steps
+        self.cruising += 1
+        self.cruise_base += base
+        if self.lazy_blocks:
+            phase = base % self.config.block_size
+            self.phase[phase] = self.phase.get(phase, 0) + 1
+        if wake not in self.wake:
+            heapq.heappush(self.wake_steps, wake)
+        self.wake[wake].append((request, self.steps))
+
+    def settle(self, request: Request) -> None:
+        """Bring a cruising decode's own fields up to date, and hand it to the one-by-one list's
+        caller."""
+        advanced = self.steps - request.cruise_from
+        base = request.computed - request.cruise_from
+        self.cruising -= 1
+        self.cruise_base -= base
+        request.cruise_from = -1
+        if advanced:
+            request.computed += advanced
+            request.generated += advanced
+            request.last_token_s = self.last_end
+            if request.token_times is not None:
+                request.token_times.extend(self.step_ends[self.steps - advanced:self.steps])
+        if self.lazy_blocks:
+            self.phase[base % self.config.block_size] -= 1
+            need = self.blocks_for(request.computed) - len(request.blocks)
+            if need:
+                request.blocks.extend(self.pool.allocate(need))
+                self.owed -= need
+        else:
+            self.grow(request, 0, 0)  # key the blocks it filled while cruising
+
+    def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
+        super().start(request, hits, start, now)
+        self.active.append(request)
+
+    def release(self, request: Request) -> None:
+        if request.cruise_from >= 0:
+            self.settle(request)
+        else:
+            self.active.remove(request)
+        super().release(request)
+
+    def free_blocks(self) -> int:
+        return self.pool.free_count() - self.owed
+
+    def used_blocks(self) -> int:
+        return self.pool.used_count() + self.owed
+
+
+    def plain_steps(self) -> int:
+        """How many of the next steps are certainly plain: every running request cruising, nobody
+        waking, nothing to admit (the queue is empty, or its head was refused by budgets that
+        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step."""
+        if not self.cruising or self.active or (self.waiting and not self.blocked) \
+                or self.cruising > self.token_budget():
+            return 0
+        return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
+
+
+class EventEngine(Engine):
+    """An engine whose scheduler is an EventScheduler. After each step it takes every following
+    plain step that starts before `until` in one tight loop: the same pricing, the same
+    statistics and the same bookkeeping as step(), in the same order, without scheduling anyone."""
+
+    def advance(self, until: float) -> None:
+        s, stats, cost = self.scheduler, self.stats, self.cost
+        ended = len(s.done)
+        self.step()
+        # A request that ended may make a closed-loop client send its next one: not plain.
+        plain = s.plain_steps() if len(s.done) == ended else 0
+        if not plain:
+            return
+        n, block_size, lazy = s.cruising, s.config.block_size, s.lazy_blocks
+        waiting, running = len(s.waiting), len(s.running)
+        capped = bool(waiting) and running >= s.config.max_num_seqs
+        clock = self.clock
+        until = min(until, self.inbox[0][0] if self.inbox else math.inf)
+        while plain > 0 and clock < until:
+            crossing = s.phase.get(-s.steps % block_size, 0) if lazy else 0
+            if crossing > s.free_blocks():
+                break                 # a decode needs a block and none is free: the step preempts
+            s.owed += crossing
+            context = s.cruise_base + n * s.steps + n
+            duration = cost.step_seconds(n, context, n)
+            # EngineStats.record for a batch of n decodes.
+            used = s.used_blocks()
+            stats.steps += 1
+            stats.scheduled_seqs += n
+            stats.kv_peak = max(stats.kv_peak, used)
+            stats.kv_block_seconds += used * duration
+            stats.capped_steps += capped
+            stats.decode_rows += n
+            stats.useful_rows += n
+            reserved = s.reserved_tokens()
+            stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
+            stats.kv_used_share += context / reserved if reserved else 0.0
+            # EventScheduler.update with nobody handled on their own.
+            clock += duration
+            gap = round(clock - s.last_end, ITL_DIGITS)
+            s.itl[gap] = s.itl.get(gap, 0) + n
+            s.steps += 1
+            s.last_end = clock
+            if s.detailed:
+                s.step_ends.append(clock)
+            plain -= 1
+        stats.peak_waiting = max(stats.peak_waiting, waiting)
+        stats.peak_running = max(stats.peak_running, running)
+        self.clock = clock
+
+
+# ---------------------------------------------------------------------------------------------
+# API: a run described once, built into engines, simulated and summarised. The command line,
+# the tests and bench.py all go through run(spec) and sweep(spec, axis, values).
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests with their own lengths and send times, read from a file (or built by a caller)."""
+    name: str
+    rows: tuple      # (arrival_s, prompt_tokens, output_tokens, prefix, prefix_tokens) per request
+
+
+DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
+DEFAULT_CLIENTS = 32
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    # Hardware and memory plan.
+    hardware: Hardware = HARDWARE["h100-sxm-80gb"]
+    model: ModelSpec = MODELS["llama-3.1-8b"]
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_model_len: int = 4096
+    kv_tokens: Optional[int] = None
+    num_gpu_blocks: Optional[int] = None
+    # Scheduler.
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    prefix_caching: bool = False
+    reserve_full_isl: bool = False
+    # Variations.
+    max_tokens_in_flight: Optional[int] = None
+    batching: str = "continuous"          # or "static"
+    kv_layout: str = "paged"              # or "slots"
+    disaggregate: bool = False
+    prefill_hardware: Optional[Hardware] = None
+    decode_hardware: Optional[Hardware] = None
+    kv_link_gbs: float = 25.0
+    # Workload.
+    trace: Optional[Trace] = None
+    requests: Optional[int] = None        # synthetic requests, or the first N of a trace
+    prompt_tokens: TokenRange = DEFAULT_PROMPT
+    output_tokens: TokenRange = DEFAULT_OUTPUT
+    prefix_tokens: int = 0
+    num_prefixes: int = 1
+    rate: Optional[float] = None
+    concurrency: Optional[int] = None
+    seed: int = 7
+    # Output and engine.
+    detailed: bool = False
+    engine: str = "event"                 # or "step": the per-step rule, slower, same results
+
+    def clients(self) -> Optional[int]:
+        """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
+        otherwise a trace or a --rate is open loop, and neither is a closed loop of 32 clients."""
+        if self.concurrency:
+            return self.concurrency
+        return None if self.trace or self.rate else DEFAULT_CLIENTS
+
+    def arrivals(self) -> str:
+        if self.clients():
+            return f"closed loop {self.clients()} clients"
+        return f"trace arrivals ({self.trace.name})" if self.trace else f"poisson {self.rate:g} req/s"
+
+
+def check_spec(spec: RunSpec) -> None:
+    if spec.batching == "static" and (spec.prefix_caching or spec.kv_layout == "slots"):
+        raise UserError("--batching static runs its own padded batch: drop --prefix-caching and --kv-layout slots")
+    if spec.kv_layout == "slots" and spec.prefix_caching:
+        raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
+                        "drop --prefix-caching")
+    if spec.disaggregate and (spec.batching == "static" or spec.kv_layout == "slots"):
+        raise UserError("disaggregation is modelled for continuous batching on a paged cache; "
+                        "drop --batching static / --kv-layout slots")
+
+
+def make_scheduler(spec: RunSpec, plan: CapacityPlan) -> Scheduler:
+    """The core scheduler (per step or per event) with the variations the spec asks for."""
+    config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, spec.block_size,
+                             spec.chunked_prefill, spec.prefix_caching, spec.reserve_full_isl)
+    options: dict = {}
+    classes: list[type] = []
+    if spec.max_tokens_in_flight:
+        classes.append(InFlightCap)
+        options["max_tokens_in_flight"] = spec.max_tokens_in_flight
+    if spec.kv_layout == "slots":
+        if plan.kv_tokens // spec.max_num_seqs < 1:
+            raise UserError(f"--kv-layout slots splits {plan.kv_tokens:,} KV tokens into {spec.max_num_seqs} slots: "
+                            f"less than one token each; lower --max-num-seqs")
+        classes.append(SlotLayout)
+        options["kv_tokens"] = plan.kv_tokens
+    if spec.batching == "static":
+        classes.append(StaticBatchScheduler)
+    else:
+        classes.append(EventScheduler if spec.engine == "event" else Scheduler)
+    cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
+    return cls(config, plan.num_blocks, spec.detailed, **options)
+
+
+def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
+    """One engine, or a prefill engine and a decode engine joined by a KvLink."""
+    check_spec(spec)
+
+    def engine(hardware: Hardware) -> Engine:
+        plan = plan_capacity(hardware, spec.model, spec.gpu_memory_utilization, spec.block_size,
+                             spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks)
+        scheduler = make_scheduler(spec, plan)
+        return (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler)
+
+    if not spec.disaggregate:
+        return [engine(spec.hardware)], None
+    prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
+    link = KvLink(spec.kv_link_gbs, spec.model.kv_bytes_per_token, decode)
+    prefill.scheduler.handoff = link.send
+    return [prefill, decode], link
+
+
+def make_requests(spec: RunSpec) -> list[Request]:
+    if spec.trace:
+        rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
+        return [Request(i, prompt, output, sent_s=arrival, prefix=prefix, prefix_tokens=prefix_tokens)
+                for i, (arrival, prompt, output, prefix, prefix_tokens) in enumerate(rows)]
+    rng = random.Random(spec.seed)
+    requests = synthetic_requests(spec.requests or DEFAULT_REQUESTS, spec.prompt_tokens, spec.output_tokens, rng,
+                                  spec.prefix_tokens, spec.num_prefixes)
+    if spec.rate:
+        # Drawn after the lengths, so a rate sweep sees the same requests.
+        poisson_arrivals(requests, spec.rate, rng)
+    return requests
+
+
+def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link)."""
+    engines, link = build_engines(spec)
+    requests = make_requests(spec)
+    report = None
+    if progress:
+        report = lambda e, total: progress(f"{sum(len(x.scheduler.done) for x in engines):,}/{total:,} requests "
+                                           f"done, {e.clock:,.1f} s simulated")
+    simulate(engines, requests, spec.clients(), report)
+    done = [r for e in engines for r in e.scheduler.done]
+    result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()))
+    decode = engines[-1]
+    result["engine"] = decode.report(result["duration"])
+    where = f"on {decode.hardware.name}"
+    if link:
+        result["prefill_engine"] = engines[0].report(result["duration"])
+        result["link"] = link.report(result["duration"])
+        where = f"prefill on {engines[0].hardware.name}, decode on {decode.hardware.name}, {link.gbs:g} GB/s link"
+    config = decode.scheduler.config
+    result["config"] = {
+        "title": f"servesim {spec.model.name} {where}  {len(requests):,} requests  {spec.arrivals()}",
+        "hardware": decode.hardware.name, "model": spec.model.name,
+        "num_prompts": len(requests), "arrivals": spec.arrivals(),
+        "max_concurrency": spec.clients(), "request_rate": spec.rate,
+        "trace": spec.trace.name if spec.trace else None,
+        "prompt_tokens": None if spec.trace else str(spec.prompt_tokens),
+        "output_tokens": None if spec.trace else str(spec.output_tokens), "seed": spec.seed,
+        **asdict(config), "max_tokens_in_flight": spec.max_tokens_in_flight,
+        "batching": spec.batching, "kv_layout": spec.kv_layout,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "kv_tokens": decode.scheduler.pool.num_blocks * config.block_size,
+        "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
     }
+    if spec.detailed:
+        result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
+    return result
+
+
+COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
+
+
+def sweep_point(spec: RunSpec, axis: str, value) -> RunSpec:
+    """The spec of one sweep point: `axis` set to `value`."""
+    if axis == "compare":
+        batching, kv_layout = COMPARE_MODES[value]
+        return replace(spec, batching=batching, kv_layout=kv_layout)
+    if axis == "kv_link_gbs":
+        return replace(spec, disaggregate=value != "colocated", kv_link_gbs=25.0 if value == "colocated" else value)
+    if axis == "max_tokens_in_flight":
+        return replace(spec, max_tokens_in_flight=value or None)     # 0 is no cap
+    if axis == "trace":
+        return spec
+    return replace(spec, **{axis: value})
+
+
+def run_point(spec: RunSpec, axis: str, value) -> dict:
+    result = run(sweep_point(spec, axis, value))
+    result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, value
+    return result
+
+
+def iter_sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> Iterator[dict]:
+    """Each point's result, in the order of `values`, as soon as it and those before it are done.
+    With jobs > 1 the points run in that many processes; the results are the same."""
+    if jobs <= 1 or len(values) <= 1:
+        for value in values:
+            yield run_point(spec, axis, value)
+        return
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(values))) as pool:
+        futures = [pool.submit(run_point, spec, axis, value) for value in values]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
+    return list(iter_sweep(spec, axis, values, jobs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace files: one request per JSONL line, each line checked into a one-line error.
+# ---------------------------------------------------------------------------------------------
+
+TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
+                "prefix": str, "prefix_tokens": int}
+
+
+def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
+    """(where, parsed line) for each non-blank line; an unreadable file or line is a UserError."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            where = f"{kind} {path} line {number}"
+            try:
+                yield where, json.loads(line)
+            except ValueError as e:
+                raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+
+
+def read_trace(path: str) -> Trace:
+    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
+    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+    rows = []
+    for where, row in read_jsonl(path, "trace"):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected a JSON object with arrival, prompt_tokens, output_tokens")
+        unknown = set(row) - set(TRACE_FIELDS)
+        if unknown:
+            raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
+        for name in ("arrival", "prompt_tokens", "output_tokens"):
+            if name not in row:
+                raise UserError(f"{where}: missing field {name!r}")
+        for name, kind in TRACE_FIELDS.items():
+            if name not in row:
+                continue
+            value = row[name]
+            if kind is str:
+                ok = isinstance(value, str) and value != ""
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if name == "prefix_tokens" else 1)
+            else:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+            if not ok:
+                want = {"arrival": "a number of seconds >= 0", "prefix": "a non-empty string",
+                        "prefix_tokens": "an integer >= 0"}.get(name, "a positive integer")
+                raise UserError(f"{where}: field {name!r} must be {want}, got {value!r}")
+        if row.get("prefix_tokens", 0) > row["prompt_tokens"]:
+            raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
+        if row.get("prefix_tokens") and "prefix" not in row:
+            raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
+        rows.append((float(row["arrival"]), row["prompt_tokens"], row["output_tokens"], row.get("prefix"),
+                     row.get("prefix_tokens", 0) if row.get("prefix") else 0))
+    if not rows:
+        raise UserError(f"trace {path}: no requests in it")
+    return Trace(path, tuple(rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1576,14 +2252,14 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, na
 
 
 def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bool:
-    memory = (model.weight_bytes + o.context * model.kv_bytes_per_token) / (hardware.bandwidth_gbs * 1e9 * hardware.mbu)
-    return memory >= 2 * model.params * o.tokens / (hardware.tflops * 1e12 * hardware.mfu)
+    compute, memory = Roofline(hardware, model).times(o.tokens, o.context)
+    return memory >= compute
 
 
-def replay(report: dict, hardware: Hardware, model: ModelSpec, config: SchedulerConfig,
-           kv_tokens: Optional[int]) -> dict:
+def replay(report: dict, spec: RunSpec) -> dict:
     """Simulate the shape a measured run had: its clients (or rate), and each request's prompt and
-    output lengths as the server counted them (the means, without --detailed arrays)."""
+    output lengths as the server counted them (the means, without --detailed arrays). `spec`
+    gives the hardware, the model and the server's knobs."""
     done = report["completed"]
     if not done:
         raise CapacityError("no request completed, so there is no measured shape to simulate")
@@ -1594,19 +2270,14 @@ def replay(report: dict, hardware: Hardware, model: ModelSpec, config: Scheduler
     requests = [Request(i, max(1, p), max(1, o)) for i, (p, o) in enumerate(lengths)]
     cfg = report["config"]
     if cfg.get("request_rate"):
-        rng = random.Random(cfg.get("seed", 7))
-        clock = 0.0
-        for request in requests:
-            request.sent_s = clock
-            clock += rng.expovariate(cfg["request_rate"])
-    config = SchedulerConfig(**{**asdict(config), "max_model_len": max(config.max_model_len, max(p + o for p, o in lengths))})
-    plan = plan_capacity(hardware, model, block_size=config.block_size, max_model_len=config.max_model_len, kv_tokens=kv_tokens)
-    engine = Engine(hardware, model, plan, config)
-    simulate(engine, requests, None if cfg.get("request_rate") else cfg.get("max_concurrency") or 1)
-    result = summarize(engine.done, engine.itl)
-    result["engine"] = engine_report(engine, result["duration"])
-    result["config"] = {"hardware": hardware.name, "model": model.name, "max_num_seqs": config.max_num_seqs,
-                        "max_num_batched_tokens": config.max_num_batched_tokens, "kv_tokens": plan.kv_tokens}
+        poisson_arrivals(requests, cfg["request_rate"], random.Random(cfg.get("seed", 7)))
+    trace = Trace("measured run", tuple((r.sent_s, r.prompt_tokens, r.output_tokens, None, 0) for r in requests))
+    spec = replace(spec, trace=trace, max_model_len=max(spec.max_model_len, max(p + o for p, o in lengths)),
+                   concurrency=None if cfg.get("request_rate") else cfg.get("max_concurrency") or 1)
+    result = run(spec)
+    result["config"] = {"hardware": spec.hardware.name, "model": spec.model.name, "max_num_seqs": spec.max_num_seqs,
+                        "max_num_batched_tokens": spec.max_num_batched_tokens,
+                        "kv_tokens": result["config"]["kv_tokens"]}
     return result
 
 
@@ -2050,16 +2721,32 @@ SWEEP_COLUMNS = (
 )
 
 
-def print_sweep(title: str, axis: str, results: list[dict], columns=SWEEP_COLUMNS, out=sys.stdout) -> None:
-    out.write(f"{title}\n")
-    labels = ["no cap" if v == 0 and axis == "max-tokens-in-flight" else
-              f"{v:g}" if isinstance(v, (int, float)) else os.path.basename(str(v))
-              for v in (r["config"]["sweep_value"] for r in results)]
-    width = [max(len(axis), 6, *map(len, labels))] + [max(len(name), 7) for name, _ in columns]
-    out.write("  ".join(h.rjust(w) for h, w in zip([axis] + [n for n, _ in columns], width)) + "\n")
-    for label, result in zip(labels, results):
-        cells = [label] + [cell(result) for _, cell in columns]
-        out.write("  ".join(c.rjust(w) for c, w in zip(cells, width)) + "\n")
+class SweepTable:
+    """A sweep's table, printed a row at a time as points finish, so an interrupted sweep keeps
+    the rows it printed. Widths come from the header and the axis labels, known up front."""
+
+    def __init__(self, title: str, axis: str, values: list, columns=SWEEP_COLUMNS, out=sys.stdout):
+        self.title, self.axis, self.columns, self.out = title, axis, columns, out
+        self.labels = [self.label(v) for v in values]
+        self.width = [max(len(axis), 6, *map(len, self.labels))] + [max(len(name), 7) for name, _ in columns]
+        self.printed = 0
+
+    def label(self, value) -> str:
+        if value == 0 and self.axis == "max-tokens-in-flight":
+            return "no cap"
+        return f"{value:g}" if isinstance(value, (int, float)) else os.path.basename(str(value))
+
+    def line(self, cells: list[str]) -> None:
+        self.out.write("  ".join(c.rjust(w) for c, w in zip(cells, self.width)) + "\n")
+        self.out.flush()
+
+    def header(self) -> None:
+        self.out.write(f"{self.title}\n")
+        self.line([self.axis] + [name for name, _ in self.columns])
+
+    def row(self, result: dict) -> None:
+        self.line([self.labels[self.printed]] + [cell(result) for _, cell in self.columns])
+        self.printed += 1
 
 
 def flatten(result: dict, prefix: str = "") -> dict:
@@ -2237,28 +2924,6 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                         + " (default: 25)")
 
 
-DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
-
-
-def fill_workload_defaults(args) -> None:
-    """A trace brings its own lengths; synthetic requests take the defaults."""
-    if getattr(args, "trace", None):
-        if args.prompt_tokens or args.output_tokens or args.prefix_tokens:
-            raise UserError("--prompt-tokens, --output-tokens and --prefix-tokens describe synthetic "
-                            "requests; a --trace gives each request's own lengths")
-        return
-    args.requests = args.requests or DEFAULT_REQUESTS
-    args.prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT
-    args.output_tokens = args.output_tokens or DEFAULT_OUTPUT
-
-
-def workload_from_args(args, rate: Optional[float]) -> list[Request]:
-    if getattr(args, "trace", None):
-        return read_trace(args.trace)[:args.requests]
-    return synthetic_requests(args.requests, args.prompt_tokens, args.output_tokens, args.seed,
-                              rate, args.prefix_tokens, args.num_prefixes)
-
-
 def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g = p.add_argument_group("workload")
     arrivals = g.add_mutually_exclusive_group()
@@ -2274,10 +2939,11 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
         arrivals.add_argument("--rate", type=positive_float, metavar="R",
                               help="open loop: Poisson arrivals at R requests/s")
         arrivals.add_argument("--concurrency", type=positive_int, metavar="N",
-                              help="closed loop: N clients, each sending its next request when the last "
-                                   "ends (the default, with 32 clients)")
+                              help=f"closed loop: N clients, each sending its next request when the last "
+                                   f"ends (the default, with {DEFAULT_CLIENTS} clients)")
     g.add_argument("--requests", type=positive_int, metavar="N",
-                   help="number of synthetic requests, or the first N of a trace (default: 256, or the whole trace)")
+                   help=f"number of synthetic requests, or the first N of a trace (default: {DEFAULT_REQUESTS}, "
+                        f"or the whole trace)")
     g.add_argument("--prompt-tokens", type=token_range, metavar="N|A-B",
                    help=f"prompt length in tokens after any shared prefix, fixed or uniform (default: {DEFAULT_PROMPT})")
     g.add_argument("--output-tokens", type=token_range, metavar="N|A-B",
@@ -2287,6 +2953,10 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--num-prefixes", type=positive_int, default=1, metavar="M",
                    help="how many distinct shared system prompts, assigned round robin (default: %(default)s)")
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
+    g = p.add_argument_group("simulator")
+    g.add_argument("--engine", choices=("event", "step"), default="event",
+                   help="event: work per event (arrivals, block boundaries, finishes); step: the per-step rule "
+                        "the event engine is tested against, slower, same results (default: %(default)s)")
 
 
 def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
@@ -2297,53 +2967,41 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
 
 
-def plan_from_args(args) -> tuple[Hardware, ModelSpec, CapacityPlan]:
+def plan_from_args(args) -> CapacityPlan:
     hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     model = load_preset("model", args.model, MODELS, ModelSpec)
-    plan = plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
+    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
                          args.max_model_len, args.kv_tokens, args.num_gpu_blocks)
-    return hardware, model, plan
 
 
-def scheduler_config(args) -> SchedulerConfig:
-    if args.batching == "static" and (args.prefix_caching or args.kv_layout == "slots"):
-        raise UserError("--batching static runs its own padded batch: drop --prefix-caching and --kv-layout slots")
-    if args.kv_layout == "slots" and args.prefix_caching:
-        raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
-                        "drop --prefix-caching")
-    return SchedulerConfig(
+def one(value):
+    """A flag that sweep takes as a list holds one value outside the swept axis."""
+    return value[0] if isinstance(value, list) else value
+
+
+def spec_from_args(args) -> RunSpec:
+    """The run the flags describe. Sweep's list flags contribute their first value here."""
+    if args.trace and (args.prompt_tokens or args.output_tokens or args.prefix_tokens):
+        raise UserError("--prompt-tokens, --output-tokens and --prefix-tokens describe synthetic "
+                        "requests; a --trace gives each request's own lengths")
+    device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
+    link = one(args.kv_link_gbs)
+    return RunSpec(
+        hardware=device(args.hardware), model=load_preset("model", args.model, MODELS, ModelSpec),
+        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        max_model_len=args.max_model_len, kv_tokens=args.kv_tokens, num_gpu_blocks=args.num_gpu_blocks,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, block_size=args.block_size,
         chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
         reserve_full_isl=args.scheduler_reserve_full_isl,
-        max_tokens_in_flight=args.max_tokens_in_flight or None, batching=args.batching, kv_layout=args.kv_layout)
-
-
-def disaggregated(args) -> bool:
-    return bool(args.disaggregate or args.kv_link_gbs or args.prefill_hardware or args.decode_hardware)
-
-
-def build_engines(args, detailed: bool) -> tuple[list[Engine], Optional[KvLink]]:
-    """One engine, or a prefill engine and a decode engine joined by a KvLink."""
-    config = scheduler_config(args)
-    hardware, model, plan = plan_from_args(args)
-    if config.kv_layout == "slots" and plan.kv_tokens // config.max_num_seqs < 1:
-        raise UserError(f"--kv-layout slots splits {plan.kv_tokens:,} KV tokens into {config.max_num_seqs} slots: "
-                        f"less than one token each; lower --max-num-seqs")
-    if not disaggregated(args):
-        return [Engine(hardware, model, plan, config, detailed)], None
-    if config.batching == "static" or config.kv_layout == "slots":
-        raise UserError("disaggregation is modelled for continuous batching on a paged cache; "
-                        "drop --batching static / --kv-layout slots")
-    engines = []
-    for name in (args.prefill_hardware, args.decode_hardware):
-        device = load_preset("hardware", name, HARDWARE, Hardware) if name else hardware
-        engines.append(Engine(device, model, plan_capacity(device, model, args.gpu_memory_utilization, args.block_size,
-                                                           args.max_model_len, args.kv_tokens, args.num_gpu_blocks),
-                              config, detailed))
-    link = KvLink(args.kv_link_gbs or 25.0, model.kv_bytes_per_token, engines[1])
-    engines[0].handoff = link.send
-    return engines, link
+        max_tokens_in_flight=one(args.max_tokens_in_flight) or None, batching=args.batching, kv_layout=args.kv_layout,
+        disaggregate=bool(args.disaggregate or link or args.prefill_hardware or args.decode_hardware),
+        prefill_hardware=device(args.prefill_hardware), decode_hardware=device(args.decode_hardware),
+        kv_link_gbs=link or 25.0,
+        trace=read_trace(args.trace) if args.trace else None, requests=args.requests,
+        prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
+        prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes,
+        rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed,
+        detailed=getattr(args, "detailed", False), engine=args.engine)
 
 
 class Progress:
@@ -2360,51 +3018,8 @@ class Progress:
             sys.stderr.flush()
 
 
-def run_simulation(args, concurrency: Optional[int], rate: Optional[float],
-                   progress: Optional[Progress] = None) -> dict:
-    trace = getattr(args, "trace", None)
-    fill_workload_defaults(args)
-    engines, link = build_engines(args, getattr(args, "detailed", False))
-    model, hardware = engines[-1].model, engines[-1].hardware
-    requests = workload_from_args(args, rate)
-    if trace:
-        arrivals = f"trace arrivals ({trace})"
-    else:
-        arrivals = f"poisson {rate:g} req/s" if rate else f"closed loop {concurrency} clients"
-    report = None
-    if progress:
-        report = lambda e, total: progress(f"{sum(len(x.done) for x in engines):,}/{total:,} requests done, "
-                                           f"{e.clock:,.1f} s simulated")
-    simulate(engines, requests, None if trace or rate else concurrency, report)
-    done = [r for e in engines for r in e.done]
-    result = summarize(done, sum((e.itl for e in engines), Counter()))
-    result["engine"] = engine_report(engines[-1], result["duration"])
-    where = f"on {hardware.name}"
-    if link:
-        result["prefill_engine"] = engine_report(engines[0], result["duration"])
-        result["link"] = {"gbs": link.gbs, "transfers": link.transfers,
-                          "mean_wait_ms": link.wait_s / link.transfers * 1000 if link.transfers else None,
-                          "busy": link.busy_s / result["duration"] if result["duration"] else 0.0}
-        where = f"prefill on {engines[0].hardware.name}, decode on {hardware.name}, {link.gbs:g} GB/s link"
-    config = engines[-1].scheduler.config
-    result["config"] = {
-        "title": f"servesim {model.name} {where}  {len(requests):,} requests  {arrivals}",
-        "hardware": hardware.name, "model": model.name,
-        "num_prompts": len(requests), "arrivals": arrivals,
-        "max_concurrency": None if trace or rate else concurrency, "request_rate": rate,
-        "trace": trace, "prompt_tokens": None if trace else str(args.prompt_tokens),
-        "output_tokens": None if trace else str(args.output_tokens), "seed": args.seed,
-        **asdict(config), "gpu_memory_utilization": args.gpu_memory_utilization,
-        "kv_tokens": engines[-1].scheduler.pool.num_blocks * config.block_size,
-        "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
-    }
-    if getattr(args, "detailed", False):
-        result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
-    return result
-
-
 def cmd_capacity(args) -> int:
-    _, _, plan = plan_from_args(args)
+    plan = plan_from_args(args)
     if args.json:
         print(json.dumps(capacity_json(plan), indent=2))
     else:
@@ -2412,22 +3027,13 @@ def cmd_capacity(args) -> int:
     return 0
 
 
-def simulate_concurrency(args) -> Optional[int]:
-    """simulate's clients: --concurrency, else 32 unless a trace or a rate sets the arrivals."""
-    return args.concurrency or (None if args.trace or args.rate else 32)
-
-
 def cmd_simulate(args) -> int:
-    concurrency = simulate_concurrency(args)
-    result = run_simulation(args, concurrency, args.rate, Progress("simulate"))
+    result = run(spec_from_args(args), Progress("simulate"))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print_run(result)
     return 1 if result["failed"] else 0
-
-
-COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
 
 
 def compare_mode(text: str) -> str:
@@ -2439,7 +3045,7 @@ def compare_mode(text: str) -> str:
 SWEEP_AXES = ("concurrency", "rate", "max_tokens_in_flight", "kv_link_gbs", "compare")
 
 
-def sweep_points(args) -> tuple[str, list]:
+def sweep_axis(args) -> tuple[str, list]:
     """The one axis a sweep varies, and its values. Every other list flag holds one value."""
     given = {axis: getattr(args, axis) for axis in SWEEP_AXES if getattr(args, axis)}
     varied = [axis for axis, values in given.items() if len(values) > 1 or axis == "compare"]
@@ -2447,23 +3053,15 @@ def sweep_points(args) -> tuple[str, list]:
         raise UserError(f"sweep one axis at a time: {' and '.join('--' + a.replace('_', '-') for a in varied)} "
                         f"both have several values")
     if varied:
-        return varied[0], given[varied[0]]
-    if args.trace:
+        axis, values = varied[0], given[varied[0]]
+    elif args.trace:
         return "trace", [args.trace]
-    axis = "rate" if args.rate else "concurrency"
-    return axis, given.get(axis) or [1, 8, 32, 128, 256]
-
-
-def point_args(args, axis: str, value) -> argparse.Namespace:
-    point = argparse.Namespace(**vars(args))
-    for name in SWEEP_AXES:
-        values = getattr(args, name)
-        setattr(point, name, value if name == axis else (values[0] if values else None))
-    if axis == "compare":
-        point.batching, point.kv_layout = COMPARE_MODES[value]
-    if axis == "kv_link_gbs" and value == "colocated":
-        point.kv_link_gbs = None
-    return point
+    else:
+        axis = "rate" if args.rate else "concurrency"
+        values = given.get(axis) or [1, 8, 32, 128, 256]
+    if axis == "kv_link_gbs":
+        values = ["colocated"] + list(values)     # the baseline the link has to beat
+    return axis, values
 
 
 SWEEP_TABLES = {
@@ -2504,35 +3102,33 @@ def colocation_verdict(results: list[dict]) -> str:
 def cmd_sweep(args) -> int:
     if args.trace and (args.concurrency or args.rate):
         raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
-    fill_workload_defaults(args)
-    axis, values = sweep_points(args)
-    if axis == "kv_link_gbs":
-        values = ["colocated"] + list(values)     # the baseline the link has to beat
+    axis, values = sweep_axis(args)
+    spec = spec_from_args(args)
+    check_spec(spec)
     progress = Progress("sweep")
+    table = None
+    if not (args.json or args.csv):
+        workload = (f"trace {args.trace}" if args.trace else
+                    f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  "
+                    f"output {spec.output_tokens}"
+                    + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
+        hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or axis == "kv_link_gbs" else spec.hardware
+        table = SweepTable(f"sweep {spec.model.name} on {hardware.name}  {workload}", axis.replace("_", "-"),
+                           values, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
+        table.header()
     results = []
-    for i, value in enumerate(values):
-        progress(f"{axis.replace('_', '-')} {value} ({i + 1}/{len(values)})")
-        point = point_args(args, axis, value)
-        concurrency = None if point.trace or point.rate else point.concurrency or 32
-        result = run_simulation(point, concurrency, point.rate, progress)
-        result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, value
+    for result in iter_sweep(spec, axis, values, args.jobs):
         results.append(result)
-    verdict = colocation_verdict(results) if axis == "kv_link_gbs" else None
+        progress(f"{axis.replace('_', '-')} {result['config']['sweep_value']} done ({len(results)}/{len(values)})")
+        if table:
+            table.row(result)
     if args.json:
         print(json.dumps(results, indent=2))
     elif args.csv:
         print_csv(results)
-    else:
-        first = results[-1]["config"]
-        workload = (f"trace {args.trace}" if args.trace else
-                    f"{args.requests:,} requests  prompt {args.prompt_tokens}  output {args.output_tokens}"
-                    + (f"  prefix {args.prefix_tokens} x {args.num_prefixes}" if args.prefix_tokens else ""))
-        print_sweep(f"sweep {first['model']} on {first['hardware']}  {workload}", axis.replace("_", "-"),
-                    results, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
-        if verdict:
-            print(verdict)
+    elif axis == "kv_link_gbs":
+        print(colocation_verdict(results))
     return 1 if any(r["failed"] for r in results) else 0
-
 
 def cmd_loadgen(args) -> int:
     if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
@@ -2555,9 +3151,9 @@ def cmd_loadgen(args) -> int:
     arrays = detailed_arrays(records)
     if args.simulate:
         shape = server_shape(Http(config.url, config.timeout_s, config.api_key)) or {}
-        engine = SchedulerConfig(**{k: v for k, v in shape.items() if k != "kv_tokens"})
-        predicted = replay({**result, **arrays}, hardware, model, engine, shape.get("kv_tokens"))
-        title = (f"servesim {hardware.name} / {model.name}, {engine.max_num_seqs} seqs, "
+        spec = RunSpec(hardware=hardware, model=model, **shape)
+        predicted = replay({**result, **arrays}, spec)
+        title = (f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs, "
                  f"{predicted['config']['kv_tokens']:,} kv tokens"
                  + ("" if shape else " (no llama.cpp /props: simulator defaults)"))
         simulated = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
@@ -2703,6 +3299,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the same workload through each of static, slots, paged (continuous batching "
                         "over a paged cache) and print one table with row utilisation and KV reserved "
                         "versus used (default: off)")
+    p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help="run points in N processes; the output is the same as with 1 (default: the number of "
+                        "cores, %(default)s here)")
     out = p.add_argument_group("output").add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="a JSON list, one simulate --json object per point")
     out.add_argument("--csv", action="store_true", help="CSV, one row per point, nested keys dotted")

@@ -9,8 +9,9 @@ H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
 
 
 def engine(blocks=1000, block_size=16, hardware=H100, **config):
-    plan = main.plan_capacity(hardware, LLAMA, block_size=block_size, num_gpu_blocks=blocks)
-    return main.Engine(hardware, LLAMA, plan, main.SchedulerConfig(block_size=block_size, **config))
+    """An engine stepping the per-step rule, with the variation the config names."""
+    spec = main.RunSpec(hardware=hardware, num_gpu_blocks=blocks, block_size=block_size, engine="step", **config)
+    return main.build_engines(spec)[0][0]
 
 
 def req(id, prompt, output, **kw):
@@ -24,7 +25,7 @@ class MaxTokensInFlight(unittest.TestCase):
         e = engine(max_tokens_in_flight=cap)
         requests = [req(i, 890, 10) for i in range(4)]        # 900 tokens each
         for r in requests:
-            e.add(r)
+            e.scheduler.add(r)
         most = 0
         while e.has_work():
             e.step()
@@ -52,23 +53,22 @@ class MaxTokensInFlight(unittest.TestCase):
     def test_a_request_over_the_cap_fails(self):
         e = engine(max_tokens_in_flight=500)
         r = req(0, 890, 10)
-        e.add(r)
+        e.scheduler.add(r)
         self.assertIn("--max-tokens-in-flight", r.error)
 
 
 class Disaggregation(unittest.TestCase):
     """The Hard exercise."""
 
-    def simulate(self, requests, *flags):
-        args = main.build_parser().parse_args(["simulate", "--max-model-len", "16384", "--detailed", *flags])
-        engines, link = main.build_engines(args, detailed=True)
+    def simulate(self, requests, **spec):
+        engines, link = main.build_engines(main.RunSpec(max_model_len=16384, detailed=True, **spec))
         main.simulate(engines, requests)
         return engines, link
 
     def test_a_2000_token_prompt_waits_about_10_ms_on_a_25_gbs_link(self):
         alone, together = req(0, 2000, 5), req(0, 2000, 5)
         self.simulate([alone])
-        _, link = self.simulate([together], "--kv-link-gbs", "25")
+        _, link = self.simulate([together], disaggregate=True, kv_link_gbs=25)
         wait_ms = (together.first_token_s - alone.first_token_s) * 1000
         self.assertAlmostEqual(wait_ms, 2000 * 131072 / 25e9 * 1000, delta=0.01)
         self.assertAlmostEqual(wait_ms, 10.5, delta=0.1)
@@ -76,7 +76,7 @@ class Disaggregation(unittest.TestCase):
 
     def test_transfers_queue_on_the_link(self):
         a, b = req(0, 2000, 5), req(1, 2000, 5)
-        _, link = self.simulate([a, b], "--kv-link-gbs", "25")
+        _, link = self.simulate([a, b], disaggregate=True, kv_link_gbs=25)
         self.assertAlmostEqual(b.first_token_s - a.first_token_s, 2000 * 131072 / 25e9, delta=1e-6)
         self.assertGreater(link.wait_s, 2 * 2000 * 131072 / 25e9)
 
@@ -85,7 +85,7 @@ class Disaggregation(unittest.TestCase):
             return [req(i, 100, 200) for i in range(8)] + [req(8, 8000, 10, sent_s=0.5)]
         colocated, split = chats(), chats()
         self.simulate(colocated)
-        self.simulate(split, "--disaggregate")
+        self.simulate(split, disaggregate=True)
         worst = lambda rs: max(max(b - a for a, b in zip(r.token_times[1:], r.token_times[2:])) for r in rs[:8])
         decode_step = main.step_seconds(H100, LLAMA, 9, 9 * 300, 9)
         self.assertGreater(worst(colocated), 10 * decode_step)     # a 8,000-token prefill landed in a step
@@ -111,18 +111,18 @@ class Disaggregation(unittest.TestCase):
 class StaticBatching(unittest.TestCase):
     def test_outputs_of_10_and_100_in_one_batch_of_2_cost_198_rows_for_108_useful(self):
         e = engine(batching="static", max_num_seqs=2)
-        e.add(req(0, 50, 10))
-        e.add(req(1, 50, 100))
+        e.scheduler.add(req(0, 50, 10))
+        e.scheduler.add(req(1, 50, 100))
         while e.has_work():
             e.step()
-        self.assertEqual(e.steps, 100)                      # one prefill, 99 decode steps
-        self.assertEqual((e.decode_rows, e.useful_rows), (198, 108))
-        self.assertAlmostEqual(main.engine_report(e, 1)["row_utilisation"], 108 / 198)
+        self.assertEqual(e.stats.steps, 100)                      # one prefill, 99 decode steps
+        self.assertEqual((e.stats.decode_rows, e.stats.useful_rows), (198, 108))
+        self.assertAlmostEqual(e.report(1)["row_utilisation"], 108 / 198)
 
     def test_the_prefill_is_left_padded_to_the_longest_prompt(self):
         e = engine(batching="static", max_num_seqs=2)
-        e.add(req(0, 10, 5))
-        e.add(req(1, 100, 5))
+        e.scheduler.add(req(0, 10, 5))
+        e.scheduler.add(req(1, 100, 5))
         e.step()
         self.assertAlmostEqual(e.clock, main.step_seconds(H100, LLAMA, 200, 200, 2))
 
@@ -136,25 +136,25 @@ class StaticBatching(unittest.TestCase):
     def test_kv_reserved_is_every_row_padded_to_prompt_plus_longest_output(self):
         e = engine(batching="static", max_num_seqs=2)
         main.simulate(e, [req(0, 10, 5), req(1, 100, 50)])
-        self.assertEqual(e.kv_reserved_peak, 2 * (100 + 50))
+        self.assertEqual(e.stats.kv_reserved_peak, 2 * (100 + 50))
 
 
 class SlotLayout(unittest.TestCase):
     """llama.cpp with --parallel 4 --ctx-size 4096: four fixed 1,024-token contexts."""
 
-    def slots(self, **config):
-        plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)
-        return main.Engine(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], plan,
-                           main.SchedulerConfig(kv_layout="slots", max_num_seqs=4, **config))
+    def slots(self, kv_layout="slots"):
+        spec = main.RunSpec(hardware=main.HARDWARE["cpu-4vcpu"], model=main.MODELS["smollm2-135m-q8_0"],
+                            kv_tokens=4096, max_num_seqs=4, kv_layout=kv_layout, engine="step")
+        return main.build_engines(spec)[0][0]
 
     def test_a_request_longer_than_one_slot_fails_even_with_idle_slots(self):
         e = self.slots()
         too_long, fits = req(0, 1000, 100), req(1, 900, 100)
-        e.add(too_long)
-        e.add(fits)
+        e.scheduler.add(too_long)
+        e.scheduler.add(fits)
         self.assertIn("the request exceeds the available context size", too_long.error)
         self.assertIsNone(fits.error)
-        self.assertEqual(e.done, [too_long])
+        self.assertEqual(e.scheduler.done, [too_long])
 
     def test_a_fifth_request_waits_for_a_free_slot_and_nobody_is_preempted(self):
         e = self.slots()
@@ -162,12 +162,10 @@ class SlotLayout(unittest.TestCase):
         main.simulate(e, requests)
         self.assertEqual(e.scheduler.preemptions, 0)
         self.assertEqual(requests[4].queue_s, min(r.last_token_s for r in requests[:4]))
-        self.assertEqual(e.kv_reserved_peak, 4096)           # the whole cache, set aside up front
+        self.assertEqual(e.stats.kv_reserved_peak, 4096)           # the whole cache, set aside up front
 
     def test_the_paged_cache_of_the_same_size_runs_what_slots_reject(self):
-        plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)
-        e = main.Engine(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], plan,
-                        main.SchedulerConfig(max_num_seqs=4))
+        e = self.slots(kv_layout="paged")
         r = req(0, 1000, 100)
         main.simulate(e, [r])
         self.assertIsNone(r.error)

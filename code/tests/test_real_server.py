@@ -155,8 +155,9 @@ class CalibrateOnARealServer(unittest.TestCase):
                                      "--out", out)
         self.assertEqual(code, 0, err)
         hardware = main.load_preset("hardware", out, main.HARDWARE, main.Hardware)
-        shape = main.SchedulerConfig(max_num_seqs=SLOTS, max_num_batched_tokens=2048)
-        predicted = main.replay(state[8], hardware, main.MODELS["smollm2-135m-q8_0"], shape, CONTEXT)
+        spec = main.RunSpec(hardware=hardware, model=main.MODELS["smollm2-135m-q8_0"], max_num_seqs=SLOTS,
+                            max_num_batched_tokens=2048, kv_tokens=CONTEXT)
+        predicted = main.replay(state[8], spec)
         throughput = predicted["output_throughput"] / state[8]["output_throughput"] - 1
         tpot = predicted["median_tpot_ms"] / state[8]["median_tpot_ms"] - 1
         ttft = predicted["median_ttft_ms"] / state[8]["median_ttft_ms"] - 1
