@@ -5,13 +5,19 @@ Subcommands:
   capacity   the memory plan: weights, KV per token, KV blocks, max concurrency, decode step cost
   simulate   one run of a vLLM-style scheduler on a virtual clock (continuous batching,
              chunked prefill, paged KV cache with prefix sharing and recompute preemption)
-  sweep      the same run at several concurrencies or rates, one table
+  sweep      the same run at several concurrencies, rates or settings, one table
   loadgen    the same metrics measured from a real OpenAI-compatible server's stream
+  calibrate  fit the cost model's bandwidth, FLOPS and overheads to measured runs
+  explain    the tuning runbook's decision table applied to a scrape or a report
   presets    the hardware and model presets
 
-The file reads top to bottom in the order the ideas are taught: presets, memory plan, cost
-model, block pool, request, scheduler, simulation, metrics, load generator, reports, command
-line. Standard library only.
+The file reads top to bottom in the order the lesson teaches, core first:
+  presets, memory plan, cost model (Roofline), block pool, request, scheduler (the per-step
+  rule), engine and simulate(), workload, metrics;
+then each variation on the core, one section each: the in-flight cap, static batching, slots,
+prefill/decode disaggregation; then speed (the event engine, tested against the per-step rule);
+then the API the command line calls (RunSpec, run, sweep); then the edges: trace files, the load
+generator, calibration, diagnosis, reports and the command line. Standard library only.
 """
 from __future__ import annotations
 
