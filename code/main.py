@@ -22,18 +22,25 @@ generator, calibration, diagnosis, reports and the command line. Standard librar
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import bisect
 import heapq
-import concurrent.futures
 import csv
+import difflib
+import functools
 import http.client
+import io
 import itertools
 import json
 import math
+import multiprocessing
 import operator
 import os
 import random
+import re
 import shlex
+import signal
 import socket
 import sys
 import threading
@@ -42,6 +49,9 @@ import urllib.parse
 from collections import Counter, defaultdict, deque
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Callable, Iterable, Iterator, Optional
+
+if sys.version_info < (3, 10):
+    sys.exit(f"servesim needs Python 3.10 or newer; this is {sys.version.split()[0]}")
 
 GIB = 2**30
 KIB = 2**10
@@ -111,38 +121,6 @@ MODELS = {m.name: m for m in [
     ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128),
     ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32),
 ]}
-
-
-def load_preset(kind: str, value: str, presets: dict, cls):
-    """A preset name, or a path to a JSON file with the dataclass's fields."""
-    if value in presets:
-        return presets[value]
-    if not os.path.exists(value):
-        raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
-                        f"or a path to a JSON file with the same fields (see: main.py presets)")
-    try:
-        with open(value) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{kind} file {value}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{kind} file {value}: expected a JSON object like the output of `main.py presets --json`")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    missing = sorted(n for n, f in known.items() if f.default is MISSING and n not in data)
-    if unknown or missing:
-        raise UserError(f"{kind} file {value}: unknown fields {unknown}, missing fields {missing}; "
-                        f"expected {', '.join(known)}")
-    for name, v in data.items():
-        if name == "name":
-            if not isinstance(v, str) or not v:
-                raise UserError(f"{kind} file {value}: field 'name' must be a non-empty string")
-        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (v == 0 and name not in ("step_overhead_ms", "reserve_gib", "seq_overhead_ms")):
-            raise UserError(f"{kind} file {value}: field {name!r} must be a positive number, got {v!r}")
-        elif known[name].type == "int" and v != int(v):
-            raise UserError(f"{kind} file {value}: field {name!r} must be a whole number, got {v!r}")
-    return cls(**{k: int(v) if known[k].type == "int" else v for k, v in data.items()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +255,7 @@ class BlockPool:
         self.key_of: dict[int, object] = {}
         self.cached: dict[object, int] = {}
         self.holders: dict[int, int] = {}    # keyed blocks in use -> how many requests hold them
+        self.extra_holds = 0                 # holders beyond the first, summed over those blocks
         self.evictions = 0
 
     def free_count(self) -> int:
@@ -335,6 +314,7 @@ class BlockPool:
             return True
         if holders > 1:
             self.holders[block] = holders - 1
+            self.extra_holds -= 1
             return False
         del self.holders[block]
         return True
@@ -373,6 +353,7 @@ class BlockPool:
         for block in blocks:
             if block in self.holders:
                 self.holders[block] += 1
+                self.extra_holds += 1
             else:
                 self.holders[block] = 1
                 self.in_use += 1
@@ -709,7 +690,9 @@ class EngineStats:
         self.useful_rows += batch.decodes
         reserved = scheduler.reserved_tokens()
         self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
-        self.kv_used_share += batch.context / reserved if reserved else 0.0
+        # Tokens held: what the batch reads, a shared prefix block counted once.
+        held = batch.context - scheduler.pool.extra_holds * scheduler.config.block_size
+        self.kv_used_share += held / reserved if reserved else 0.0
 
     def report(self, scheduler: Scheduler, span: float) -> dict:
         pool = scheduler.pool
@@ -942,7 +925,11 @@ def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
         result[f"std_{name}_ms"] = d["std"]
         for p in PERCENTILES[1:]:
             result[f"p{p}_{name}_ms"] = d[f"p{p}"]
-    result["errors_by_kind"] = dict(Counter(error_kind(r.error) for r in requests if r.error is not None))
+    failures = [r.error for r in requests if r.error is not None]
+    result["errors_by_kind"] = dict(Counter(map(error_kind, failures)))
+    result["first_error_by_kind"] = {}
+    for error in failures:
+        result["first_error_by_kind"].setdefault(error_kind(error), error)
     return result
 
 
@@ -1342,7 +1329,8 @@ class EventEngine(Engine):
             stats.useful_rows += n
             reserved = s.reserved_tokens()
             stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
-            stats.kv_used_share += context / reserved if reserved else 0.0
+            held = context - s.pool.extra_holds * block_size
+            stats.kv_used_share += held / reserved if reserved else 0.0
             # EventScheduler.update with nobody handled on their own.
             clock += duration
             gap = round(clock - s.last_end, ITL_DIGITS)
@@ -1370,6 +1358,7 @@ class Trace:
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
+MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
 DEFAULT_CLIENTS = 32
 
 
@@ -1487,6 +1476,9 @@ def make_requests(spec: RunSpec) -> list[Request]:
     if spec.rate:
         # Drawn after the lengths, so a rate sweep sees the same requests.
         poisson_arrivals(requests, spec.rate, rng)
+        if requests[-1].sent_s > MAX_ARRIVAL_S:
+            raise UserError(f"--rate {spec.rate:g} spreads {len(requests):,} requests over "
+                            f"{requests[-1].sent_s / 86400:,.0f} days; servesim simulates up to a year of arrivals")
     return requests
 
 
@@ -1545,27 +1537,38 @@ def sweep_point(spec: RunSpec, axis: str, value) -> RunSpec:
     return replace(spec, **{axis: value})
 
 
-def run_point(spec: RunSpec, axis: str, value) -> dict:
-    result = run(sweep_point(spec, axis, value))
+def run_point(spec: RunSpec, axis: str, value, progress: Optional[Callable[[str], None]] = None) -> dict:
+    result = run(sweep_point(spec, axis, value), progress)
     result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, value
     return result
 
 
-def iter_sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> Iterator[dict]:
+def quiet_worker() -> None:
+    """Sweep workers leave Ctrl-C and SIGTERM to the parent, which stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def iter_sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1,
+               progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
     """Each point's result, in the order of `values`, as soon as it and those before it are done.
     With jobs > 1 the points run in that many processes; the results are the same."""
     if jobs <= 1 or len(values) <= 1:
         for value in values:
-            yield run_point(spec, axis, value)
+            point = (lambda text, value=value: progress(f"{axis.replace('_', '-')} {value}: {text}")) if progress else None
+            yield run_point(spec, axis, value, point)
         return
-    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(values))) as pool:
-        futures = [pool.submit(run_point, spec, axis, value) for value in values]
-        try:
-            for future in futures:
-                yield future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+    pool = multiprocessing.Pool(min(jobs, len(values)), initializer=quiet_worker)
+    try:
+        yield from pool.imap(functools.partial(run_point_at, spec, axis), values)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def run_point_at(spec: RunSpec, axis: str, value) -> dict:
+    return run_point(spec, axis, value)
 
 
 def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
@@ -1573,27 +1576,104 @@ def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Trace files: one request per JSONL line, each line checked into a one-line error.
+# Readers: every file a user hands servesim (presets, traces, prompts, reports, scrapes) is read
+# here, and whatever is wrong with it becomes one line naming the file, the line and the fix.
 # ---------------------------------------------------------------------------------------------
 
-TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
-                "prefix": str, "prefix_tokens": int}
+def read_text(path: str, kind: str) -> str:
+    """A text file as UTF-8 (a BOM is fine); anything else is a one-line error."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
+    if b"\0" in raw[:65536]:
+        raise UserError(f"{kind} {path}: is a binary file, not text")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{kind} {path}: is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start:,}); "
+                        f"save it as UTF-8") from None
+
+
+def parse_json(text: str, where: str, expect: str):
+    """JSON, or a one-line error: bad syntax, integers past Python's 4,300 digits, deep nesting."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{where}: JSON nested too deeply; {expect}") from None
+    except ValueError as e:
+        reason = getattr(e, "msg", None) or str(e).split(";")[0]
+        raise UserError(f"{where}: not valid JSON ({reason}); {expect}") from None
+
+
+# What a preset's numbers may be: (lowest, highest, note). Real devices and models sit well inside.
+PRESET_RANGES = {
+    "memory_gib": (0.5, 100_000, "GiB of device memory"),
+    "bandwidth_gbs": (1, 100_000, "GB/s; an H100 has 3,350"),
+    "tflops": (0.001, 100_000, "dense TFLOPS; an H100 has 989"),
+    "mbu": (0, 1, "a fraction of peak bandwidth"), "mfu": (0, 1, "a fraction of peak FLOPS"),
+    "step_overhead_ms": (0, 10_000, "ms"), "seq_overhead_ms": (0, 10_000, "ms"),
+    "reserve_gib": (0, 100_000, "GiB"),
+    "params": (1e6, 1e14, "a parameter count: 8.03e9 for an 8B model"),
+    "layers": (1, 10_000, ""), "kv_heads": (1, 4096, ""), "head_dim": (1, 65_536, ""),
+    "weight_dtype_bytes": (0.1, 8, "bytes per weight: 2 for BF16, 1 for FP8"),
+    "kv_dtype_bytes": (1, 8, "bytes per KV element: 2 for BF16, 1 for FP8"),
+}
+
+
+def load_preset(kind: str, value: str, presets: dict, cls):
+    """A preset name, or a path to a JSON file with the dataclass's fields."""
+    if value in presets:
+        return presets[value]
+    if not os.path.exists(value):
+        raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
+                        f"or a path to a JSON file with the same fields (see: main.py presets)")
+    where = f"{kind} file {value}"
+    data = parse_json(read_text(value, f"{kind} file"), where, "expected one entry of `main.py presets --json`")
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object like one entry of `main.py presets --json`")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    missing = sorted(n for n, f in known.items() if f.default is MISSING and n not in data)
+    if unknown or missing:
+        raise UserError(f"{where}: unknown fields {unknown}, missing fields {missing}; "
+                        f"expected {', '.join(known)}")
+    for name, v in data.items():
+        if name == "name":
+            if not isinstance(v, str) or not v.strip() or len(v) > 200:
+                raise UserError(f"{where}: field 'name' must be a non-empty string")
+            continue
+        low, high, note = PRESET_RANGES[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise UserError(f"{where}: field {name!r} must be a number, got {v!r}")
+        if low == 0 and high == 1 and 1 < v <= 100:
+            raise UserError(f"{where}: field {name!r} is {note} in (0, 1]; {v!r} looks like a percent: "
+                            f"write {v / 100:g}")
+        inside = (low < v <= high) if (low, high) == (0, 1) else (low <= v <= high)
+        if not inside:
+            raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:g} ({note}), got {v!r}"
+                            .replace(" ()", ""))
+        if known[name].type == "int" and v != int(v):
+            raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
+    preset = cls(**{k: int(v) if known[k].type == "int" else v for k, v in data.items()})
+    if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
+        raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
+    return preset
 
 
 def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
     """(where, parsed line) for each non-blank line; an unreadable file or line is a UserError."""
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except OSError as e:
-        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_text(path, kind).splitlines(), 1):
         if line.strip():
             where = f"{kind} {path} line {number}"
-            try:
-                yield where, json.loads(line)
-            except ValueError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+            yield where, parse_json(line, where, "each line must be one JSON object")
+
+
+TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
+                "prefix": str, "prefix_tokens": int}
 
 
 def read_trace(path: str) -> Trace:
@@ -1616,13 +1696,14 @@ def read_trace(path: str) -> Trace:
             if kind is str:
                 ok = isinstance(value, str) and value != ""
             elif kind is int:
-                ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if name == "prefix_tokens" else 1)
+                ok = isinstance(value, int) and not isinstance(value, bool) \
+                    and (0 if name == "prefix_tokens" else 1) <= value <= 10**8
             else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_ARRIVAL_S
             if not ok:
-                want = {"arrival": "a number of seconds >= 0", "prefix": "a non-empty string",
-                        "prefix_tokens": "an integer >= 0"}.get(name, "a positive integer")
-                raise UserError(f"{where}: field {name!r} must be {want}, got {value!r}")
+                want = {"arrival": "seconds from 0 to a year (31,536,000)", "prefix": "a non-empty string",
+                        "prefix_tokens": "a whole number from 0 to 100,000,000"}.get(name, "a whole number from 1 to 100,000,000")
+                raise UserError(f"{where}: field {name!r} must be {want}, got {str(value)[:40]}")
         if row.get("prefix_tokens", 0) > row["prompt_tokens"]:
             raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
         if row.get("prefix_tokens") and "prefix" not in row:
@@ -1695,6 +1776,7 @@ class LoadConfig:
     prompts: Optional[list] = None      # messages lists from --prompts FILE
     seed: int = 7
     timeout_s: float = 120.0
+    request_timeout_s: Optional[float] = None
     scrape_interval_s: float = 1.0
     api_key: Optional[str] = None
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
@@ -1704,76 +1786,159 @@ class ServerUnreachable(CapacityError):
     pass
 
 
-def split_url(url: str) -> tuple[str, str, int, str]:
-    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--url {url!r}: expected http://HOST:PORT, the server's base address")
+MAX_LINE_BYTES = 1 << 20      # an event stream line longer than this is a broken stream
+
+
+def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
+    """scheme, host, port, base path and (user, password) of --url, checked into one-line errors."""
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise UserError(f"--url {url!r}: the port is not a number") from None
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        port = parts.port
+    except ValueError as e:
+        raise UserError(f"--url {redact_url(url)!r}: not a URL ({e}); expected http://HOST:PORT") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--url {redact_url(url)!r}: expected http://HOST:PORT, the server's base address")
+    port = port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise UserError(f"--url {redact_url(url)!r}: cannot resolve the host {parts.hostname!r} ({e}); "
+                        f"expected http://HOST:PORT") from None
     base = parts.path.rstrip("/")
     base = base[:-3] if base.endswith("/v1") else base
-    return parts.scheme, parts.hostname, port, base
+    credentials = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) \
+        if parts.username is not None else None
+    return parts.scheme, parts.hostname, port, base, credentials
+
+
+def redact_url(url: str) -> str:
+    """The URL as reports print it: any user:password@ replaced."""
+    return re.sub(r"(?<=://)[^/@]*@", "***@", url)
 
 
 class Http:
-    """Plain http.client requests to one server; a refused connection is ServerUnreachable."""
+    """Plain http.client requests to one server. A refused connection is ServerUnreachable.
+    Credentials in the URL are sent as Basic auth and never printed; --api-key as a Bearer token."""
     def __init__(self, url: str, timeout_s: float, api_key: Optional[str]):
-        self.url = url
-        self.scheme, self.host, self.port, self.base = split_url(url)
+        self.url = redact_url(url)
+        self.scheme, self.host, self.port, self.base, credentials = split_url(url)
         self.timeout_s = timeout_s
         self.connection_class = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        self.secrets = [secret for secret in (api_key, *(credentials or ())) if secret]
+        if api_key and credentials:
+            raise UserError("--url carries a user and password and --api-key is given too: use one of them")
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
+        elif credentials:
+            token = base64.b64encode(":".join(credentials).encode()).decode()
+            self.headers["Authorization"] = f"Basic {token}"
+            self.secrets.append(token)
+
+    def redact(self, text: str) -> str:
+        """A server's words with our secrets taken out, and anything that looks like a key."""
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text)
 
     def open(self, method: str, path: str, body: Optional[bytes] = None):
         connection = self.connection_class(self.host, self.port, timeout=self.timeout_s)
         try:
             connection.request(method, self.base + path, body=body, headers=self.headers)
-            return connection, connection.getresponse()
+            sock = connection.sock       # getresponse() lets go of it when the server will close
+            response = connection.getresponse()
+            response.socket = sock       # the stream reader sets its deadlines on it
+            return connection, response
         except ConnectionRefusedError:
             connection.close()
             raise ServerUnreachable(f"cannot connect to {self.url}: connection refused; is the server "
                                     f"running and listening on {self.host}:{self.port}?") from None
-        except OSError:
+        except BaseException:
             connection.close()
             raise
 
     def get(self, path: str) -> tuple[int, bytes]:
         connection, response = self.open("GET", path)
         try:
-            return response.status, response.read()
+            return response.status, response.read(MAX_LINE_BYTES)
         finally:
             connection.close()
 
 
-def first_model(http: Http) -> str:
+def first_model(client: Http) -> str:
     try:
-        status, body = http.get("/v1/models")
+        status, body = client.get("/v1/models")
         if status == 200:
-            return json.loads(body)["data"][0]["id"]
-        problem = f"HTTP {status}: {body[:200].decode(errors='replace')}"
+            model = json.loads(body)["data"][0]["id"]
+            if isinstance(model, str) and model:
+                return model
+            problem = f"its first model id is {model!r}"
+        else:
+            problem = f"HTTP {status}: {client.redact(body[:200].decode(errors='replace'))}"
     except ServerUnreachable:
         raise
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        problem = f"{type(e).__name__}: {e}"
-    raise CapacityError(f"could not read the model id from {http.url}/v1/models ({problem}); pass --model")
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
+        problem = f"{type(e).__name__}: {client.redact(str(e))[:200]}"
+    raise CapacityError(f"could not read the model id from {client.url}/v1/models ({' '.join(problem.split())}); "
+                        f"this does not look like an OpenAI-compatible server, or pass --model")
 
 
-def read_stream(response, record: StreamRecord, max_events: int) -> None:
-    """Read server-sent events from a streaming chat completion into `record`."""
+class StreamError(Exception):
+    """A stream that broke its format: its message is the request's failure."""
+
+
+def stream_lines(response, sock, deadline: Callable[[], tuple[float, str]]) -> Iterator[tuple[bytes, float]]:
+    """(line, the time the read that completed it returned) from an HTTP body. Each read waits at
+    most until deadline() (a time and what it means), so a server that drips bytes or sends only
+    keep-alives cannot hold a request past it; a line longer than MAX_LINE_BYTES is an error."""
+    buffer = bytearray()
+    start, at = 0, time.perf_counter()
+    while True:
+        end = buffer.find(b"\n", start)
+        if end >= 0:
+            yield bytes(buffer[start:end]), at
+            start = end + 1
+            continue
+        del buffer[:start]
+        start = 0
+        if len(buffer) > MAX_LINE_BYTES:
+            raise StreamError(f"bad stream: a line longer than {MAX_LINE_BYTES // 1024:,} KiB")
+        limit, meaning = deadline()
+        remaining = limit - time.perf_counter()
+        if remaining <= 0:
+            raise StreamError(f"timeout: {meaning}")
+        sock.settimeout(remaining)
+        try:
+            chunk = response.read1(65536)
+        except (socket.timeout, TimeoutError):
+            raise StreamError(f"timeout: {meaning}") from None
+        at = time.perf_counter()
+        if not chunk:
+            if buffer:
+                yield bytes(buffer), at
+            return
+        buffer += chunk
+
+
+def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s: float,
+                request_timeout_s: Optional[float]) -> None:
+    """Read server-sent events from a streaming chat completion into `record`. --timeout bounds
+    the wait for each event (comments and keep-alives do not count); --request-timeout the whole
+    request."""
+    last_event = record.sent_s
+    request_end = record.sent_s + request_timeout_s if request_timeout_s else math.inf
+
+    def deadline() -> tuple[float, str]:
+        if last_event + timeout_s <= request_end:
+            return last_event + timeout_s, f"no event for {timeout_s:g} s (--timeout)"
+        return request_end, f"the request took longer than {request_timeout_s:g} s (--request-timeout)"
+
     data_lines: list[str] = []
     event_at = 0.0
     done = False
     events = 0
-    while True:
-        raw = response.readline()
-        at = time.perf_counter()   # before any parsing: the event's arrival time
-        if not raw:
-            break
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    for raw, at in stream_lines(response, sock, deadline):
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
         if line:
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
@@ -1781,82 +1946,103 @@ def read_stream(response, record: StreamRecord, max_events: int) -> None:
                 if not data_lines:
                     event_at = at
                 data_lines.append(value)
+                last_event = at
             elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
-                record.error = f"server error in stream: {value[:200]}"
-                return
+                raise StreamError(f"server error in stream: {value[:200]}")
             continue                  # comments (": keep-alive"), event:, id:, unknown fields
         if not data_lines:
             continue
         data, data_lines = "\n".join(data_lines), []
         events += 1
         if events > max_events:
-            record.error = f"bad stream: more than {max_events} events for this request"
-            return
+            raise StreamError(f"bad stream: more than {max_events:,} events for this request")
         if data.strip() == "[DONE]":
             done = True
             break
-        try:
-            event = json.loads(data)
-        except ValueError:
-            record.error = f"bad stream: an event is not JSON: {data[:80]!r}"
-            return
-        if not isinstance(event, dict):
-            record.error = f"bad stream: an event is not a JSON object: {data[:80]!r}"
-            return
-        if event.get("error"):
-            message = event["error"].get("message") if isinstance(event["error"], dict) else event["error"]
-            record.error = f"server error in stream: {str(message)[:200]}"
-            return
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content") or delta.get("reasoning_content"):
-                if record.first_token_s is None:
-                    record.first_token_s = event_at
-                record.token_times.append(event_at)
-                record.last_token_s = event_at
-            if choice.get("finish_reason"):
-                record.finish_reason = choice["finish_reason"]
-        usage = event.get("usage")
-        if usage:
-            record.usage_seen = True
-            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            record.output_tokens = int(usage.get("completion_tokens") or 0)
-        if isinstance(event.get("timings"), dict):
-            record.timings = event["timings"]
+        take_event(data, event_at, record)
     if data_lines and "".join(data_lines).strip() == "[DONE]":
         done = True            # a last event without its blank line
+    elif data_lines:
+        take_event("\n".join(data_lines), event_at, record)
+    if events == 0 and not done and not data_lines:
+        raise StreamError("not an event stream: the body held no data: lines")
     if record.finish_reason is None:
-        record.error = "truncated: the stream ended without a finish_reason"
-    elif not done:
-        record.error = "truncated: the stream ended without [DONE]"
-    elif record.first_token_s is None:
-        record.error = "empty answer: no content in the stream"
-    elif not record.usage_seen:
+        raise StreamError("truncated: the stream ended without a finish_reason")
+    if not done:
+        raise StreamError("truncated: the stream ended without [DONE]")
+    if record.first_token_s is None:
+        raise StreamError("empty answer: no content in the stream")
+    if not record.usage_seen:
         record.output_tokens = len(record.token_times)   # the server ignored include_usage
 
 
-def send_request(http: Http, body: dict, index: int, timeout_s: float, max_tokens: int) -> StreamRecord:
-    record = StreamRecord(index)
+def take_event(data: str, at: float, record: StreamRecord) -> None:
+    """One chat.completion.chunk into the record; a malformed one is a StreamError."""
+    try:
+        event = json.loads(data)
+    except (ValueError, RecursionError):
+        raise StreamError(f"bad stream: an event is not JSON: {data[:80]!r}") from None
+    if not isinstance(event, dict):
+        raise StreamError(f"bad stream: an event is not a JSON object: {data[:80]!r}")
+    if event.get("error"):
+        message = event["error"].get("message") if isinstance(event["error"], dict) else event["error"]
+        raise StreamError(f"server error in stream: {str(message)[:200]}")
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise StreamError(f"bad stream: choices is not a list of objects: {data[:80]!r}")
+    for choice in choices:
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise StreamError(f"bad stream: a delta is not an object: {data[:80]!r}")
+        if delta.get("content") or delta.get("reasoning_content"):
+            if record.first_token_s is None:
+                record.first_token_s = at
+            record.token_times.append(at)
+            record.last_token_s = at
+        if choice.get("finish_reason"):
+            record.finish_reason = str(choice["finish_reason"])
+    usage = event.get("usage")
+    if usage:
+        counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
+        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 10**9 for c in counts):
+            raise StreamError(f"bad stream: usage token counts are not whole numbers: {data[:120]!r}")
+        record.usage_seen = True
+        record.prompt_tokens, record.output_tokens = counts
+    if isinstance(event.get("timings"), dict):
+        record.timings = event["timings"]
+
+
+def send_request(client: Http, body: dict, record: StreamRecord, config: LoadConfig) -> None:
+    """One streaming request into `record`; whatever goes wrong becomes its error, by kind."""
     payload = json.dumps(body).encode()
     record.sent_s = time.perf_counter()
     connection = None
     try:
-        connection, response = http.open("POST", "/v1/chat/completions", payload)
+        connection, response = client.open("POST", "/v1/chat/completions", payload)
+        kind = response.getheader("Content-Type") or ""
         if response.status != 200:
             text = response.read(200).decode("utf-8", errors="replace")
             record.error = f"http {response.status}: {' '.join(text.split())}"
+        elif kind and "event-stream" not in kind:
+            text = response.read(200).decode("utf-8", errors="replace")
+            record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
         else:
-            read_stream(response, record, max_events=4 * max_tokens + 64)
-    except socket.timeout:
-        record.error = f"timeout: no event for {timeout_s:g} s"
+            read_stream(response, response.socket, record, 4 * config.max_tokens + 64, config.timeout_s,
+                        config.request_timeout_s)
+    except StreamError as e:
+        record.error = str(e)
+    except (socket.timeout, TimeoutError):
+        record.error = f"timeout: no answer for {config.timeout_s:g} s (--timeout)"
     except ServerUnreachable:
+        record.error = "connection: refused"
         raise
-    except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking
+    except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking, too many headers
         record.error = f"connection: {type(e).__name__}: {e}"[:240]
     finally:
         if connection is not None:
             connection.close()
-    return record
+        if record.error:
+            record.error = client.redact(record.error)
 
 
 def request_body(config: LoadConfig, model: str, index: int) -> dict:
@@ -1922,9 +2108,10 @@ class MetricsSampler:
     """Scrapes /metrics before, every interval during, and after a run; reports a missing
     endpoint once and carries on. Also measures how late a sleeping thread wakes, the client's
     own worst scheduling delay, which bounds how late an event's timestamp can be."""
-    def __init__(self, http: Http, interval_s: float):
-        self.http = http
+    def __init__(self, client: Http, interval_s: float):
+        self.client = client
         self.interval_s = interval_s
+        self.final_scrape = True
         self.scrapes: list[dict[str, float]] = []
         self.problem: Optional[str] = None
         self.worst_wake_delay_s = 0.0
@@ -1935,12 +2122,12 @@ class MetricsSampler:
         if self.problem:
             return
         try:
-            status, body = self.http.get("/metrics")
-        except (OSError, CapacityError) as e:
-            self.problem = f"/metrics could not be read ({type(e).__name__}: {e})"
+            status, body = self.client.get("/metrics")
+        except (OSError, http.client.HTTPException, CapacityError) as e:
+            self.problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
             return
         if status != 200:
-            detail = " ".join(body[:160].decode("utf-8", errors="replace").split())
+            detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
             self.problem = f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang --enable-metrics"
             return
         values = parse_prometheus(body.decode("utf-8", errors="replace"))
@@ -1966,8 +2153,8 @@ class MetricsSampler:
 
     def __exit__(self, *exc):
         self.stop.set()
-        self.thread.join(timeout=self.http.timeout_s)
-        if exc[0] is None:
+        self.thread.join(timeout=self.client.timeout_s)
+        if exc[0] is None and self.final_scrape:
             self.scrape()
 
 
@@ -2056,16 +2243,32 @@ def timings_report(records: list[StreamRecord]) -> Optional[dict]:
     }
 
 
-def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord]]:
+class Terminated(Exception):
+    """SIGTERM, raised in the main thread so that a run ends the way Ctrl-C ends it."""
+
+
+class Stopped(Exception):
+    """A run that ended early: the report still holds what was measured; main() prints the
+    message and exits with the code (1: the server went away, 130: Ctrl-C, 143: SIGTERM)."""
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
     """Closed loop: `concurrency` workers, each sending its next request when the last ends.
     Open loop (--rate): Poisson send times, at most `concurrency` in flight if given.
-    Both stop at --requests, and stop sending at --duration; requests in flight finish."""
-    http = Http(config.url, config.timeout_s, config.api_key)
-    model = config.model or first_model(http)
-    limit = config.requests if config.requests is not None else float("inf")
+    Both stop at --requests, and stop sending at --duration; requests in flight finish.
+    Every request's outcome is kept: a server that stops accepting connections, Ctrl-C or SIGTERM
+    end the run early, and the report holds what completed plus why it stopped."""
+    client = Http(config.url, config.timeout_s, config.api_key)
+    model = config.model or first_model(client)
+    limit = config.requests if config.requests is not None else math.inf
     lock = threading.Lock()
     records: list[StreamRecord] = []
-    aborted: list[BaseException] = []
+    in_flight: dict[int, StreamRecord] = {}
+    stop = threading.Event()
+    refused: list[str] = []
     issued = 0
     slots = threading.BoundedSemaphore(config.concurrency) if config.concurrency else None
     rng = random.Random(config.seed)
@@ -2073,19 +2276,25 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     def next_index() -> Optional[int]:
         nonlocal issued
         with lock:
-            if aborted or issued >= limit or (config.duration_s is not None and time.perf_counter() - started >= config.duration_s):
+            if stop.is_set() or issued >= limit or (config.duration_s is not None
+                                                    and time.perf_counter() - started >= config.duration_s):
                 return None
             issued += 1
             return issued - 1
 
     def send(index: int) -> None:
-        try:
-            record = send_request(http, request_body(config, model, index), index, config.timeout_s, config.max_tokens)
-        except BaseException as e:   # a refused connection stops the run; anything else is a bug to surface
-            with lock:
-                aborted.append(e)
-            return
+        record = StreamRecord(index)
         with lock:
+            in_flight[index] = record
+        try:
+            send_request(client, request_body(config, model, index), record, config)
+        except ServerUnreachable as e:
+            refused.append(str(e))
+            stop.set()                # the server is gone: send nothing more
+        except Exception as e:        # a bug of ours: keep the request, say what happened
+            record.error = f"client error: {type(e).__name__}: {e}"[:240]
+        with lock:
+            del in_flight[index]
             records.append(record)
         if progress:
             failed = sum(1 for r in records if r.error)
@@ -2102,30 +2311,50 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             if slots:
                 slots.release()
 
+    def open_loop() -> None:
+        send_at = started
+        while (index := next_index()) is not None:
+            delay = send_at - time.perf_counter()
+            if delay > 0 and stop.wait(delay):
+                break
+            while slots and not slots.acquire(timeout=0.1):
+                if stop.is_set():
+                    return
+            t = threading.Thread(target=open_loop_send, args=(index,), daemon=True)
+            t.start()
+            threads.append(t)
+            send_at += rng.expovariate(config.rate)
+
     threads: list = []
+    stopped: Optional[Stopped] = None
     cpu_before = time.process_time()
-    with MetricsSampler(http, config.scrape_interval_s) as sampler:
+    with MetricsSampler(client, config.scrape_interval_s) as sampler:
         started = time.perf_counter()
         if config.rate is None:
             threads = [threading.Thread(target=worker, daemon=True) for _ in range(config.concurrency or 1)]
-            for t in threads:
-                t.start()
         else:
-            send_at = started
-            while (index := next_index()) is not None:
-                delay = send_at - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                if slots:
-                    slots.acquire()
-                t = threading.Thread(target=open_loop_send, args=(index,), daemon=True)
-                t.start()
-                threads.append(t)
-                send_at += rng.expovariate(config.rate)
-        for t in threads:
-            t.join()
-    if aborted:
-        raise aborted[0]
+            threads = [threading.Thread(target=open_loop, daemon=True)]
+        for t in list(threads):
+            t.start()
+        try:
+            while any(t.is_alive() for t in list(threads)):
+                time.sleep(0.05)
+        except (KeyboardInterrupt, Terminated) as e:
+            stop.set()
+            sampler.final_scrape = False
+            code = 143 if isinstance(e, Terminated) else 130
+            stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(records):,} "
+                                    f"requests ended; {len(in_flight):,} in flight were stopped")
+        with lock:
+            for record in in_flight.values():
+                record.error = "interrupted: the run was stopped before this request ended"
+                records.append(record)
+            in_flight.clear()
+    if refused and not stopped:
+        if not any(r.error is None or not r.error.startswith("connection: refused") for r in records):
+            raise ServerUnreachable(refused[0])
+        stopped = Stopped(1, f"the server stopped accepting connections after {len(records):,} requests "
+                             f"({refused[0]}); the report has every request sent")
     cpu = time.process_time() - cpu_before
     records.sort(key=lambda r: r.index)
     result = summarize(records)
@@ -2134,11 +2363,16 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["server"]["problem"] = sampler.problem
     result["timings"] = timings_report(records)
     finish = Counter(r.finish_reason for r in records if r.error is None)
+    short = [r for r in records if r.error is None and config.ignore_eos and r.usage_seen
+             and r.output_tokens < config.max_tokens]
     result["client"] = {
         "cpu_seconds": cpu,
         "worst_wake_delay_ms": sampler.worst_wake_delay_s * 1000,
         "finish_reasons": dict(finish),
         "requests_without_usage": sum(1 for r in records if r.error is None and not r.usage_seen),
+        "short_of_max_tokens": len(short),
+        "short_finish_reasons": dict(Counter(r.finish_reason for r in short)),
+        "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
     }
     generated = result["server"].get("generated_tokens")
     result["server"]["client_output_tokens"] = result["total_output_tokens"]
@@ -2146,15 +2380,21 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     shape = (f"poisson {config.rate:g} req/s" + (f", at most {config.concurrency} in flight" if config.concurrency else "")
              if config.rate else f"closed loop {config.concurrency or 1} clients")
     result["config"] = {
-        "title": f"loadgen {model} at {config.url}  {len(records):,} requests  {shape}",
-        "url": config.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
+        "title": f"loadgen {model} at {client.url}  {len(records):,} requests  {shape}",
+        "url": client.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
         "num_prompts": len(records), "duration_limit_s": config.duration_s, "max_tokens": config.max_tokens,
         "ignore_eos": config.ignore_eos, "prompt_words": None if config.prompts else config.prompt_words,
         "prefix_words": config.prefix_words, "prompts_file": bool(config.prompts), "seed": config.seed,
         "run_id": config.run_id,
-        "timeout_s": config.timeout_s,
+        "timeout_s": config.timeout_s, "request_timeout_s": config.request_timeout_s,
     }
-    return result, records
+    if stopped:
+        result["stopped"] = stopped.message
+    kinds = {error_kind(r.error) for r in records if r.error}
+    if records and all(r.error for r in records) and kinds <= {"http 404", "http 405", "http 501", "not an event stream"}:
+        result["hint"] = (f"this does not look like an OpenAI-compatible server: POST {client.url}/v1/chat/completions "
+                          f"answered {', '.join(sorted(kinds))}; is --url the server's base address?")
+    return result, records, stopped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2287,16 +2527,21 @@ def replay(report: dict, spec: RunSpec) -> dict:
     return result
 
 
-def server_shape(http: Http) -> Optional[dict]:
-    """llama.cpp's slots and per-slot context from /props, to simulate the same server."""
+def server_shape(client: Http) -> tuple[dict, str]:
+    """llama.cpp's slots and per-slot context from /props, to simulate the same server, or no
+    shape and why not (then the simulator's defaults stand in)."""
     try:
-        status, body = http.get("/props")
-        props = json.loads(body) if status == 200 else {}
-        slots = int(props["total_slots"])
-        context = int(props["default_generation_settings"]["n_ctx"])
-    except (OSError, CapacityError, ValueError, KeyError, TypeError):
-        return None
-    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}
+        status, body = client.get("/props")
+        if status != 200:
+            return {}, f"no llama.cpp /props (HTTP {status}): simulator defaults"
+        props = json.loads(body)
+        slots, context = props["total_slots"], props["default_generation_settings"]["n_ctx"]
+    except (OSError, http.client.HTTPException, CapacityError, ValueError, KeyError, TypeError, RecursionError) as e:
+        return {}, f"no usable llama.cpp /props ({type(e).__name__}): simulator defaults"
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, context)) \
+            or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
+        return {}, f"/props reports {slots!r} slots of {context!r} tokens, not a server shape: simulator defaults"
+    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2400,6 +2645,8 @@ class Signals:
     output_tokens: Optional[float] = None
     throughput_trend: Optional[float] = None # throughput at the last sweep point / the one before
     waited_at_cap: Optional[bool] = None     # requests waited while the batch was at the cap (simulator)
+    prefix_caching: Optional[bool] = None    # already on, as the report's config or --server-flags say
+    scrape: bool = False                     # a /metrics snapshot, not a report of a run
 
 
 FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
@@ -2409,18 +2656,38 @@ FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
 }
 
 
+SWITCHES = {"--enable-prefix-caching": ("prefix_caching", True), "--no-enable-prefix-caching": ("prefix_caching", False)}
+
+
 def server_flags(text: str) -> dict:
+    """The server command line's flags that explain reads. Other flags are fine (a real command
+    line has many); one that looks like a misspelling of a flag it reads is a warning."""
     try:
         words = shlex.split(text)
     except ValueError as e:
         raise UserError(f"--server-flags: cannot split {text!r} ({e})") from None
-    found = {}
-    for flag, value in zip(words, words[1:]):
-        if flag in FLAG_NAMES:
+    found: dict = {}
+    i = 0
+    while i < len(words):
+        flag, value = words[i].partition("=")[::2] if words[i].startswith("--") else (words[i], "")
+        if flag in SWITCHES:
+            found[SWITCHES[flag][0]] = SWITCHES[flag][1]
+        elif flag in FLAG_NAMES:
+            if not value:
+                i += 1
+                value = words[i] if i < len(words) else ""
             try:
-                found[FLAG_NAMES[flag]] = int(value)
+                number = int(value.replace(",", "").replace("_", ""))
             except ValueError:
                 raise UserError(f"--server-flags: {flag} needs a whole number, got {value!r}") from None
+            if number < 1:
+                raise UserError(f"--server-flags: {flag} must be at least 1, got {number}")
+            found[FLAG_NAMES[flag]] = number
+        elif flag.startswith("-"):
+            close = difflib.get_close_matches(flag, [*FLAG_NAMES, *SWITCHES], n=1, cutoff=0.8)
+            if close:
+                sys.stderr.write(f"servesim: --server-flags: ignoring {flag}; did you mean {close[0]}?\n")
+        i += 1
     return found
 
 
@@ -2478,6 +2745,7 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.prefix_hit_rate, sig.mean_batch = engine["prefix_hit_rate"], engine["mean_batch"]
         sig.waited_at_cap = engine["steps_waiting_at_seq_cap"] > 0.05 * engine["steps"]
         sig.budget = config.get("max_num_batched_tokens")
+        sig.prefix_caching = config.get("prefix_caching")
         if sig.queue_ms is not None and sig.ttft_ms is not None:
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
         if config.get("hardware") in HARDWARE and config.get("model") in MODELS:
@@ -2501,16 +2769,13 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
 
 
 def read_signals(path: str) -> Signals:
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror})") from None
+    text = read_text(path, "explain input")
     name = os.path.basename(path)
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return signals_from_scrape(text, name)
+    if not text.lstrip().startswith(("{", "[")):
+        sig = signals_from_scrape(text, name)
+        sig.scrape = True
+        return sig
+    data = parse_json(text, f"explain input {path}", "pass a /metrics scrape, or a loadgen, simulate or sweep --json report")
     if isinstance(data, list) and data and all(isinstance(r, dict) and "median_ttft_ms" in r for r in data):
         # A sweep: diagnose its most loaded point, and keep the trend from the point before.
         return signals_from_report(data[-1], f"{name} (last of {len(data)} points)", data[-2] if len(data) > 1 else None)
@@ -2519,8 +2784,16 @@ def read_signals(path: str) -> Signals:
     raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")
 
 
+IDLE = Remedy("idle", "no request running or waiting, no latency in the input", "nothing: the server was idle",
+              {server: "nothing yet: scrape /metrics while the server is under load, or explain a loadgen report"
+               for server in ("vllm", "llama.cpp", "sglang")},
+              "none", "changing knobs on an idle server")
+
+
 def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     """The first row of the decision table whose signs the numbers show, and the evidence."""
+    if sig.scrape and not sig.running and not sig.waiting and sig.ttft_ms is None and sig.tpot_ms is None:
+        return IDLE, ["running 0, waiting 0 at the moment of the scrape"]
     waiting = (sig.waiting or 0) > 0 or (sig.queue_ms or 0) > 0.25 * (sig.ttft_ms or math.inf)
     # The simulator counts steps that were at the cap with requests waiting; a server's gauges only
     # give peaks, which must do.
@@ -2575,12 +2848,17 @@ def explain(sig: Signals) -> dict:
     if not arithmetic:
         arithmetic.append("not enough in this input to check: add --server-flags, or use a simulate report")
     server = sig.server if sig.server in ("vllm", "llama.cpp", "sglang") else "vllm"
+    change_first = remedy.knobs[server]
+    if remedy.symptom == "kv-bound" and sig.prefix_caching and server == "vllm":
+        # Prefix caching is already on: the rest of the row is what is left.
+        change_first = change_first.split("; else ", 1)[-1] + " (prefix caching is already on)"
+        evidence = evidence + ["prefix caching on"]
     return {
         "source": sig.source, "server": sig.server,
         "phase": phase, "phases_ms": phases, "ttft_ms": sig.ttft_ms,
         "binds": remedy.binds, "symptom": remedy.symptom, "evidence": evidence,
         "capacity": arithmetic,
-        "change_first": remedy.knobs[server], "knobs": remedy.knobs, "expected_effect": remedy.effect,
+        "change_first": change_first, "knobs": remedy.knobs, "expected_effect": remedy.effect,
         "will_not_help": remedy.will_not_help,
     }
 
@@ -2606,6 +2884,55 @@ def print_explanation(e: dict, w) -> None:
 # Reports: one printer for a run, simulated or measured, and one for a sweep table.
 # ---------------------------------------------------------------------------------------------
 
+def finite(value):
+    """The same report with NaN and infinities as null: JSON has no spelling for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def write_text(text: str, out=None) -> None:
+    """A finished report, written at once so an interrupt never leaves half of it."""
+    out = out or sys.stdout
+    try:
+        out.write(text if text.endswith("\n") else text + "\n")
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise CapacityError(f"cannot write the report: {e.strerror or e}") from None
+
+
+def write_json(report, out=None) -> None:
+    write_text(json.dumps(finite(report), indent=2, allow_nan=False), out)
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Before the work: a file we are asked to write must have a directory to go in."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UserError(f"{flag} {path}: the directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+
+
+def write_file(path: str, text: str) -> None:
+    """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1."""
+    partial = f"{path}.partial"
+    try:
+        with open(partial, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(partial, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 def number(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -2615,8 +2942,14 @@ def print_run(result: dict, out=sys.stdout) -> None:
     w = out.write
     w(f"{cfg['title']}\n")
     w(f"{'requests':<12}{result['completed']:,} completed  {result['failed']:,} failed\n")
+    examples = result.get("first_error_by_kind", {})
     for kind, count in sorted(result["errors_by_kind"].items()):
-        w(f"{'':<12}{count:,} x {kind}\n")
+        example = examples.get(kind, kind)
+        w(f"{'':<12}{count:,} x {example if len(example) <= 160 else example[:157] + '...'}\n")
+    if result.get("stopped"):
+        w(f"{'':<12}stopped early: {result['stopped']}\n")
+    if result.get("hint"):
+        w(f"{'':<12}{result['hint']}\n")
     engine = result.get("engine")
     if engine:
         w(f"{'kv cache':<12}{engine['num_blocks']:,} blocks x {engine['block_size']} tokens  "
@@ -2634,12 +2967,14 @@ def print_run(result: dict, out=sys.stdout) -> None:
           f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,}\n")
         w(f"{'link':<12}{link['gbs']:g} GB/s: {link['transfers']:,} transfers  mean wait {number(link['mean_wait_ms'])} ms "
           f"(queue + transfer)  busy {link['busy']:.1%}\n")
-    w(f"{'':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}\n")
-    for name, label in (("ttft", "ttft ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
-                        ("queue", "queue ms"), ("e2el", "e2e ms")):
-        row = [result[f"mean_{name}_ms"], result[f"median_{name}_ms"]] + \
-              [result[f"p{p}_{name}_ms"] for p in PERCENTILES[1:]]
-        w(f"{label:<12}" + "".join(f"{number(v):>10}" for v in row) + "\n")
+    rows = [(label, [number(result[f"{stat}_{name}_ms"]) for stat in ("mean", "median", "p90", "p95", "p99")])
+            for name, label in (("ttft", "ttft ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
+                                ("queue", "queue ms"), ("e2el", "e2e ms"))]
+    # Ten characters a column, wider where a value needs it: columns never run together.
+    widths = [max(10, *(len(cells[i]) + 2 for _, cells in rows)) for i in range(5)]
+    w(f"{'':<12}" + "".join(h.rjust(width) for h, width in zip(("mean", "p50", "p90", "p95", "p99"), widths)) + "\n")
+    for label, cells in rows:
+        w(f"{label:<12}" + "".join(c.rjust(width) for c, width in zip(cells, widths)) + "\n")
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
@@ -2707,9 +3042,12 @@ def side_by_side(measured: dict, predicted: dict) -> dict:
     return rows
 
 
-def print_side_by_side(rows: dict, title: str, w) -> None:
-    w(f"{'side by side':<14}{'measured':>12}{'servesim':>12}{'error':>9}   {title}\n")
-    for name, row in rows.items():
+def print_side_by_side(compared: dict, w) -> None:
+    if compared.get("problem"):
+        w(f"{'side by side':<14}{compared['problem']}\n")
+        return
+    w(f"{'side by side':<14}{'measured':>12}{'servesim':>12}{'error':>9}   {compared['title']}\n")
+    for name, row in compared["rows"].items():
         error = "" if row["error"] is None else f"{row['error']:+.0%}"
         w(f"{name:<14}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
 
@@ -2775,9 +3113,9 @@ def print_csv(results: list[dict], out=sys.stdout) -> None:
 
 def print_capacity(plan: CapacityPlan, out=sys.stdout) -> None:
     h, m = plan.hardware, plan.model
-    w = lambda label, value, note="": out.write(f"{label:<17}{value:<20}{note}".rstrip() + "\n")
+    w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
-    w("capacity", f"{m.name} on {h.name}", f"  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}")
+    out.write(f"{'capacity':<17}{m.name} on {h.name}  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n")
     w("weights", f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:.1f} MB",
       f"{m.params / 1e9:.2f} B params x {m.weight_dtype_bytes:g} bytes" if m.params >= 1e9
       else f"{m.params / 1e6:.1f} M params x {m.weight_dtype_bytes:g} bytes")
@@ -2821,40 +3159,52 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see --help)")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text.replace(",", "").replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
+    """A whole number in [low, high]; 1,000 and 1_000 are fine."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
+        return value
+    parse.__name__ = "whole number"
+    return parse
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+def real(low: float, high: float, above_low: bool = True, what: str = "") -> Callable[[str], float]:
+    """A finite number in (low, high] (or [low, high])."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
+            raise argparse.ArgumentTypeError(f"must be {what or ('above' if above_low else 'at least')} {low:g} "
+                                             f"and at most {high:g}, got {text}" if not what else
+                                             f"must be {what}, got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
 
 
-def fraction(text: str) -> float:
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
-    return value
+positive_int = whole(1)
+fraction = real(0, 1, what="a fraction in (0, 1]")
+TOKENS = whole(1, 10**8)             # more than any model's context
+CLIENTS = whole(1, 10**6)
+RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
+LINK_GBS = real(0.001, 10**6, above_low=False)
+MAX_REQUESTS = 10**7                 # each kept request costs ~0.5 KB for exact percentiles
 
 
 def token_range(text: str) -> TokenRange:
     low, _, high = text.partition("-")
     try:
-        r = TokenRange(positive_int(low), positive_int(high or low))
+        r = TokenRange(TOKENS(low), TOKENS(high or low))
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of positive "
-                                         f"whole numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of whole numbers from 1 "
+                                         f"to {10**8:,}, got {text!r}") from None
     if r.low > r.high:
         raise argparse.ArgumentTypeError(f"range {text!r} runs backwards; write it low-high")
     return r
@@ -2862,8 +3212,12 @@ def token_range(text: str) -> TokenRange:
 
 def list_of(kind: Callable) -> Callable:
     def parse(text: str) -> list:
-        return [kind(part) for part in text.split(",") if part.strip()] or [kind("")]
-    parse.__name__ = f"comma-separated {kind.__name__.replace('_', ' ')}s"
+        parts = text.split(",")
+        if any(not part.strip() for part in parts):
+            raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
+                                             f"like 1,8,32")
+        return [kind(part.strip()) for part in parts]
+    parse.__name__ = f"comma-separated {kind.__name__}s"
     return parse
 
 
@@ -2875,29 +3229,29 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="model preset name or a JSON file with its fields (default: %(default)s)")
     g.add_argument("--gpu-memory-utilization", type=fraction, default=0.9, metavar="F",
                    help="share of device memory for weights plus KV cache, as vLLM's flag (default: %(default)s)")
-    g.add_argument("--block-size", type=positive_int, default=16, metavar="TOKENS",
+    g.add_argument("--block-size", type=whole(1, 2**20), default=16, metavar="TOKENS",
                    help="tokens per KV block, as vLLM's --block-size (default: %(default)s)")
-    g.add_argument("--max-model-len", type=positive_int, default=4096, metavar="TOKENS",
+    g.add_argument("--max-model-len", type=TOKENS, default=4096, metavar="TOKENS",
                    help="longest prompt + output a request may have; longer requests fail (default: %(default)s)")
     size = g.add_mutually_exclusive_group()
-    size.add_argument("--kv-tokens", type=positive_int, metavar="TOKENS",
+    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS",
                       help="fix the KV cache at this many tokens instead of sizing it from memory, as "
                            "llama.cpp's --ctx-size does (default: from the memory budget)")
-    size.add_argument("--num-gpu-blocks", type=positive_int, metavar="BLOCKS",
+    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS",
                       help="fix the number of KV blocks, as copied from a vLLM startup log "
                            "(default: from the memory budget)")
 
 
 def non_negative_int(text: str) -> int:
-    return 0 if text.strip() in ("0", "none") else positive_int(text)
+    return 0 if text.strip() in ("0", "none") else whole(1, 10**12)(text)
 
 
 def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     add_plan_args(p)
     g = p.add_argument_group("scheduler")
-    g.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N",
+    g.add_argument("--max-num-seqs", type=whole(1, 10**6), default=256, metavar="N",
                    help="most sequences in one step (vLLM --max-num-seqs, llama.cpp --parallel) (default: %(default)s)")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="TOKENS",
+    g.add_argument("--max-num-batched-tokens", type=TOKENS, default=8192, metavar="TOKENS",
                    help="token budget per step, prefill chunks plus decodes (default: %(default)s)")
     g.add_argument("--no-chunked-prefill", action="store_true",
                    help="admit a prompt only if all of it fits the step's budget left (default: chunked prefill on)")
@@ -2924,7 +3278,7 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                         "between them (default: off; any flag below turns it on)")
     g.add_argument("--prefill-hardware", help="the prefill engine's hardware (default: --hardware)")
     g.add_argument("--decode-hardware", help="the decode engine's hardware (default: --hardware)")
-    g.add_argument("--kv-link-gbs", type=list_of(positive_float) if sweep else positive_float,
+    g.add_argument("--kv-link-gbs", type=list_of(LINK_GBS) if sweep else LINK_GBS,
                    metavar="GBS" + (",..." if sweep else ""),
                    help="the link's bandwidth in GB/s" + (", several to sweep beside the colocated engine" if sweep else "")
                         + " (default: 25)")
@@ -2937,26 +3291,26 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
                           help="JSONL trace, one request per line: arrival (s), prompt_tokens, "
                                "output_tokens, optional prefix and prefix_tokens")
     if sweep:
-        arrivals.add_argument("--concurrency", type=list_of(positive_int), metavar="N,N,...",
+        arrivals.add_argument("--concurrency", type=list_of(CLIENTS), metavar="N,N,...",
                               help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
-        arrivals.add_argument("--rate", type=list_of(positive_float), metavar="R,R,...",
+        arrivals.add_argument("--rate", type=list_of(RATE), metavar="R,R,...",
                               help="open loop: sweep these Poisson arrival rates, requests/s")
     else:
-        arrivals.add_argument("--rate", type=positive_float, metavar="R",
+        arrivals.add_argument("--rate", type=RATE, metavar="R",
                               help="open loop: Poisson arrivals at R requests/s")
-        arrivals.add_argument("--concurrency", type=positive_int, metavar="N",
+        arrivals.add_argument("--concurrency", type=CLIENTS, metavar="N",
                               help=f"closed loop: N clients, each sending its next request when the last "
                                    f"ends (the default, with {DEFAULT_CLIENTS} clients)")
-    g.add_argument("--requests", type=positive_int, metavar="N",
+    g.add_argument("--requests", type=whole(1, MAX_REQUESTS), metavar="N",
                    help=f"number of synthetic requests, or the first N of a trace (default: {DEFAULT_REQUESTS}, "
                         f"or the whole trace)")
     g.add_argument("--prompt-tokens", type=token_range, metavar="N|A-B",
                    help=f"prompt length in tokens after any shared prefix, fixed or uniform (default: {DEFAULT_PROMPT})")
     g.add_argument("--output-tokens", type=token_range, metavar="N|A-B",
                    help=f"output length in tokens, fixed or uniform (default: {DEFAULT_OUTPUT})")
-    g.add_argument("--prefix-tokens", type=positive_int, default=0, metavar="TOKENS",
+    g.add_argument("--prefix-tokens", type=TOKENS, default=0, metavar="TOKENS",
                    help="a shared system prompt of this many tokens in front of every prompt (default: none)")
-    g.add_argument("--num-prefixes", type=positive_int, default=1, metavar="M",
+    g.add_argument("--num-prefixes", type=whole(1, 10**6), default=None, metavar="M",
                    help="how many distinct shared system prompts, assigned round robin (default: %(default)s)")
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
     g = p.add_argument_group("simulator")
@@ -2969,8 +3323,9 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help=json_help)
     out.add_argument("--detailed", action="store_true",
-                     help="with --json, add per-request arrays (input_lens, output_lens, ttfts, itls, "
-                          "latencies, start_times, errors; seconds), as vllm bench serve --save-detailed")
+                     help="JSON with per-request arrays (input_lens, output_lens, ttfts, itls, latencies, "
+                          "start_times, errors; seconds), as vllm bench serve --save-detailed; implies --json. "
+                          "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
 def plan_from_args(args) -> CapacityPlan:
@@ -2987,9 +3342,11 @@ def one(value):
 
 def spec_from_args(args) -> RunSpec:
     """The run the flags describe. Sweep's list flags contribute their first value here."""
-    if args.trace and (args.prompt_tokens or args.output_tokens or args.prefix_tokens):
-        raise UserError("--prompt-tokens, --output-tokens and --prefix-tokens describe synthetic "
+    if args.trace and (args.prompt_tokens or args.output_tokens or args.prefix_tokens or args.num_prefixes):
+        raise UserError("--prompt-tokens, --output-tokens, --prefix-tokens and --num-prefixes describe synthetic "
                         "requests; a --trace gives each request's own lengths")
+    if args.num_prefixes and not args.prefix_tokens:
+        raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
     link = one(args.kv_link_gbs)
     return RunSpec(
@@ -3005,7 +3362,7 @@ def spec_from_args(args) -> RunSpec:
         kv_link_gbs=link or 25.0,
         trace=read_trace(args.trace) if args.trace else None, requests=args.requests,
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
-        prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes,
+        prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes or 1,
         rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed,
         detailed=getattr(args, "detailed", False), engine=args.engine)
 
@@ -3027,7 +3384,7 @@ class Progress:
 def cmd_capacity(args) -> int:
     plan = plan_from_args(args)
     if args.json:
-        print(json.dumps(capacity_json(plan), indent=2))
+        write_json(capacity_json(plan))
     else:
         print_capacity(plan)
     return 0
@@ -3035,10 +3392,12 @@ def cmd_capacity(args) -> int:
 
 def cmd_simulate(args) -> int:
     result = run(spec_from_args(args), Progress("simulate"))
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if args.json or args.detailed:
+        write_json(result)
     else:
-        print_run(result)
+        out = io.StringIO()
+        print_run(result, out)
+        write_text(out.getvalue())
     return 1 if result["failed"] else 0
 
 
@@ -3105,6 +3464,29 @@ def colocation_verdict(results: list[dict]) -> str:
             + (f"; disaggregated loses at {max(below):g} GB/s" if below else "") + ")")
 
 
+def settings_line(spec: RunSpec, axis: str) -> str:
+    """Every setting the flags changed from its default, as the flags, except the swept axis and
+    what the title already says (hardware, model, workload)."""
+    shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
+             "num_prefixes", "detailed", "engine", "disaggregate", "prefill_hardware", "decode_hardware", axis,
+             *(("batching", "kv_layout") if axis == "compare" else ()),
+             *(("kv_link_gbs",) if axis == "kv_link_gbs" else ())}
+    default, words = RunSpec(), []
+    for f in fields(RunSpec):
+        value = getattr(spec, f.name)
+        if f.name in shown or value == getattr(default, f.name) or (f.name in ("rate", "concurrency") and axis in ("rate", "concurrency")):
+            continue
+        flag = FLAG_OF.get(f.name, "--" + f.name.replace("_", "-"))
+        words.append(flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else
+                     f"no {flag}" if value is False and f.name == "chunked_prefill" else f"{flag} {value}")
+    if spec.disaggregate and axis != "kv_link_gbs":
+        words.append(f"--disaggregate ({spec.kv_link_gbs:g} GB/s)")
+    return "  ".join(w.replace("no --chunked-prefill", "--no-chunked-prefill") for w in words)
+
+
+FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
+
+
 def cmd_sweep(args) -> int:
     if args.trace and (args.concurrency or args.rate):
         raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
@@ -3119,22 +3501,32 @@ def cmd_sweep(args) -> int:
                     f"output {spec.output_tokens}"
                     + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
         hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or axis == "kv_link_gbs" else spec.hardware
-        table = SweepTable(f"sweep {spec.model.name} on {hardware.name}  {workload}", axis.replace("_", "-"),
-                           values, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
+        settings = settings_line(spec, axis)
+        table = SweepTable(f"sweep {spec.model.name} on {hardware.name}  {workload}" + (f"  {settings}" if settings else ""),
+                           axis.replace("_", "-"), values, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
         table.header()
-    results = []
-    for result in iter_sweep(spec, axis, values, args.jobs):
-        results.append(result)
-        progress(f"{axis.replace('_', '-')} {result['config']['sweep_value']} done ({len(results)}/{len(values)})")
-        if table:
-            table.row(result)
+    results, stopped = [], None
+    try:
+        for result in iter_sweep(spec, axis, values, args.jobs, progress):
+            result["config"]["sweep_points"] = len(values)
+            results.append(result)
+            progress(f"{axis.replace('_', '-')} {result['config']['sweep_value']} done ({len(results)}/{len(values)})")
+            if table:
+                table.row(result)
+    except (KeyboardInterrupt, Terminated) as e:
+        code = 143 if isinstance(e, Terminated) else 130
+        stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(results)} of "
+                                f"{len(values)} points; the output holds the finished ones")
     if args.json:
-        print(json.dumps(results, indent=2))
+        write_json(results)
     elif args.csv:
         print_csv(results)
-    elif axis == "kv_link_gbs":
-        print(colocation_verdict(results))
+    elif axis == "kv_link_gbs" and not stopped and results:
+        write_text(colocation_verdict(results))
+    if stopped:
+        raise stopped
     return 1 if any(r["failed"] for r in results) else 0
+
 
 def cmd_loadgen(args) -> int:
     if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
@@ -3146,45 +3538,42 @@ def cmd_loadgen(args) -> int:
         duration_s=args.duration, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
         prompt_words=args.prompt_tokens or 40, prefix_words=args.prefix_tokens,
         prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
-        timeout_s=args.timeout, scrape_interval_s=args.scrape_interval,
+        timeout_s=args.timeout, request_timeout_s=args.request_timeout, scrape_interval_s=args.scrape_interval,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
-    simulated = None
     if args.simulate:
         # Resolve the presets before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
-    result, records = run_load(config, Progress("loadgen"))
+    result, records, stopped = run_load(config, Progress("loadgen"))
     arrays = detailed_arrays(records)
-    if args.simulate:
-        shape = server_shape(Http(config.url, config.timeout_s, config.api_key)) or {}
+    if args.simulate and not stopped:
+        client = Http(config.url, config.timeout_s, config.api_key)
+        shape, note = server_shape(client)
         spec = RunSpec(hardware=hardware, model=model, **shape)
-        predicted = replay({**result, **arrays}, spec)
-        title = (f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs, "
-                 f"{predicted['config']['kv_tokens']:,} kv tokens"
-                 + ("" if shape else " (no llama.cpp /props: simulator defaults)"))
-        simulated = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
-        result["side_by_side"] = simulated
-    if args.detailed:
-        result.update(arrays)
-    if args.json:
-        print(json.dumps(result, indent=2))
+        title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
+        try:
+            predicted = replay({**result, **arrays}, spec)
+            title += f", {predicted['config']['kv_tokens']:,} kv tokens"
+            result["side_by_side"] = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
+        except (CapacityError, UserError) as e:
+            result["side_by_side"] = {"title": title, "problem": f"servesim could not simulate this run: {e}"}
+    if args.json or args.detailed:
+        write_json({**result, **arrays} if args.detailed else result)
     else:
-        print_run(result)
-        if simulated:
-            print_side_by_side(simulated["rows"], simulated["title"], sys.stdout.write)
+        out = io.StringIO()
+        print_run(result, out)
+        if result.get("side_by_side"):
+            print_side_by_side(result["side_by_side"], out.write)
+        write_text(out.getvalue())
+    if stopped:
+        raise stopped
     return 1 if result["failed"] else 0
 
 
 def cmd_calibrate(args) -> int:
     found, model_names = [], set()
     for path in args.reports:
-        try:
-            with open(path) as f:
-                loaded = json.load(f)
-        except OSError as e:
-            raise UserError(f"report {path}: cannot read it ({e.strerror})") from None
-        except ValueError as e:
-            raise UserError(f"report {path}: not JSON ({e}); pass loadgen --json or simulate --json output") from None
+        loaded = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --json or simulate --json output")
         for report in loaded if isinstance(loaded, list) else [loaded]:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
@@ -3200,13 +3589,13 @@ def cmd_calibrate(args) -> int:
         raise UserError(f"only {len(found)} measured steps in these reports; calibrate needs three: pass a "
                         f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
     base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
-    hardware, errors = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
-    text = json.dumps(asdict(hardware), indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        check_writable(args.out, "--out")
+    hardware, errors = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
+    if args.out:
+        write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
     else:
-        print(text)
+        write_json(asdict(hardware))
     fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
     if not any(memory_bound(hardware, model, o) for o in found):
         fit += f"; no measured step was memory-bound, so the bandwidth stays near {args.hardware}'s"
@@ -3243,7 +3632,7 @@ def cmd_explain(args) -> int:
             sig.kv_tokens = flags["kv_tokens"]       # --ctx-size is the whole cache, split over --parallel
         explanations.append(explain(sig))
     if args.json:
-        print(json.dumps(explanations, indent=2))
+        write_json(explanations)
     else:
         for i, e in enumerate(explanations):
             if i:
@@ -3253,20 +3642,26 @@ def cmd_explain(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    if args.json:
-        print(json.dumps({"hardware": [asdict(h) for h in HARDWARE.values()],
-                          "models": [asdict(m) for m in MODELS.values()]}, indent=2))
+    if args.name:
+        preset = HARDWARE.get(args.name) or MODELS.get(args.name)
+        if preset is None:
+            raise UserError(f"unknown preset {args.name!r}: use one of {', '.join([*HARDWARE, *MODELS])}")
+        write_json(asdict(preset))      # the format --hardware FILE and --model FILE read
         return 0
-    print(f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'seq ms':>8}{'reserve':>9}")
+    if args.json:
+        write_json({"hardware": [asdict(h) for h in HARDWARE.values()], "models": [asdict(m) for m in MODELS.values()]})
+        return 0
+    lines = [f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'seq ms':>8}{'reserve':>9}"]
     for h in HARDWARE.values():
-        print(f"{h.name:<16}{h.memory_gib:>6.1f} GiB{h.bandwidth_gbs:>8g}{h.tflops:>8g}{h.mbu:>6g}{h.mfu:>6g}"
-              f"{h.step_overhead_ms:>9g}{h.seq_overhead_ms:>8g}{h.reserve_gib:>5g} GiB")
-    print()
-    print(f"{'model':<20}{'params':>10}{'layers':>8}{'kv heads':>10}{'head dim':>10}{'bytes/param':>13}{'kv/token':>12}")
+        lines.append(f"{h.name:<16}{h.memory_gib:>6.1f} GiB{h.bandwidth_gbs:>8g}{h.tflops:>8g}{h.mbu:>6g}{h.mfu:>6g}"
+                     f"{h.step_overhead_ms:>9g}{h.seq_overhead_ms:>8g}{h.reserve_gib:>5g} GiB")
+    lines += ["", f"{'model':<20}{'params':>10}{'layers':>8}{'kv heads':>10}{'head dim':>10}{'bytes/param':>13}{'kv/token':>12}"]
     for m in MODELS.values():
-        print(f"{m.name:<20}{m.params / 1e9:>8.3g} B{m.layers:>8}{m.kv_heads:>10}{m.head_dim:>10}"
-              f"{m.weight_dtype_bytes:>13.4g}{m.kv_bytes_per_token / KIB:>8.1f} KiB")
-    print("\nAdd your own: save one entry of `main.py presets --json` to a file and pass its path to --hardware or --model.")
+        lines.append(f"{m.name:<20}{m.params / 1e9:>8.3g} B{m.layers:>8}{m.kv_heads:>10}{m.head_dim:>10}"
+                     f"{m.weight_dtype_bytes:>13.4g}{m.kv_bytes_per_token / KIB:>8.1f} KiB")
+    lines += ["", "Add your own: `main.py presets h100-sxm-80gb > my-gpu.json`, edit it, pass --hardware my-gpu.json "
+                  "(or a model's name and --model)."]
+    write_text("\n".join(lines))
     return 0
 
 
@@ -3305,7 +3700,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the same workload through each of static, slots, paged (continuous batching "
                         "over a paged cache) and print one table with row utilisation and KV reserved "
                         "versus used (default: off)")
-    p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="run points in N processes; the output is the same as with 1 (default: the number of "
                         "cores, %(default)s here)")
     out = p.add_argument_group("output").add_mutually_exclusive_group()
@@ -3324,27 +3719,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's base address (default: %(default)s)")
     g.add_argument("--model", help="model id to request (default: the first id from GET /v1/models)")
     g.add_argument("--api-key", help="sent as a Bearer token, never printed (default: $OPENAI_API_KEY if set)")
-    g.add_argument("--timeout", type=positive_float, default=120.0, metavar="SECONDS",
-                   help="longest wait for the next event of a stream before it counts as failed (default: %(default)s)")
-    g.add_argument("--scrape-interval", type=positive_float, default=1.0, metavar="SECONDS",
+    g.add_argument("--timeout", type=real(0, 86400), default=120.0, metavar="SECONDS",
+                   help="longest wait for the next event of a stream (or for the answer to start) before the "
+                        "request counts as failed; comments and keep-alives do not reset it (default: %(default)s)")
+    g.add_argument("--request-timeout", type=real(0, 7 * 86400), metavar="SECONDS",
+                   help="longest a whole request may take before it counts as failed (default: no limit)")
+    g.add_argument("--scrape-interval", type=real(0.01, 3600, above_low=False), default=1.0, metavar="SECONDS",
                    help="how often /metrics is read during the run (default: %(default)s)")
     g = p.add_argument_group("load")
-    g.add_argument("--concurrency", type=positive_int, metavar="N",
+    g.add_argument("--concurrency", type=whole(1, 10000), metavar="N",
                    help="closed loop: N clients (default: 1); with --rate, the most requests in flight (default: no cap)")
-    g.add_argument("--rate", type=positive_float, metavar="R",
-                   help="open loop: Poisson arrivals at R requests/s (default: closed loop)")
-    g.add_argument("--requests", type=positive_int, metavar="N",
+    g.add_argument("--rate", type=real(0.001, 100000, above_low=False), metavar="R",
+                   help="open loop: Poisson arrivals at R requests/s, 0.001 to 100,000 (default: closed loop)")
+    g.add_argument("--requests", type=whole(1, MAX_REQUESTS), metavar="N",
                    help="requests to send (default: 64, or no count limit when --duration is given)")
-    g.add_argument("--duration", type=positive_float, metavar="SECONDS",
+    g.add_argument("--duration", type=real(0, 7 * 86400), metavar="SECONDS",
                    help="stop sending after this long; requests in flight finish (default: no time limit)")
-    g.add_argument("--max-tokens", type=positive_int, default=64, metavar="TOKENS",
+    g.add_argument("--max-tokens", type=whole(1, 10**7), default=64, metavar="TOKENS",
                    help="max_tokens of each request (default: %(default)s)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="ask the server to generate exactly --max-tokens tokens (llama.cpp, vLLM and SGLang "
                         "accept ignore_eos) (default: off)")
-    g.add_argument("--prompt-tokens", type=positive_int, metavar="WORDS",
+    g.add_argument("--prompt-tokens", type=whole(1, 10**6), metavar="WORDS",
                    help="a distinct prompt of about this many tokens (common words) per request (default: 40)")
-    g.add_argument("--prefix-tokens", type=positive_int, default=0, metavar="WORDS",
+    g.add_argument("--prefix-tokens", type=whole(1, 10**6), default=0, metavar="WORDS",
                    help="a shared system prompt of about this many tokens, the same for every request (default: none)")
     g.add_argument("--prompts", metavar="FILE",
                    help="your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
@@ -3388,13 +3786,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("presets", help="list the hardware and model presets",
-                       description="List the hardware and model presets with the figures the cost model uses.")
-    p.add_argument("--json", action="store_true", help="print them as JSON, the format --hardware FILE reads")
+                       description="List the hardware and model presets with the figures the cost model uses, "
+                                   "or print one as the JSON file --hardware FILE / --model FILE read.")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="print this preset as one JSON object, to save, edit and pass back (default: list them all)")
+    p.add_argument("--json", action="store_true", help="print them all as JSON")
     p.set_defaults(func=cmd_presets)
     return parser
 
 
+def raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    previous = signal.signal(signal.SIGTERM, raise_terminated) \
+        if threading.current_thread() is threading.main_thread() else None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -3404,11 +3811,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     except CapacityError as e:
         sys.stderr.write(f"servesim: {e}\n")
         return 1
+    except Stopped as e:
+        sys.stderr.write(f"servesim: {e.message}\n")
+        return e.code
     except KeyboardInterrupt:
         sys.stderr.write("servesim: interrupted\n")
         return 130
+    except Terminated:
+        sys.stderr.write("servesim: terminated\n")
+        return 143
     except BrokenPipeError:
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

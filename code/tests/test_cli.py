@@ -40,7 +40,7 @@ class BadInput(unittest.TestCase):
         self.assert_bad("simulate", "--model", "gpt-9", mentions=("gpt-9", "presets"))
 
     def test_bad_numbers(self):
-        self.assert_bad("simulate", "--rate", "-3", mentions=("--rate", "positive"))
+        self.assert_bad("simulate", "--rate", "-3", mentions=("--rate", "at least"))
         self.assert_bad("simulate", "--rate", "abc", mentions=("--rate",))
         self.assert_bad("sweep", "--concurrency", "1,0,8", mentions=("--concurrency",))
         self.assert_bad("simulate", "--requests", "0", mentions=("--requests",))
