@@ -830,11 +830,14 @@ class TokenRange:
 
 
 def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, rng: random.Random,
-                       prefix_tokens: int = 0, num_prefixes: int = 1) -> list[Request]:
+                       prefix_tokens: int = 0, num_prefixes: int = 1,
+                       progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     """One randint for the prompt, then one for the output, per request, from one seeded stream.
     A shared system prompt of prefix_tokens goes in front of the drawn prompt."""
     requests = []
     for i in range(count):
+        if progress and i % 100_000 == 0:
+            progress(f"building requests: {i:,}/{count:,}")
         prompt_tokens = rng.randrange(prompt.low, prompt.high + 1)     # randint, one call less
         output_tokens = rng.randrange(output.low, output.high + 1)
         prefix = f"system-{i % num_prefixes}" if prefix_tokens else None
@@ -1465,14 +1468,14 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     return [prefill, decode], link
 
 
-def make_requests(spec: RunSpec) -> list[Request]:
+def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
         rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
         return [Request(i, prompt, output, sent_s=arrival, prefix=prefix, prefix_tokens=prefix_tokens)
                 for i, (arrival, prompt, output, prefix, prefix_tokens) in enumerate(rows)]
     rng = random.Random(spec.seed)
     requests = synthetic_requests(spec.requests or DEFAULT_REQUESTS, spec.prompt_tokens, spec.output_tokens, rng,
-                                  spec.prefix_tokens, spec.num_prefixes)
+                                  spec.prefix_tokens, spec.num_prefixes, progress)
     if spec.rate:
         # Drawn after the lengths, so a rate sweep sees the same requests.
         poisson_arrivals(requests, spec.rate, rng)
@@ -1485,7 +1488,7 @@ def make_requests(spec: RunSpec) -> list[Request]:
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link)."""
     engines, link = build_engines(spec)
-    requests = make_requests(spec)
+    requests = make_requests(spec, progress)
     report = None
     if progress:
         report = lambda e, total: progress(f"{sum(len(x.scheduler.done) for x in engines):,}/{total:,} requests "
@@ -1710,6 +1713,8 @@ def read_trace(path: str) -> Trace:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         rows.append((float(row["arrival"]), row["prompt_tokens"], row["output_tokens"], row.get("prefix"),
                      row.get("prefix_tokens", 0) if row.get("prefix") else 0))
+        if len(rows) > MAX_REQUESTS:
+            raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     return Trace(path, tuple(rows))
@@ -3195,7 +3200,7 @@ TOKENS = whole(1, 10**8)             # more than any model's context
 CLIENTS = whole(1, 10**6)
 RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
 LINK_GBS = real(0.001, 10**6, above_low=False)
-MAX_REQUESTS = 10**7                 # each kept request costs ~0.5 KB for exact percentiles
+MAX_REQUESTS = 2 * 10**6             # each request is kept, ~1 KB, for exact percentiles
 
 
 def token_range(text: str) -> TokenRange:

@@ -101,3 +101,45 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NoModeSpins(unittest.TestCase):
+    """A request that can never be admitted under the active mode is failed with a reason; the
+    engine never steps forever. Sizes straddle the cache by one token either way."""
+
+    def test_every_mode_at_every_edge_size_ends(self):
+        cache, block = 1024, 16
+        modes = {
+            "paged": {}, "no chunked prefill": {"chunked_prefill": False, "max_num_batched_tokens": cache},
+            "reserve full isl": {"reserve_full_isl": True}, "prefix caching": {"prefix_caching": True},
+            "static": {"batching": "static"}, "slots": {"kv_layout": "slots", "max_num_seqs": 1},
+            "in-flight cap": {"max_tokens_in_flight": cache}, "disaggregated": {"disaggregate": True},
+        }
+        steps = 0
+        original = main.Engine.step
+
+        def counted(engine):
+            nonlocal steps
+            steps += 1
+            self.assertLess(steps, 100_000, "the engine is spinning")
+            return original(engine)
+
+        main.Engine.step = counted
+        try:
+            for name, mode in modes.items():
+                for total in (cache - 1, cache, cache + 1, cache + block, 2 * cache):
+                    for engine in ("step", "event"):
+                        with self.subTest(mode=name, total=total, engine=engine):
+                            steps = 0
+                            spec = main.RunSpec(kv_tokens=cache, block_size=block, requests=2, engine=engine,
+                                                prompt_tokens=main.TokenRange(total - 25, total - 25),
+                                                output_tokens=main.TokenRange(25, 25), concurrency=2, **mode)
+                            result = main.run(spec)
+                            self.assertEqual(result["completed"] + result["failed"], 2)
+                            for kind in result["errors_by_kind"]:
+                                self.assertNotEqual(kind, "cannot be scheduled",
+                                                    f"{name}: its rejection rule missed a request it cannot run")
+                            if result["failed"]:
+                                self.assertGreaterEqual(total, cache, f"{name} failed a request that fits")
+        finally:
+            main.Engine.step = original
