@@ -81,6 +81,10 @@ class Hardware:
     step_overhead_ms: float = 1.0   # scheduling and kernel launches, per step
     reserve_gib: float = 2.0   # activations and CUDA graphs, kept out of the KV cache
     seq_overhead_ms: float = 0.0    # per sequence per step (sampling, per-slot work); calibrated on CPUs
+    # What the kernel-level cost model (--cost-model kernels) uses; see its section for the sources.
+    gemm_efficiency: float = 0.8       # share of dense peak a large BF16 GEMM achieves
+    attention_efficiency: float = 0.6  # share of dense peak flash attention achieves in prefill
+    bandwidth_efficiency: float = 0.9  # share of peak bandwidth a streaming read achieves
 
 
 @dataclass(frozen=True)
@@ -92,10 +96,29 @@ class ModelSpec:
     head_dim: int
     weight_dtype_bytes: float = 2.0   # 2 for BF16, 34/32 for llama.cpp's Q8_0
     kv_dtype_bytes: int = 2
+    # What the kernel-level cost model needs from the model's config.json; 0 means not given.
+    hidden_size: int = 0       # 0: heads x head_dim
+    heads: int = 0             # query heads; 0: kv_heads
+    vocab_size: int = 0        # 0: unknown, so embeddings are priced as ordinary weights
+    tie_word_embeddings: bool = False
 
     @property
     def weight_bytes(self) -> float:
         return self.params * self.weight_dtype_bytes
+
+    @property
+    def query_heads(self) -> int:
+        return self.heads or self.kv_heads
+
+    @property
+    def embedding_params(self) -> float:
+        """The token embedding table: looked up a row per token, never streamed whole."""
+        return self.vocab_size * (self.hidden_size or self.query_heads * self.head_dim)
+
+    @property
+    def lm_head_params(self) -> float:
+        """The output projection to the vocabulary (the embedding table itself when tied)."""
+        return self.embedding_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -116,10 +139,13 @@ HARDWARE = {h.name: h for h in [
 ]}
 
 MODELS = {m.name: m for m in [
-    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128),
-    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128),
-    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128),
-    ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32),
+    # Shapes from each model's config.json on Hugging Face (meta-llama/Llama-3.1-8B, -70B,
+    # Qwen/Qwen2.5-7B, HuggingFaceTB/SmolLM2-135M).
+    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128, hidden_size=4096, heads=32, vocab_size=128256),
+    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
+    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064),
+    ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32, hidden_size=576, heads=9,
+              vocab_size=49152, tie_word_embeddings=True),
 ]}
 
 
@@ -139,6 +165,7 @@ class CapacityPlan:
     kv_cache_bytes: float
     num_blocks: int
     source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
+    note: str = ""    # what an explicit size implies, said once on stderr
 
     @property
     def kv_tokens(self) -> int:
@@ -154,14 +181,17 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
                   num_gpu_blocks: Optional[int] = None) -> CapacityPlan:
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
-    free = budget - model.weight_bytes - hardware.reserve_gib * GIB
+    after_weights = budget - model.weight_bytes
+    # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
+    # it replaces servesim's fixed reserve, so only the weights limit it.
+    free = after_weights if kv_tokens or num_gpu_blocks else after_weights - hardware.reserve_gib * GIB
     block_bytes = block_size * model.kv_bytes_per_token
     if free <= 0:
+        reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib:g} GiB reserve"
         raise CapacityError(
-            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB plus "
-            f"{hardware.reserve_gib} GiB reserve exceed {budget / GIB:.2f} GiB "
-            f"({hardware.memory_gib} GiB x {gpu_memory_utilization:.2f}); quantize the weights, shard them "
-            f"with tensor parallelism, or use a bigger device")
+            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{reserve} "
+            f"exceed {budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); "
+            f"quantize the weights, shard them with tensor parallelism, or use a bigger device")
     if num_gpu_blocks is not None:
         num_blocks, source = num_gpu_blocks, "--num-gpu-blocks"
     elif kv_tokens is not None:
@@ -177,14 +207,15 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     if kv_bytes > free + 1e-6:
         raise CapacityError(
             f"{model.name} on {hardware.name}: a KV cache of {num_blocks * block_size:,} tokens "
-            f"({kv_bytes / GIB:.2f} GiB, from {source}) does not fit the {free / GIB:.2f} GiB left after "
-            f"weights and reserve; ask for fewer tokens, quantize, shard with tensor parallelism, "
-            f"or use a bigger device")
-    return CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
+            f"({kv_bytes / GIB:.2f} GiB, from {source}) does not fit the {free / GIB:.2f} GiB left after the "
+            f"weights; ask for fewer tokens, quantize, shard with tensor parallelism, or use a bigger device")
+    plan = CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
                         budget, kv_bytes, num_blocks, source)
-
-
-# ---------------------------------------------------------------------------------------------
+    if num_gpu_blocks is not None:
+        plan.note = (f"--num-gpu-blocks {num_gpu_blocks:,} leaves {(after_weights - kv_bytes) / GIB:.2f} GiB of the "
+                     f"{budget / GIB:.2f} GiB budget for activations and CUDA graphs (servesim's own reserve for "
+                     f"{hardware.name} is {hardware.reserve_gib:g} GiB)")
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +245,9 @@ class Roofline:
         memory = (self.weight_bytes + context_tokens * self.kv_bytes_per_token) / self.bytes_per_second
         return compute, memory
 
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1) -> float:
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        """`pairs` (attention's query-key pairs) is what a finer model prices; the roofline leaves
+        attention's arithmetic out."""
         overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
         return overhead / 1000 + max(self.times(tokens, context_tokens))
 
@@ -459,12 +492,14 @@ class Batch:
     seqs: int = 0
     decodes: int = 0         # rows of requests already generating, one token each
     rows: int = 0            # decode rows computed; more than decodes only when padding is computed
+    pairs: int = 0           # (query, key) pairs attention computes: a chunk attends to all before it
 
     def add(self, request: Request, tokens: int) -> None:
         self.items.append((request, tokens))
         self.tokens += tokens
         self.context += request.computed + tokens
         self.seqs += 1
+        self.pairs += tokens * request.computed + tokens * (tokens + 1) // 2
         if tokens == 1 and request.generated:
             self.decodes += 1
             self.rows += 1
@@ -642,9 +677,9 @@ class Scheduler:
     def reserved_tokens(self) -> int:
         return self.used_blocks() * self.config.block_size
 
-    def work(self, batch: Batch) -> tuple[int, int, int]:
-        """(tokens, context, sequences) the hardware computes for this batch."""
-        return batch.tokens, batch.context, batch.seqs
+    def work(self, batch: Batch) -> tuple[int, int, int, int]:
+        """(tokens, context, sequences, attention pairs) the hardware computes for this batch."""
+        return batch.tokens, batch.context, batch.seqs, batch.pairs
 
     def cache_hits(self, request: Request) -> list[int]:
         if not self.config.prefix_caching:
@@ -672,6 +707,7 @@ class EngineStats:
     useful_rows: int = 0         # of those, rows of a request still generating
     kv_reserved_peak: int = 0    # tokens of KV memory set aside, the most at once
     kv_used_share: float = 0.0   # sum over steps of KV read / KV reserved
+    running_seconds: float = 0.0 # running requests x step time, for the time-weighted mean
 
     def record(self, batch: Batch, duration: float, scheduler: Scheduler) -> None:
         self.steps += 1
@@ -684,6 +720,7 @@ class EngineStats:
             self.peak_waiting = waiting
         if running > self.peak_running:
             self.peak_running = running
+        self.running_seconds += running * duration
         if waiting and running >= scheduler.config.max_num_seqs:
             self.capped_steps += 1
         self.decode_rows += batch.rows
@@ -713,18 +750,21 @@ class EngineStats:
             "wasted_decode_rows": self.decode_rows - self.useful_rows,
             "kv_reserved_peak_tokens": self.kv_reserved_peak,
             "kv_used_of_reserved": self.kv_used_share / self.steps if self.steps else 0.0,
+            "mean_running": self.running_seconds / span if span > 0 else 0.0,
         }
 
 
 class Engine:
-    def __init__(self, hardware: Hardware, model: ModelSpec, scheduler: Scheduler):
+    def __init__(self, hardware: Hardware, model: ModelSpec, scheduler: Scheduler, cost: Optional[Roofline] = None):
         self.hardware = hardware
         self.model = model
-        self.cost = Roofline(hardware, model)
+        self.cost = cost or Roofline(hardware, model)
         self.scheduler = scheduler
         self.stats = EngineStats()
         self.clock = 0.0
         self.inbox: deque = deque()  # (time, request) not yet handed to the scheduler, in time order
+        self.plan_note = ""
+        self.timeline: Optional[dict] = None   # second -> (running, waiting, KV use), when asked for
 
     def step(self) -> Batch:
         scheduler, start, preemptions = self.scheduler, self.clock, self.scheduler.preemptions
@@ -740,6 +780,9 @@ class Engine:
         self.stats.record(batch, duration, scheduler)
         self.clock = start + duration
         scheduler.update(batch, self.clock)
+        if self.timeline is not None:   # the last snapshot in each second, as vLLM logs its stats
+            self.timeline[math.ceil(self.clock)] = (len(scheduler.running), len(scheduler.waiting),
+                                                    scheduler.used_blocks() / scheduler.pool.num_blocks)
         return batch
 
     def advance(self, until: float) -> None:
@@ -895,7 +938,7 @@ def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
     inter-token gap in seconds as a count; without it the gaps come from token_times."""
     done = [r for r in requests if r.error is None and r.first_token_s is not None]
     if itl is None:
-        itl = Counter(b - a for r in done for a, b in zip(r.token_times, r.token_times[1:]))
+        itl = Counter(b - a for r in done if r.token_times for a, b in zip(r.token_times, r.token_times[1:]))
     start = min(map(operator.attrgetter("sent_s"), requests), default=0.0)
     end = max(map(operator.attrgetter("last_token_s"), done), default=start)
     duration = end - start
@@ -961,6 +1004,59 @@ def detailed_arrays(requests: list) -> dict:
 # Variations on the core, one section each, in the lesson's order of exercises. Each one
 # overrides what differs and nothing else; deleting a section deletes a feature.
 # ---------------------------------------------------------------------------------------------
+
+# The kernel-level cost model (--cost-model kernels): the lesson's roofline, applied per kernel.
+# A step runs two kinds of kernel that do not overlap: the linear layers (GEMMs), which stream
+# the weights once and do 2 FLOPs per weight per token, and attention, which streams each
+# sequence's KV and does 4 FLOPs per head dimension per (query, key) pair. Each kind costs the
+# slower of its arithmetic and its memory traffic; the step costs both, plus the overhead.
+# What it adds to the lesson's roofline, each from a published source:
+# - Embeddings are gathered, a row per token, not streamed (vLLM's VocabParallelEmbedding is an
+#   index lookup); the output projection runs once per sequence, for its last token, because vLLM
+#   computes logits only at each request's last position (logits_indices in its model runner).
+# - GEMMs run in tiles of 128 rows, so a step of T tokens costs ceil(T / 128) tiles (tile
+#   quantization: NVIDIA's "Matrix Multiplication Background" guide; Sarathi-Serve measures a
+#   257-token chunk 32% slower than a 256-token one).
+# - Attention's arithmetic is counted, so a long prefill is quadratic in its prompt, and a chunk
+#   attends to everything before it.
+# - Efficiencies are achieved fractions from published kernel measurements, per device, in the
+#   Hardware fields gemm_efficiency, attention_efficiency and bandwidth_efficiency.
+
+GEMM_TILE = 128
+
+
+class KernelCost(Roofline):
+    def __init__(self, hardware: Hardware, model: ModelSpec):
+        super().__init__(hardware, model)
+        embedding, lm_head = model.embedding_params, model.lm_head_params
+        tied = model.tie_word_embeddings
+        self.linear_flops_per_token = 2 * (model.params - embedding - (0 if tied else lm_head))
+        self.lm_head_flops_per_seq = 2 * lm_head
+        self.streamed_bytes = (model.params - (0 if tied else embedding)) * model.weight_dtype_bytes
+        self.gemm_flops_per_second = hardware.tflops * 1e12 * hardware.gemm_efficiency
+        self.attention_flops_per_pair = 4 * model.layers * model.query_heads * model.head_dim
+        self.attention_flops_per_second = hardware.tflops * 1e12 * hardware.attention_efficiency
+        self.stream_bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.bandwidth_efficiency
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
+        memory = (self.streamed_bytes + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
+        return compute, memory
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        tiles = -(-tokens // GEMM_TILE) * GEMM_TILE
+        head_tiles = -(-seqs // GEMM_TILE) * GEMM_TILE
+        gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
+                   / self.gemm_flops_per_second, self.streamed_bytes / self.stream_bytes_per_second)
+        attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
+                        context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
+        overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
+        return overhead / 1000 + gemm + attention
+
+
+COST_MODELS = {"roofline": Roofline, "kernels": KernelCost}
+DEFAULT_COST_MODEL = "roofline"
+
 
 # In-flight cap (the Easy exercise): admit a request only while prompt + output, summed over the
 # running requests, stays within a cap, counted the way TGI's --max-batch-total-tokens counts.
@@ -1041,13 +1137,15 @@ class StaticBatchScheduler(Scheduler):
             batch.rows = self.shape.rows if self.shape.decode_steps else 0
         return batch
 
-    def work(self, batch: Batch) -> tuple[int, int, int]:
+    def work(self, batch: Batch) -> tuple[int, int, int, int]:
         s = self.shape
         if s is None:
             return super().work(batch)
         if s.decode_steps == 0:       # the prefill: every row left-padded to the longest prompt
-            return s.rows * s.padded_prompt, s.rows * s.padded_prompt, s.rows
-        return s.rows, s.rows * (s.padded_prompt + s.decode_steps), s.rows
+            prompt = s.padded_prompt
+            return s.rows * prompt, s.rows * prompt, s.rows, s.rows * prompt * (prompt + 1) // 2
+        width = s.padded_prompt + s.decode_steps
+        return s.rows, s.rows * width, s.rows, s.rows * width
 
     def reserved_tokens(self) -> int:
         s = self.shape
@@ -1180,7 +1278,8 @@ class EventScheduler(Scheduler):
         if budget < 0 or free < 0:
             return self.per_step(now)
         n = self.cruising
-        batch = Batch([], n, self.cruise_base + n * self.steps + n, n, n, n)
+        context = self.cruise_base + n * self.steps + n     # each reads its KV plus its new token
+        batch = Batch([], n, context, n, n, n, context)
         self.owed += crossing
         for request, tokens, need in plan:
             self.grow(request, tokens, need)
@@ -1305,8 +1404,9 @@ class EventEngine(Engine):
         s, stats, cost = self.scheduler, self.stats, self.cost
         ended = len(s.done)
         self.step()
-        # A request that ended may make a closed-loop client send its next one: not plain.
-        plain = s.plain_steps() if len(s.done) == ended else 0
+        # A request that ended may make a closed-loop client send its next one: not plain. A
+        # timeline needs every step's snapshot.
+        plain = s.plain_steps() if len(s.done) == ended and self.timeline is None else 0
         if not plain:
             return
         n, block_size, lazy = s.cruising, s.config.block_size, s.lazy_blocks
@@ -1320,13 +1420,14 @@ class EventEngine(Engine):
                 break                 # a decode needs a block and none is free: the step preempts
             s.owed += crossing
             context = s.cruise_base + n * s.steps + n
-            duration = cost.step_seconds(n, context, n)
+            duration = cost.step_seconds(n, context, n, context)
             # EngineStats.record for a batch of n decodes.
             used = s.used_blocks()
             stats.steps += 1
             stats.scheduled_seqs += n
             stats.kv_peak = max(stats.kv_peak, used)
             stats.kv_block_seconds += used * duration
+            stats.running_seconds += running * duration
             stats.capped_steps += capped
             stats.decode_rows += n
             stats.useful_rows += n
@@ -1399,9 +1500,10 @@ class RunSpec:
     rate: Optional[float] = None
     concurrency: Optional[int] = None
     seed: int = 7
-    # Output and engine.
+    # Output, engine and cost model.
     detailed: bool = False
     engine: str = "event"                 # or "step": the per-step rule, slower, same results
+    cost_model: str = "roofline"          # or "kernels"
 
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
@@ -1458,7 +1560,10 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         plan = plan_capacity(hardware, spec.model, spec.gpu_memory_utilization, spec.block_size,
                              spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks)
         scheduler = make_scheduler(spec, plan)
-        return (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler)
+        cost = COST_MODELS[spec.cost_model](hardware, spec.model)
+        engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
+        engine.plan_note = plan.note
+        return engine
 
     if not spec.disaggregate:
         return [engine(spec.hardware)], None
@@ -1485,9 +1590,12 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
     return requests
 
 
-def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link)."""
+def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False) -> dict:
+    """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
+    with `timeline`, per-second stats in the shape vLLM logs them (needs spec.detailed)."""
     engines, link = build_engines(spec)
+    if timeline:
+        engines[-1].timeline = {}
     requests = make_requests(spec, progress)
     report = None
     if progress:
@@ -1517,10 +1625,37 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> dict
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "kv_tokens": decode.scheduler.pool.num_blocks * config.block_size,
         "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
+        "cost_model": spec.cost_model,
     }
+    if decode.plan_note:
+        result["config"]["kv_plan_note"] = decode.plan_note
+    if timeline:
+        result["timeline"] = timeline_rows(engines[-1].timeline, done, result["duration"])
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
+
+
+TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
+
+
+def timeline_rows(snapshots: dict, requests: list, duration: float) -> list[dict]:
+    """One row per second, as vLLM's logged stats: prompt tokens credited when a request's first
+    token comes out (vLLM counts the whole prompt then), generated tokens when they do, and the
+    running, waiting and KV figures of the last step to end in that second."""
+    seconds = max(1, math.ceil(duration))
+    prompt, generated = Counter(), Counter()
+    for r in requests:
+        if r.error is None and r.first_token_s is not None:
+            prompt[math.ceil(r.first_token_s) or 1] += r.prompt_tokens
+            for at in r.token_times or ():
+                generated[math.ceil(at) or 1] += 1
+    rows, state = [], (0, 0, 0.0)
+    for t in range(1, seconds + 1):
+        state = snapshots.get(t, state)
+        rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated[t]),
+                     "running": state[0], "waiting": state[1], "kv_cache_pct": round(100 * state[2], 2)})
+    return rows
 
 
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
@@ -1624,7 +1759,12 @@ PRESET_RANGES = {
     "layers": (1, 10_000, ""), "kv_heads": (1, 4096, ""), "head_dim": (1, 65_536, ""),
     "weight_dtype_bytes": (0.1, 8, "bytes per weight: 2 for BF16, 1 for FP8"),
     "kv_dtype_bytes": (1, 8, "bytes per KV element: 2 for BF16, 1 for FP8"),
+    "gemm_efficiency": (0, 1, "a fraction of dense peak"), "attention_efficiency": (0, 1, "a fraction of dense peak"),
+    "bandwidth_efficiency": (0, 1, "a fraction of peak bandwidth"),
+    "hidden_size": (0, 1_000_000, "0 for heads x head_dim"), "heads": (0, 4096, "query heads; 0 for kv_heads"),
+    "vocab_size": (0, 10_000_000, "0 if unknown"),
 }
+PRESET_SWITCHES = ("tie_word_embeddings",)
 
 
 def load_preset(kind: str, value: str, presets: dict, cls):
@@ -1649,6 +1789,10 @@ def load_preset(kind: str, value: str, presets: dict, cls):
             if not isinstance(v, str) or not v.strip() or len(v) > 200:
                 raise UserError(f"{where}: field 'name' must be a non-empty string")
             continue
+        if name in PRESET_SWITCHES:
+            if not isinstance(v, bool):
+                raise UserError(f"{where}: field {name!r} must be true or false, got {v!r}")
+            continue
         low, high, note = PRESET_RANGES[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise UserError(f"{where}: field {name!r} must be a number, got {v!r}")
@@ -1661,7 +1805,7 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             .replace(" ()", ""))
         if known[name].type == "int" and v != int(v):
             raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
-    preset = cls(**{k: int(v) if known[k].type == "int" else v for k, v in data.items()})
+    preset = cls(**{k: int(v) if known[k].type == "int" and not isinstance(v, bool) else v for k, v in data.items()})
     if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
         raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
     return preset
@@ -2507,29 +2651,201 @@ def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bo
     return memory >= compute
 
 
-def replay(report: dict, spec: RunSpec) -> dict:
-    """Simulate the shape a measured run had: its clients (or rate), and each request's prompt and
-    output lengths as the server counted them (the means, without --detailed arrays). `spec`
-    gives the hardware, the model and the server's knobs."""
-    done = report["completed"]
-    if not done:
-        raise CapacityError("no request completed, so there is no measured shape to simulate")
-    if report.get("input_lens"):
-        lengths = [(p, o) for p, o, e in zip(report["input_lens"], report["output_lens"], report["errors"]) if not e]
+# ---------------------------------------------------------------------------------------------
+# Comparison with a measured run: read what a real server did (requests with their send, first
+# and last token times; the engine's settings where the run recorded them), simulate exactly that
+# shape (the measured send times as arrivals, each request's own lengths) and put the two side by
+# side. `compare` and `loadgen --simulate` share this.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class MeasuredRun:
+    name: str
+    requests: list                    # Request-like records: sent_s, first/last_token_s, lengths, error
+    settings: dict = field(default_factory=dict)   # RunSpec fields the run recorded (knobs, presets)
+    timeline: list = field(default_factory=list)   # the server's own per-second stats, if logged
+    notes: list = field(default_factory=list)      # what the reader had to assume
+
+
+# How vLLM's logs and bench files name what servesim has presets for.
+KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+                "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+                "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b"}
+KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
+                 "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb"}
+
+
+def measured_request(index: int, sent: float, first: Optional[float], last: Optional[float], prompt: int,
+                     output: int, error: Optional[str] = None, gaps: Optional[list] = None) -> Request:
+    request = Request(index, max(1, prompt), max(1, output), sent_s=sent)
+    request.first_token_s, request.last_token_s, request.error = first, last, error
+    if gaps is not None and first is not None:
+        request.token_times = list(itertools.accumulate(gaps, initial=first))
+    return request
+
+
+def read_run(path: str) -> MeasuredRun:
+    """A measured run from a directory or a requests.jsonl with meta.json (vLLM's per-request
+    stats, as published runs record them), a loadgen --detailed report, or a vllm bench serve
+    --save-result --save-detailed JSON."""
+    if os.path.isdir(path):
+        return read_request_log(os.path.join(path, "requests.jsonl"))
+    if path.endswith(".jsonl"):
+        return read_request_log(path)
+    report = parse_json(read_text(path, "run"), f"run {path}", "pass a requests.jsonl, a loadgen --detailed "
+                        "report or a vllm bench serve --save-detailed result")
+    if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
+        raise UserError(f"run {path}: no per-request arrays (input_lens, ...); save the run with loadgen --detailed "
+                        f"or vllm bench serve --save-result --save-detailed")
+    return run_from_report(report, os.path.basename(path))
+
+
+def run_from_report(report: dict, name: str) -> MeasuredRun:
+    """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
+    keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
+    columns = {k: report.get(k) for k in keys}
+    n = len(columns["input_lens"])
+    for k, values in columns.items():
+        if values is not None and (not isinstance(values, list) or len(values) != n):
+            raise UserError(f"run {name}: {k} must be a list as long as input_lens ({n})")
+    notes = []
+    starts = columns["start_times"]
+    if starts is None:
+        rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
+        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+            raise UserError(f"run {name}: no start_times and no finite request_rate; newer vllm bench serve and "
+                            f"loadgen --detailed save start_times")
+        sends = [Request(i, 1, 1) for i in range(n)]
+        poisson_arrivals(sends, rate, random.Random(0))
+        starts = [r.sent_s for r in sends]
+        notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
+    first_start = min(starts) if starts else 0.0
+    requests = []
+    for i in range(n):
+        try:
+            prompt, output = int(columns["input_lens"][i]), int((columns["output_lens"] or [0] * n)[i])
+            sent = float(starts[i]) - first_start
+            error = (columns["errors"] or [""] * n)[i] or None
+            ttft = (columns["ttfts"] or [None] * n)[i]
+            gaps = (columns["itls"] or [None] * n)[i]
+        except (TypeError, ValueError):
+            raise UserError(f"run {name}: request {i} has a non-numeric length or time") from None
+        if error or ttft is None:
+            requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
+            continue
+        gaps = [float(g) for g in gaps] if isinstance(gaps, list) else []
+        first = sent + float(ttft)
+        requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
+    config = report.get("config") or {}
+    settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
+    return MeasuredRun(name, requests, settings, [], notes)
+
+
+def read_request_log(path: str) -> MeasuredRun:
+    """vLLM's per-request stats as JSONL (input_toks, output_toks, queued_ts, first_token_ts,
+    last_token_ts), with the engine's settings from meta.json and its per-second stats from
+    timeseries.csv beside it, as published runs record them."""
+    requests, sends = [], []
+    for where, row in read_jsonl(path, "run"):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected a JSON object")
+        try:
+            prompt, output = int(row["input_toks"]), int(row["output_toks"])
+            sent = float(row["queued_ts"])
+            first, last = row.get("first_token_ts"), row.get("last_token_ts")
+            first, last = (float(first), float(last)) if first and last else (None, None)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where}: needs numeric input_toks, output_toks, queued_ts, first_token_ts and "
+                            f"last_token_ts ({type(e).__name__}: {e})") from None
+        sends.append(sent)
+        requests.append((len(requests), sent, first, last, prompt, output))
+    if not requests:
+        raise UserError(f"run {path}: no requests in it")
+    t0 = min(sends)
+    measured = [measured_request(i, sent - t0, None if first is None else first - t0, None if last is None else last - t0,
+                                 prompt, output, None if first is not None else "failed: no token times")
+                for i, sent, first, last, prompt, output in requests]
+    run_ = MeasuredRun(os.path.basename(os.path.dirname(os.path.abspath(path))) or path, measured)
+    folder = os.path.dirname(os.path.abspath(path))
+    meta_path = os.path.join(folder, "meta.json")
+    if os.path.exists(meta_path):
+        run_.settings = settings_from_meta(parse_json(read_text(meta_path, "meta"), f"meta {meta_path}",
+                                                      "expected the run's meta.json"), meta_path)
     else:
-        lengths = [(round(report["total_input_tokens"] / done), round(report["total_output_tokens"] / done))] * done
-    requests = [Request(i, max(1, p), max(1, o)) for i, (p, o) in enumerate(lengths)]
-    cfg = report["config"]
-    if cfg.get("request_rate"):
-        poisson_arrivals(requests, cfg["request_rate"], random.Random(cfg.get("seed", 7)))
-    trace = Trace("measured run", tuple((r.sent_s, r.prompt_tokens, r.output_tokens, None, 0) for r in requests))
-    spec = replace(spec, trace=trace, max_model_len=max(spec.max_model_len, max(p + o for p, o in lengths)),
-                   concurrency=None if cfg.get("request_rate") else cfg.get("max_concurrency") or 1)
-    result = run(spec)
-    result["config"] = {"hardware": spec.hardware.name, "model": spec.model.name, "max_num_seqs": spec.max_num_seqs,
-                        "max_num_batched_tokens": spec.max_num_batched_tokens,
-                        "kv_tokens": result["config"]["kv_tokens"]}
-    return result
+        run_.notes.append("no meta.json beside the requests: the engine's settings are servesim's defaults and flags")
+    series = os.path.join(folder, "timeseries.csv")
+    if os.path.exists(series):
+        run_.timeline = read_timeline(series)
+    return run_
+
+
+def settings_from_meta(meta: dict, where: str) -> dict:
+    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan)."""
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    engine = meta.get("engine_kwargs") or {}
+    kv = meta.get("kv_cache") or {}
+    scheduler = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+    device = meta.get("hardware") or {}
+    found = {"max_num_seqs": engine.get("max_num_seqs"), "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
+             "max_model_len": engine.get("max_model_len"), "num_gpu_blocks": kv.get("num_gpu_blocks"),
+             "block_size": kv.get("block_size"), "prefix_caching": kv.get("enable_prefix_caching"),
+             "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
+             "chunked_prefill": scheduler.get("enable_chunked_prefill"),
+             "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
+             "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
+             "device_name": str(device.get("device_name") or "").lower(),
+             "device_bytes": device.get("device_total_memory_bytes")}
+    return {k: v for k, v in found.items() if v is not None and v != ""}
+
+
+def read_timeline(path: str) -> list[dict]:
+    rows = []
+    for number, row in enumerate(csv.DictReader(io.StringIO(read_text(path, "timeseries"))), 2):
+        try:
+            rows.append({k: float(v) for k, v in row.items() if k})
+        except (TypeError, ValueError):
+            raise UserError(f"timeseries {path} line {number}: expected numbers") from None
+    return rows
+
+
+def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
+    """The measured run's shape through the simulator: its send times, its lengths, its engine."""
+    requests = measured.requests
+    trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, None, 0) for r in requests))
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    spec = replace(spec, trace=trace, requests=None, concurrency=None, rate=None, detailed=timeline or spec.detailed,
+                   max_model_len=max(spec.max_model_len, longest))
+    return run(spec, timeline=timeline)
+
+
+COMPARED = (   # label, key in a summarize() result, digits
+    ("out tok/s", "output_throughput", 1), ("ttft mean ms", "mean_ttft_ms", 1), ("ttft p50 ms", "median_ttft_ms", 1),
+    ("ttft p90 ms", "p90_ttft_ms", 1), ("ttft p99 ms", "p99_ttft_ms", 1), ("tpot mean ms", "mean_tpot_ms", 1),
+    ("tpot p50 ms", "median_tpot_ms", 1), ("tpot p90 ms", "p90_tpot_ms", 1), ("tpot p99 ms", "p99_tpot_ms", 1),
+    ("itl mean ms", "mean_itl_ms", 1), ("itl p50 ms", "median_itl_ms", 1), ("itl p99 ms", "p99_itl_ms", 1),
+    ("e2e mean ms", "mean_e2el_ms", 1), ("e2e p50 ms", "median_e2el_ms", 1), ("e2e p90 ms", "p90_e2el_ms", 1),
+    ("e2e p99 ms", "p99_e2el_ms", 1),
+)
+
+
+def compare_rows(measured: dict, simulated: dict, timeline: list) -> dict:
+    """Each figure measured and simulated, with its error (simulated / measured - 1)."""
+    rows = {label: (measured.get(key), simulated.get(key)) for label, key, _ in COMPARED}
+    engine = simulated.get("engine") or {}
+    server = measured.get("server") or {}
+    if timeline:
+        rows["mean running"] = (sum(t.get("running", 0) for t in timeline) / len(timeline), engine.get("mean_running"))
+        rows["peak waiting"] = (max(t.get("waiting", 0) for t in timeline), engine.get("peak_waiting"))
+        rows["peak kv use %"] = (max(t.get("kv_cache_pct", 0) for t in timeline), 100 * engine.get("kv_peak", 0))
+    elif server.get("server"):
+        rows["mean batch"] = (server.get("mean_batch_per_decode") or server.get("peak_running"), engine.get("mean_batch"))
+        rows["peak waiting"] = (server.get("peak_requests_deferred", server.get("peak_waiting")), engine.get("peak_waiting"))
+        if server.get("preemptions") is not None:
+            rows["preemptions"] = (server["preemptions"], engine.get("preemptions"))
+    rows["preemptions (sim)"] = (None, engine.get("preemptions"))
+    return {label: {"measured": m, "servesim": s, "error": s / m - 1 if m and s is not None else None}
+            for label, (m, s) in rows.items() if m is not None or s is not None}
 
 
 def server_shape(client: Http) -> tuple[dict, str]:
@@ -3047,6 +3363,14 @@ def side_by_side(measured: dict, predicted: dict) -> dict:
     return rows
 
 
+def print_compared(title: str, rows: dict, w) -> None:
+    w(f"{title}\n")
+    w(f"{'':<18}{'measured':>12}{'servesim':>12}{'error':>9}\n")
+    for name, row in rows.items():
+        error = "" if row["error"] is None else f"{row['error']:+.1%}"
+        w(f"{name:<18}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
+
+
 def print_side_by_side(compared: dict, w) -> None:
     if compared.get("problem"):
         w(f"{'side by side':<14}{compared['problem']}\n")
@@ -3247,6 +3571,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                            "(default: from the memory budget)")
 
 
+def on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
 def non_negative_int(text: str) -> int:
     return 0 if text.strip() in ("0", "none") else whole(1, 10**12)(text)
 
@@ -3388,6 +3720,8 @@ class Progress:
 
 def cmd_capacity(args) -> int:
     plan = plan_from_args(args)
+    if plan.note:
+        sys.stderr.write(f"servesim: {plan.note}\n")
     if args.json:
         write_json(capacity_json(plan))
     else:
@@ -3397,6 +3731,8 @@ def cmd_capacity(args) -> int:
 
 def cmd_simulate(args) -> int:
     result = run(spec_from_args(args), Progress("simulate"))
+    if result["config"].get("kv_plan_note"):
+        sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
     if args.json or args.detailed:
         write_json(result)
     else:
@@ -3557,7 +3893,7 @@ def cmd_loadgen(args) -> int:
         spec = RunSpec(hardware=hardware, model=model, **shape)
         title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
         try:
-            predicted = replay({**result, **arrays}, spec)
+            predicted = simulate_measured(run_from_report({**result, **arrays}, "this run"), spec)
             title += f", {predicted['config']['kv_tokens']:,} kv tokens"
             result["side_by_side"] = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
         except (CapacityError, UserError) as e:
@@ -3573,6 +3909,66 @@ def cmd_loadgen(args) -> int:
     if stopped:
         raise stopped
     return 1 if result["failed"] else 0
+
+
+def compare_spec(measured: MeasuredRun, args) -> RunSpec:
+    """The engine the run recorded, with the command line's flags on top."""
+    found = measured.settings
+    model_name = args.model or KNOWN_MODELS.get(found.get("model_name", ""))
+    if not model_name:
+        raise UserError(f"run {measured.name}: model {found.get('model_name') or 'not recorded'} has no preset; "
+                        f"pass --model (a preset or a JSON file)")
+    hardware_name = args.hardware or KNOWN_DEVICES.get(found.get("device_name", ""))
+    if not hardware_name:
+        raise UserError(f"run {measured.name}: device {found.get('device_name') or 'not recorded'} has no preset; "
+                        f"pass --hardware (a preset or a JSON file)")
+    hardware = load_preset("hardware", hardware_name, HARDWARE, Hardware)
+    if not args.hardware and found.get("device_bytes"):
+        hardware = replace(hardware, memory_gib=found["device_bytes"] / GIB)   # what the run's device reported
+    fields_ = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+               "max_model_len": args.max_model_len, "num_gpu_blocks": args.num_gpu_blocks, "kv_tokens": args.kv_tokens,
+               "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
+               "prefix_caching": args.prefix_caching, "reserve_full_isl": args.scheduler_reserve_full_isl}
+    settings = {k: v for k, v in found.items() if k in fields_}
+    settings.update({k: v for k, v in fields_.items() if v is not None})
+    if args.kv_tokens:
+        settings.pop("num_gpu_blocks", None)
+    return RunSpec(hardware=hardware, model=load_preset("model", model_name, MODELS, ModelSpec),
+                   cost_model=args.cost_model, **settings)
+
+
+def cmd_compare(args) -> int:
+    measured = read_run(args.run)
+    spec = compare_spec(measured, args)
+    if args.timeline:
+        check_writable(args.timeline, "--timeline")
+    simulated = simulate_measured(measured, spec, timeline=bool(args.timeline))
+    if simulated["config"].get("kv_plan_note"):
+        sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
+    for note in measured.notes:
+        sys.stderr.write(f"servesim: {measured.name}: {note}\n")
+    actual = summarize(measured.requests)
+    rows = compare_rows(actual, simulated, measured.timeline)
+    title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
+             f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
+             f"{simulated['config']['kv_tokens']:,} KV tokens, max-num-seqs {spec.max_num_seqs}, "
+             f"max-num-batched-tokens {spec.max_num_batched_tokens}"
+             + (", prefix caching" if spec.prefix_caching else "")
+             + (", reserve full isl" if spec.reserve_full_isl else ""))
+    if args.timeline:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(simulated["timeline"])
+        write_file(args.timeline, out.getvalue())
+    if args.json:
+        write_json({"title": title, "rows": rows, "measured": actual,
+                    "servesim": {k: v for k, v in simulated.items() if k != "timeline"}})
+    else:
+        out = io.StringIO()
+        print_compared(title, rows, out.write)
+        write_text(out.getvalue())
+    return 0
 
 
 def cmd_calibrate(args) -> int:
@@ -3758,6 +4154,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "llama.cpp's slots and context from /props) and print both side by side (default: off)")
     add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
     p.set_defaults(func=cmd_loadgen)
+
+    p = sub.add_parser("compare", help="simulate a measured run's exact shape and print both side by side",
+                       description="Read a measured run (a directory or requests.jsonl of vLLM's per-request stats with "
+                                   "its meta.json and timeseries.csv; a loadgen --detailed report; or a vllm bench serve "
+                                   "--save-result --save-detailed JSON), simulate the same requests sent at the same "
+                                   "times on the engine the run recorded, and print measured against simulated: "
+                                   "throughput, TTFT, TPOT, ITL and E2E percentiles, running, waiting and KV use, each "
+                                   "with its error.")
+    p.add_argument("run", metavar="RUN", help="the measured run: a directory, a .jsonl or a .json report")
+    p.add_argument("--hardware", help="hardware preset or JSON (default: the device the run recorded, if it has a preset)")
+    p.add_argument("--model", help="model preset or JSON (default: the model the run recorded, if it has a preset)")
+    p.add_argument("--cost-model", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
+                   help="how a step is priced: roofline (the lesson's) or kernels (per kernel, with attention, "
+                        "tiles and measured efficiencies) (default: %(default)s)")
+    g = p.add_argument_group("the engine, where the run did not record it or to try another setting")
+    g.add_argument("--max-num-seqs", type=whole(1, 10**6), metavar="N")
+    g.add_argument("--max-num-batched-tokens", type=TOKENS, metavar="TOKENS")
+    g.add_argument("--max-model-len", type=TOKENS, metavar="TOKENS")
+    g.add_argument("--block-size", type=whole(1, 2**20), metavar="TOKENS")
+    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="F")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS")
+    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS")
+    g.add_argument("--prefix-caching", type=on_off, metavar="on|off")
+    g.add_argument("--scheduler-reserve-full-isl", type=on_off, metavar="on|off")
+    p.add_argument("--timeline", metavar="FILE",
+                   help="write the simulated run's per-second stats as CSV in the shape vLLM logs them (t, "
+                        "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one")
+    p.add_argument("--json", action="store_true", help="one JSON object: rows, measured and servesim reports")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overheads to measured runs",
                        description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead to loadgen --json (or "
