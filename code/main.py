@@ -82,6 +82,7 @@ class Hardware:
     reserve_gib: float = 2.0   # activations and CUDA graphs, kept out of the KV cache
     seq_overhead_ms: float = 0.0    # per sequence per step (sampling, per-slot work); calibrated on CPUs
     # What the kernel-level cost model (--cost-model kernels) uses; see its section for the sources.
+    fp8_tflops: float = 0.0            # dense FP8 peak; 0: no FP8 tensor cores (FP8 weights then compute in BF16)
     gemm_efficiency: float = 0.8       # share of dense peak a large BF16 GEMM achieves
     attention_efficiency: float = 0.6  # share of dense peak flash attention achieves in prefill
     bandwidth_efficiency: float = 0.9  # share of peak bandwidth a streaming read achieves
@@ -128,11 +129,14 @@ class ModelSpec:
 
 
 HARDWARE = {h.name: h for h in [
-    Hardware("h100-sxm-80gb", 79.6, 3350, 989),
+    # Datasheets: NVIDIA H100, A100, H200 and L4 datasheets; the Ada Lovelace architecture
+    # whitepaper for the RTX 4090 (165.2 dense BF16 and 330.3 dense FP8 TFLOPS with FP32 accumulate).
+    # Sparsity figures are halved to dense.
+    Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979),
     Hardware("a100-sxm-80gb", 80.0, 2039, 312),
-    Hardware("h200-141gb", 140.4, 4800, 989),
-    Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5),
-    Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5),
+    Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979),
+    Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5),
+    Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
@@ -166,6 +170,7 @@ class CapacityPlan:
     num_blocks: int
     source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
     note: str = ""    # what an explicit size implies, said once on stderr
+    gemm_tflops: Optional[float] = None   # the peak the weights' GEMMs run at, when not the BF16 one
 
     @property
     def kv_tokens(self) -> int:
@@ -187,7 +192,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     free = after_weights if kv_tokens or num_gpu_blocks else after_weights - hardware.reserve_gib * GIB
     block_bytes = block_size * model.kv_bytes_per_token
     if free <= 0:
-        reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib:g} GiB reserve"
+        reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
         raise CapacityError(
             f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{reserve} "
             f"exceed {budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); "
@@ -218,6 +223,26 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     return plan
 
 
+# Quantization, with vLLM's flag names: what each does to the bytes per weight and per KV element.
+# fp8: one byte per weight, on FP8 tensor cores where the device has them. int4 (AWQ/GPTQ): four
+# bits per weight plus a 16-bit scale and zero per group of 128, computed in BF16.
+WEIGHT_BYTES = {"fp8": 1.0, "int4": 0.5 + 4 / 128}
+KV_BYTES = {"fp8": 1}
+
+
+def quantized(model: ModelSpec, quantization: Optional[str], kv_cache_dtype: str = "auto") -> ModelSpec:
+    if quantization:
+        model = replace(model, weight_dtype_bytes=WEIGHT_BYTES[quantization])
+    if kv_cache_dtype != "auto":
+        model = replace(model, kv_dtype_bytes=KV_BYTES[kv_cache_dtype])
+    return model
+
+
+def gemm_tflops(hardware: Hardware, quantization: Optional[str]) -> float:
+    """The peak the weights' matrix multiplies run at."""
+    return hardware.fp8_tflops if quantization == "fp8" and hardware.fp8_tflops else hardware.tflops
+
+
 # ---------------------------------------------------------------------------------------------
 # Cost model: a roofline per step. A step reads every weight once plus the KV the attention
 # needs, and does two FLOPs per weight per token; whichever is slower sets the time.
@@ -229,9 +254,10 @@ class Roofline:
     of the bandwidth; the slower of the two, plus a fixed overhead. Everything that prices a step
     uses this; the constants are worked out once per device."""
 
-    def __init__(self, hardware: Hardware, model: ModelSpec):
+    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
+        # gemm_tflops: the peak the weights' matrix multiplies run at (FP8 weights on FP8 tensor cores).
         self.flops_per_token = 2 * model.params
-        self.flops_per_second = hardware.tflops * 1e12 * hardware.mfu
+        self.flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.mfu
         self.weight_bytes = model.weight_bytes
         self.kv_bytes_per_token = model.kv_bytes_per_token
         self.bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.mbu
@@ -1026,14 +1052,14 @@ GEMM_TILE = 128
 
 
 class KernelCost(Roofline):
-    def __init__(self, hardware: Hardware, model: ModelSpec):
-        super().__init__(hardware, model)
+    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
+        super().__init__(hardware, model, gemm_tflops)
         embedding, lm_head = model.embedding_params, model.lm_head_params
         tied = model.tie_word_embeddings
         self.linear_flops_per_token = 2 * (model.params - embedding - (0 if tied else lm_head))
         self.lm_head_flops_per_seq = 2 * lm_head
         self.streamed_bytes = (model.params - (0 if tied else embedding)) * model.weight_dtype_bytes
-        self.gemm_flops_per_second = hardware.tflops * 1e12 * hardware.gemm_efficiency
+        self.gemm_flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.gemm_efficiency
         self.attention_flops_per_pair = 4 * model.layers * model.query_heads * model.head_dim
         self.attention_flops_per_second = hardware.tflops * 1e12 * hardware.attention_efficiency
         self.stream_bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.bandwidth_efficiency
@@ -1476,6 +1502,8 @@ class RunSpec:
     max_model_len: int = 4096
     kv_tokens: Optional[int] = None
     num_gpu_blocks: Optional[int] = None
+    quantization: Optional[str] = None    # "fp8" or "int4" weights
+    kv_cache_dtype: str = "auto"          # or "fp8"
     # Scheduler.
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -1556,19 +1584,21 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     """One engine, or a prefill engine and a decode engine joined by a KvLink."""
     check_spec(spec)
 
+    model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
+
     def engine(hardware: Hardware) -> Engine:
-        plan = plan_capacity(hardware, spec.model, spec.gpu_memory_utilization, spec.block_size,
+        plan = plan_capacity(hardware, model, spec.gpu_memory_utilization, spec.block_size,
                              spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks)
         scheduler = make_scheduler(spec, plan)
-        cost = COST_MODELS[spec.cost_model](hardware, spec.model)
-        engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
+        cost = COST_MODELS[spec.cost_model](hardware, model, gemm_tflops(hardware, spec.quantization))
+        engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, model, scheduler, cost)
         engine.plan_note = plan.note
         return engine
 
     if not spec.disaggregate:
         return [engine(spec.hardware)], None
     prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
-    link = KvLink(spec.kv_link_gbs, spec.model.kv_bytes_per_token, decode)
+    link = KvLink(spec.kv_link_gbs, model.kv_bytes_per_token, decode)
     prefill.scheduler.handoff = link.send
     return [prefill, decode], link
 
@@ -1752,15 +1782,17 @@ PRESET_RANGES = {
     "memory_gib": (0.5, 100_000, "GiB of device memory"),
     "bandwidth_gbs": (1, 100_000, "GB/s; an H100 has 3,350"),
     "tflops": (0.001, 100_000, "dense TFLOPS; an H100 has 989"),
-    "mbu": (0, 1, "a fraction of peak bandwidth"), "mfu": (0, 1, "a fraction of peak FLOPS"),
+    "mbu": (0.01, 1, "a fraction of peak bandwidth"), "mfu": (0.01, 1, "a fraction of peak FLOPS"),
     "step_overhead_ms": (0, 10_000, "ms"), "seq_overhead_ms": (0, 10_000, "ms"),
     "reserve_gib": (0, 100_000, "GiB"),
     "params": (1e6, 1e14, "a parameter count: 8.03e9 for an 8B model"),
     "layers": (1, 10_000, ""), "kv_heads": (1, 4096, ""), "head_dim": (1, 65_536, ""),
     "weight_dtype_bytes": (0.1, 8, "bytes per weight: 2 for BF16, 1 for FP8"),
     "kv_dtype_bytes": (1, 8, "bytes per KV element: 2 for BF16, 1 for FP8"),
-    "gemm_efficiency": (0, 1, "a fraction of dense peak"), "attention_efficiency": (0, 1, "a fraction of dense peak"),
-    "bandwidth_efficiency": (0, 1, "a fraction of peak bandwidth"),
+    "fp8_tflops": (0, 100_000, "dense FP8 TFLOPS, 0 for none"),
+    "gemm_efficiency": (0.01, 1, "a fraction of dense peak"),
+    "attention_efficiency": (0.01, 1, "a fraction of dense peak"),
+    "bandwidth_efficiency": (0.01, 1, "a fraction of peak bandwidth"),
     "hidden_size": (0, 1_000_000, "0 for heads x head_dim"), "heads": (0, 4096, "query heads; 0 for kv_heads"),
     "vocab_size": (0, 10_000_000, "0 if unknown"),
 }
@@ -1796,10 +1828,10 @@ def load_preset(kind: str, value: str, presets: dict, cls):
         low, high, note = PRESET_RANGES[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise UserError(f"{where}: field {name!r} must be a number, got {v!r}")
-        if low == 0 and high == 1 and 1 < v <= 100:
+        if high == 1 and 1 < v <= 100:
             raise UserError(f"{where}: field {name!r} is {note} in (0, 1]; {v!r} looks like a percent: "
                             f"write {v / 100:g}")
-        inside = (low < v <= high) if (low, high) == (0, 1) else (low <= v <= high)
+        inside = low <= v <= high
         if not inside:
             raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:g} ({note}), got {v!r}"
                             .replace(" ()", ""))
@@ -1817,6 +1849,47 @@ def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
         if line.strip():
             where = f"{kind} {path} line {number}"
             yield where, parse_json(line, where, "each line must be one JSON object")
+
+
+REPORT_SECTIONS = ("config", "engine", "server", "timings", "client", "link", "prefill_engine")
+SIGNED = ("client_minus_server_tokens", "error")      # the only report figures that may be negative
+
+
+def check_report(report, where: str) -> dict:
+    """A report written by servesim (simulate, sweep, loadgen --json), or edited by hand: its
+    sections are objects and every figure a finite number, non-negative where it is a count, a
+    rate or a time, and within reason."""
+    if not isinstance(report, dict):
+        raise UserError(f"{where}: expected a JSON object like simulate or loadgen --json writes")
+
+    def check(value, path: str) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                check(inner, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, list):
+            return                    # per-request arrays: read by compare, which checks them itself
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            name = path.rsplit(".", 1)[-1]
+            low = -1e15 if name in SIGNED else 0
+            if not (math.isfinite(value) and low <= value <= 1e15):
+                raise UserError(f"{where}: {path} is {value!r}; expected a finite number"
+                                + ("" if name in SIGNED else " >= 0"))
+    for section in REPORT_SECTIONS:
+        if report.get(section) is not None and not isinstance(report[section], dict):
+            raise UserError(f"{where}: {section} must be an object, got {str(report[section])[:40]}")
+    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
+        if key in report and (not isinstance(report[key], int) or isinstance(report[key], bool)):
+            raise UserError(f"{where}: {key} must be a whole number, got {str(report[key])[:40]}")
+    for key, value in report.items():
+        if (key.endswith("_ms") or key.endswith("_throughput") or key == "duration") and value is not None \
+                and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise UserError(f"{where}: {key} must be a number, got {str(value)[:40]}")
+    timings = report.get("timings") or {}
+    for key, value in timings.items():
+        if key.endswith("_ms") and not isinstance(value, dict):
+            raise UserError(f"{where}: timings.{key} must be an object of percentiles")
+    check({k: v for k, v in report.items() if k != "side_by_side"}, "")
+    return report
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
@@ -1943,10 +2016,13 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
     try:
         parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         port = parts.port
-    except ValueError as e:
-        raise UserError(f"--url {redact_url(url)!r}: not a URL ({e}); expected http://HOST:PORT") from None
+    except ValueError:
+        raise UserError(f"--url {redact_url(url)!r}: not a URL (a password with / ? # or @ must be "
+                        f"percent-encoded); expected http://HOST:PORT") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"--url {redact_url(url)!r}: expected http://HOST:PORT, the server's base address")
+    if port == 0:
+        raise UserError(f"--url {redact_url(url)!r}: port 0 is not a server's port")
     port = port or (443 if parts.scheme == "https" else 80)
     try:
         socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
@@ -1962,7 +2038,7 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
 
 def redact_url(url: str) -> str:
     """The URL as reports print it: any user:password@ replaced."""
-    return re.sub(r"(?<=://)[^/@]*@", "***@", url)
+    return re.sub(r"(?<=://).*@", "***@", url)
 
 
 class Http:
@@ -1975,6 +2051,10 @@ class Http:
         self.connection_class = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
         self.secrets = [secret for secret in (api_key, *(credentials or ())) if secret]
+        for secret in self.secrets:
+            if any(c in secret for c in "\r\n\0") or not secret.isprintable() or not secret.isascii():
+                raise UserError("--api-key (or the URL's password) holds a line break or a character an HTTP "
+                                "header cannot carry; pass the key itself")
         if api_key and credentials:
             raise UserError("--url carries a user and password and --api-key is given too: use one of them")
         if api_key:
@@ -1990,12 +2070,32 @@ class Http:
             text = text.replace(secret, "***")
         return re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text)
 
-    def open(self, method: str, path: str, body: Optional[bytes] = None):
+    def open(self, method: str, path: str, body: Optional[bytes] = None, answer_within: Optional[float] = None):
+        """Send a request and read the answer's status and headers; with answer_within, a server
+        that has not finished its headers by then (dripping them byte by byte, say) is a timeout."""
         connection = self.connection_class(self.host, self.port, timeout=self.timeout_s)
         try:
             connection.request(method, self.base + path, body=body, headers=self.headers)
             sock = connection.sock       # getresponse() lets go of it when the server will close
-            response = connection.getresponse()
+            late = threading.Event()
+
+            def cut() -> None:
+                late.set()
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            timer = threading.Timer(answer_within, cut) if answer_within else None
+            if timer:
+                timer.daemon = True
+                timer.start()
+            try:
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException):
+                if late.is_set():
+                    raise socket.timeout("no answer in time") from None
+                raise
+            finally:
+                if timer:
+                    timer.cancel()
             response.socket = sock       # the stream reader sets its deadlines on it
             return connection, response
         except ConnectionRefusedError:
@@ -2097,7 +2197,7 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
                 data_lines.append(value)
                 last_event = at
             elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
-                raise StreamError(f"server error in stream: {value[:200]}")
+                raise StreamError(f"server error in stream: {value}")
             continue                  # comments (": keep-alive"), event:, id:, unknown fields
         if not data_lines:
             continue
@@ -2135,7 +2235,7 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         raise StreamError(f"bad stream: an event is not a JSON object: {data[:80]!r}")
     if event.get("error"):
         message = event["error"].get("message") if isinstance(event["error"], dict) else event["error"]
-        raise StreamError(f"server error in stream: {str(message)[:200]}")
+        raise StreamError(f"server error in stream: {message}")
     choices = event.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise StreamError(f"bad stream: choices is not a list of objects: {data[:80]!r}")
@@ -2167,26 +2267,27 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
     record.sent_s = time.perf_counter()
     connection = None
     try:
-        connection, response = client.open("POST", "/v1/chat/completions", payload)
+        connection, response = client.open("POST", "/v1/chat/completions", payload,
+                                           answer_within=min(config.timeout_s, config.request_timeout_s or math.inf))
         kind = response.getheader("Content-Type") or ""
         if response.status != 200:
-            text = response.read(200).decode("utf-8", errors="replace")
-            record.error = f"http {response.status}: {' '.join(text.split())}"
+            text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
+            record.error = f"http {response.status}: {' '.join(text.split())[:200]}"
         elif kind and "event-stream" not in kind:
-            text = response.read(200).decode("utf-8", errors="replace")
+            text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
         else:
             read_stream(response, response.socket, record, 4 * config.max_tokens + 64, config.timeout_s,
                         config.request_timeout_s)
     except StreamError as e:
-        record.error = str(e)
+        record.error = client.redact(str(e))[:300]
     except (socket.timeout, TimeoutError):
         record.error = f"timeout: no answer for {config.timeout_s:g} s (--timeout)"
     except ServerUnreachable:
         record.error = "connection: refused"
         raise
     except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking, too many headers
-        record.error = f"connection: {type(e).__name__}: {e}"[:240]
+        record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
     finally:
         if connection is not None:
             connection.close()
@@ -2302,7 +2403,7 @@ class MetricsSampler:
 
     def __exit__(self, *exc):
         self.stop.set()
-        self.thread.join(timeout=self.client.timeout_s)
+        self.thread.join(timeout=self.client.timeout_s if self.final_scrape else 0.5)
         if exc[0] is None and self.final_scrape:
             self.scrape()
 
@@ -2443,8 +2544,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         except Exception as e:        # a bug of ours: keep the request, say what happened
             record.error = f"client error: {type(e).__name__}: {e}"[:240]
         with lock:
-            del in_flight[index]
-            records.append(record)
+            if in_flight.pop(index, None) is not None:   # else the main thread already counted it
+                records.append(record)
         if progress:
             failed = sum(1 for r in records if r.error)
             progress(f"{len(records):,} requests done, {failed:,} failed, {time.perf_counter() - started:.1f} s")
@@ -2567,12 +2668,19 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     done = report.get("completed") or 0
     if not done or report.get("median_tpot_ms") is None:
         raise UserError(f"{name}: no completed requests with a TPOT; calibrate needs a report with output")
+    for key in ("median_tpot_ms", "median_ttft_ms"):
+        if report.get(key) is not None and report[key] < 0.001:
+            raise UserError(f"{name}: {key} is {report[key]!r} ms; a step takes at least a microsecond")
+    if not isinstance(report.get("total_input_tokens"), int) or not isinstance(report.get("total_output_tokens"), int):
+        raise UserError(f"{name}: total_input_tokens and total_output_tokens must be whole numbers")
     prompt = report["total_input_tokens"] / done
     output = report["total_output_tokens"] / done
     config = report.get("config", {})
     clients = config.get("max_concurrency")
     if not clients:
         raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs")
+    if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
+        raise UserError(f"{name}: config.max_concurrency must be a whole number of clients, got {clients!r}")
     # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
     batch = (report.get("server") or {}).get("mean_batch_per_decode") or min(clients, config.get("max_num_seqs") or clients)
     found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
@@ -3001,8 +3109,8 @@ def server_flags(text: str) -> dict:
                 number = int(value.replace(",", "").replace("_", ""))
             except ValueError:
                 raise UserError(f"--server-flags: {flag} needs a whole number, got {value!r}") from None
-            if number < 1:
-                raise UserError(f"--server-flags: {flag} must be at least 1, got {number}")
+            if not 1 <= number <= 10**9:
+                raise UserError(f"--server-flags: {flag} must be from 1 to 1,000,000,000, got {number}")
             found[FLAG_NAMES[flag]] = number
         elif flag.startswith("-"):
             close = difflib.get_close_matches(flag, [*FLAG_NAMES, *SWITCHES], n=1, cutoff=0.8)
@@ -3099,9 +3207,11 @@ def read_signals(path: str) -> Signals:
     data = parse_json(text, f"explain input {path}", "pass a /metrics scrape, or a loadgen, simulate or sweep --json report")
     if isinstance(data, list) and data and all(isinstance(r, dict) and "median_ttft_ms" in r for r in data):
         # A sweep: diagnose its most loaded point, and keep the trend from the point before.
+        for i, point in enumerate(data):
+            check_report(point, f"explain input {path} point {i + 1}")
         return signals_from_report(data[-1], f"{name} (last of {len(data)} points)", data[-2] if len(data) > 1 else None)
     if isinstance(data, dict) and "median_ttft_ms" in data:
-        return signals_from_report(data, name)
+        return signals_from_report(check_report(data, f"explain input {path}"), name)
     raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")
 
 
@@ -3243,6 +3353,13 @@ def check_writable(path: str, flag: str) -> None:
 
 def write_file(path: str, text: str) -> None:
     """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        try:                          # a device or a pipe: write to it, there is nothing to replace
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        except OSError as e:
+            raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
     partial = f"{path}.partial"
     try:
         with open(partial, "w", encoding="utf-8") as f:
@@ -3339,6 +3456,11 @@ def print_server(result: dict, w) -> None:
       f"finish reasons {client['finish_reasons']}"
       + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
          if client['requests_without_usage'] else "") + "\n")
+    if client.get("short_of_max_tokens"):
+        w(f"{'':<12}--ignore-eos was not honoured: {client['short_of_max_tokens']:,} answers were shorter than "
+          f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "
+          f"finish reasons {client['short_finish_reasons']}); the server may not accept ignore_eos, or hit its "
+          f"context limit\n")
     w(f"{'definitions':<12}ttft: send to the first content or reasoning event; tpot: (last - first content "
       f"event) / (usage completion_tokens - 1); itl: every gap between content events; nearest-rank percentiles\n")
 
@@ -3440,7 +3562,7 @@ def print_csv(results: list[dict], out=sys.stdout) -> None:
     writer.writerows(rows)
 
 
-def print_capacity(plan: CapacityPlan, out=sys.stdout) -> None:
+def print_capacity(plan: CapacityPlan, cost: Roofline, out=sys.stdout) -> None:
     h, m = plan.hardware, plan.model
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
@@ -3457,14 +3579,14 @@ def print_capacity(plan: CapacityPlan, out=sys.stdout) -> None:
     w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
     w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens")
     w("max concurrency", f"{plan.max_concurrency:.2f}x", f"at {plan.max_model_len:,} tokens per request")
-    step = step_seconds(h, m, 1, 0) * 1000
+    step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
-              f"at ~{critical_batch(h, m):.0f} tokens per step\n")
+              f"at ~{cost.critical_batch():.0f} tokens per step\n")
     out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
               f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
 
-def capacity_json(plan: CapacityPlan) -> dict:
+def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
     h, m = plan.hardware, plan.model
     return {
         "hardware": asdict(h), "model": asdict(m),
@@ -3474,8 +3596,8 @@ def capacity_json(plan: CapacityPlan) -> dict:
         "num_blocks": plan.num_blocks, "block_size": plan.block_size, "kv_tokens": plan.kv_tokens,
         "kv_source": plan.source, "max_model_len": plan.max_model_len,
         "max_concurrency": plan.max_concurrency,
-        "decode_step_ms": step_seconds(h, m, 1, 0) * 1000,
-        "critical_batch_tokens": critical_batch(h, m),
+        "decode_step_ms": cost.step_seconds(1, 0, 1, 1) * 1000,
+        "critical_batch_tokens": cost.critical_batch(),
     }
 
 
@@ -3486,6 +3608,9 @@ def capacity_json(plan: CapacityPlan) -> dict:
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{self.prog}: {message} (see --help)")
+
+    def print_help(self, file=None) -> None:
+        write_text(self.format_help(), file)     # argparse's own printer hides a failed write
 
 
 def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
@@ -3528,9 +3653,11 @@ MAX_REQUESTS = 2 * 10**6             # each request is kept, ~1 KB, for exact pe
 
 
 def token_range(text: str) -> TokenRange:
-    low, _, high = text.partition("-")
+    low, dash, high = text.partition("-")
     try:
-        r = TokenRange(TOKENS(low), TOKENS(high or low))
+        if dash and not high.strip():
+            raise argparse.ArgumentTypeError(text)
+        r = TokenRange(TOKENS(low), TOKENS(high if dash else low))
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of whole numbers from 1 "
                                          f"to {10**8:,}, got {text!r}") from None
@@ -3569,6 +3696,15 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS",
                       help="fix the number of KV blocks, as copied from a vLLM startup log "
                            "(default: from the memory budget)")
+    g.add_argument("--cost-model", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
+                   help="how a step is priced: roofline (the lesson's: compute vs memory for the whole step) or "
+                        "kernels (GEMMs and attention apart, with tiles and measured efficiencies) (default: %(default)s)")
+    g.add_argument("--quantization", choices=tuple(WEIGHT_BYTES),
+                   help="fp8: 1 byte per weight, on FP8 tensor cores where the device has them; int4: AWQ/GPTQ "
+                        "4-bit weights (0.53 bytes with scales), BF16 compute (default: the model's own dtype)")
+    g.add_argument("--kv-cache-dtype", choices=("auto", *KV_BYTES), default="auto",
+                   help="fp8: one byte per KV element, twice the tokens in the same memory (default: %(default)s, "
+                        "the model's dtype)")
 
 
 def on_off(text: str) -> bool:
@@ -3667,9 +3803,11 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
 
 def plan_from_args(args) -> CapacityPlan:
     hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
-    model = load_preset("model", args.model, MODELS, ModelSpec)
-    return plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
+    model = quantized(load_preset("model", args.model, MODELS, ModelSpec), args.quantization, args.kv_cache_dtype)
+    plan = plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
                          args.max_model_len, args.kv_tokens, args.num_gpu_blocks)
+    plan.gemm_tflops = gemm_tflops(hardware, args.quantization)
+    return plan
 
 
 def one(value):
@@ -3690,6 +3828,8 @@ def spec_from_args(args) -> RunSpec:
         hardware=device(args.hardware), model=load_preset("model", args.model, MODELS, ModelSpec),
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         max_model_len=args.max_model_len, kv_tokens=args.kv_tokens, num_gpu_blocks=args.num_gpu_blocks,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        cost_model=args.cost_model,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
         reserve_full_isl=args.scheduler_reserve_full_isl,
@@ -3722,11 +3862,28 @@ def cmd_capacity(args) -> int:
     plan = plan_from_args(args)
     if plan.note:
         sys.stderr.write(f"servesim: {plan.note}\n")
+    cost = COST_MODELS[args.cost_model](plan.hardware, plan.model, plan.gemm_tflops)
     if args.json:
-        write_json(capacity_json(plan))
+        write_json(capacity_json(plan, cost))
     else:
-        print_capacity(plan)
+        out = io.StringIO()
+        print_capacity(plan, cost, out)
+        write_text(out.getvalue())
     return 0
+
+
+def failed_exit(results: list[dict]) -> int:
+    """Exit 1, with one line on stderr, when any request failed; the report has each one."""
+    failed = sum(r["failed"] for r in results)
+    if not failed:
+        return 0
+    kinds = Counter()
+    for r in results:
+        kinds.update(r["errors_by_kind"])
+    total = sum(r["completed"] + r["failed"] for r in results)
+    shown = ", ".join(f"{n:,} x {kind}" for kind, n in kinds.most_common(3))
+    sys.stderr.write(f"servesim: {failed:,} of {total:,} requests failed ({shown}); the report has each one's reason\n")
+    return 1
 
 
 def cmd_simulate(args) -> int:
@@ -3739,7 +3896,7 @@ def cmd_simulate(args) -> int:
         out = io.StringIO()
         print_run(result, out)
         write_text(out.getvalue())
-    return 1 if result["failed"] else 0
+    return failed_exit([result])
 
 
 def compare_mode(text: str) -> str:
@@ -3866,7 +4023,7 @@ def cmd_sweep(args) -> int:
         write_text(colocation_verdict(results))
     if stopped:
         raise stopped
-    return 1 if any(r["failed"] for r in results) else 0
+    return failed_exit(results)
 
 
 def cmd_loadgen(args) -> int:
@@ -3908,7 +4065,7 @@ def cmd_loadgen(args) -> int:
         write_text(out.getvalue())
     if stopped:
         raise stopped
-    return 1 if result["failed"] else 0
+    return failed_exit([result])
 
 
 def compare_spec(measured: MeasuredRun, args) -> RunSpec:
@@ -3978,7 +4135,7 @@ def cmd_calibrate(args) -> int:
         for report in loaded if isinstance(loaded, list) else [loaded]:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
-            found += observations(report, os.path.basename(path))
+            found += observations(check_report(report, f"report {path}"), os.path.basename(path))
             model_names.add(report.get("config", {}).get("model"))
     if args.model:
         model = load_preset("model", args.model, MODELS, ModelSpec)
@@ -4226,6 +4383,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_stdout() -> None:
+    """After a failed write, point stdout at /dev/null so the exit flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def raise_terminated(signum, frame) -> None:
     raise Terminated()
 
@@ -4252,7 +4415,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.write("servesim: terminated\n")
         return 143
     except BrokenPipeError:
+        quiet_stdout()
         return 0
+    except OSError as e:   # the readers turn input errors into UserError: what is left is output
+        quiet_stdout()
+        sys.stderr.write(f"servesim: cannot write the output: {e.strerror or e}\n")
+        return 1
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

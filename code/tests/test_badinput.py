@@ -130,7 +130,6 @@ def write_files(d: str) -> None:
     obj("r_tokens_str.json", dict(report, total_input_tokens="x"))
     obj("r_completed_str.json", dict(report, completed="many"))
     obj("r_timings_int.json", dict(report, timings={"prompt_ms": 5}))
-    obj("r_config_list.json", dict(report, config=[1]))
     obj("r_ttft_str.json", dict(report, median_ttft_ms="slow", median_queue_ms="x"))
     obj("r_ttft_negative.json", dict(report, median_ttft_ms=-5.0))
     obj("r_sweep_str.json", [report, dict(report, output_throughput="x")])
@@ -155,6 +154,8 @@ def write_files(d: str) -> None:
     obj("c1_tokens_1e308.json", dict(c1, total_input_tokens=1e308))
     obj("c1_clients_str.json", dict(c1, config=dict(c1["config"], max_concurrency="1")))
     obj("c4_tpot_zero.json", dict(c4, median_tpot_ms=0.0))
+    obj("sim_config_list.json", dict(c1, config=[1]))          # a simulate report edited by hand
+    obj("sim_engine_str.json", dict(c1, engine="x"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +273,8 @@ CASES = [
     (["explain", f"{D}/r_tokens_str.json"], 2, ["r_tokens_str.json", "total_input_tokens"]),
     (["explain", f"{D}/r_completed_str.json"], 2, ["r_completed_str.json", "completed"]),
     (["explain", f"{D}/r_timings_int.json"], 2, ["r_timings_int.json", "timings"]),
-    (["explain", f"{D}/r_config_list.json"], 2, ["r_config_list.json", "config"]),
+    (["explain", f"{D}/sim_config_list.json"], 2, ["sim_config_list.json", "config"]),
+    (["explain", f"{D}/sim_engine_str.json"], 2, ["sim_engine_str.json", "engine"]),
     (["explain", f"{D}/r_ttft_str.json"], 2, ["r_ttft_str.json", "median_ttft_ms"]),
     (["explain", f"{D}/r_ttft_negative.json"], 2, ["r_ttft_negative.json", "median_ttft_ms"]),
     (["explain", f"{D}/r_sweep_str.json"], 2, ["r_sweep_str.json", "output_throughput"]),
@@ -486,6 +488,8 @@ class Interrupts(unittest.TestCase):
                 proc.wait()
             for t in readers:
                 t.join(10)
+            proc.stdout.close()
+            proc.stderr.close()
         return code, "".join(out), "".join(err)
 
     def check(self, code, err, signum):

@@ -76,9 +76,9 @@ class Hostile(unittest.TestCase):
         self.assertNotIn("Traceback", err, err)
         return [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
 
-    def assert_failures(self, r, kind, mentions=(), completed=0, failed=None):
+    def assert_failures(self, r, kind, mentions=(), completed=0, failed=None, note=""):
         """Only failures of `kind`, the first one's reason naming each of `mentions`."""
-        self.assertEqual(list(r["errors_by_kind"]), [kind], r.get("first_error_by_kind"))
+        self.assertEqual(list(r["errors_by_kind"]), [kind], f"{r.get('first_error_by_kind')} {note}")
         reason = r["first_error_by_kind"][kind]
         for word in mentions:
             self.assertRegex(reason, re.compile(word, re.I), r["first_error_by_kind"])
@@ -93,7 +93,8 @@ class Hostile(unittest.TestCase):
         r = self.report(code, out, err)
         self.assertEqual(code, 1, err)
         self.assertLessEqual(len(self.error_lines(err)), 1, err)
-        self.assert_failures(r, kind, mentions, completed=completed, failed=requests - completed)
+        self.assert_failures(r, kind, mentions, completed=completed, failed=requests - completed,
+                             note=f"(exit {code}, {took:.1f} s)")
         self.assertLess(took, within, f"took {took:.1f} s; report: {r['first_error_by_kind']}")
         return r, took
 
@@ -473,6 +474,67 @@ class Signals(Hostile):
 
     def test_18b_sigterm_mid_run(self):
         self.interrupt(signal.SIGTERM)
+
+    def sigterm_during_a_slow_scrape(self, scrape_s):
+        """Streams of ~0.3 s at concurrency 4 against a /metrics that takes `scrape_s` to answer
+        (after the first scrape), scraped as often as possible; SIGTERM once 6 streams ended.
+        (exit code, stdout, stderr, seconds from the signal to the exit)."""
+        done, scrapes = [], []
+
+        def on_post(conn, *request):
+            conn.sendall(sse_head())
+            for piece in good_stream(tokens=4).split(b"\n\n")[:-1]:
+                conn.sendall(piece + b"\n\n")
+                time.sleep(0.05)
+            done.append(1)
+
+        def on_get(conn, method, path, *rest):
+            if path != "/metrics":
+                conn.sendall(b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                return
+            scrapes.append(1)
+            if len(scrapes) > 1:
+                time.sleep(scrape_s)
+            body = b"llamacpp:n_decode_total 1\nllamacpp:requests_processing 1\n"
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body)
+                         + body)
+        with RawServer(on_post, on_get) as server:
+            proc = subprocess.Popen(loadgen_cmd(server.url, "--model", "m", "--requests", 200, "--concurrency", 4,
+                                                "--scrape-interval", 0.01),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                    env={**os.environ, "OPENAI_API_KEY": ""})
+            try:
+                end = time.monotonic() + 10
+                while len(done) < 6 and time.monotonic() < end and proc.poll() is None:
+                    time.sleep(0.01)
+                time.sleep(0.1)
+                signalled = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                out, err = proc.communicate(timeout=15)
+                took = time.monotonic() - signalled
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        return proc.returncode, out, err, took
+
+    def test_18c_sigterm_while_requests_in_flight_end_during_a_slow_scrape(self):
+        # The requests counted as interrupted go on in their threads; when one ends before the
+        # process exits (here: the main thread waits for a /metrics answer that takes 0.6 s),
+        # its thread must not die with a traceback.
+        code, out, err, took = self.sigterm_during_a_slow_scrape(0.6)
+        self.assertNotIn("Traceback", err, err)
+        self.assertEqual(code, 143, err)
+        self.assertEqual(len(self.error_lines(err)), 1, err)
+        r = self.report(code, out, err)
+        self.assertGreaterEqual(r["completed"], 6)
+        self.assertLessEqual(set(r["errors_by_kind"]), {"interrupted"}, r["first_error_by_kind"])
+
+    def test_18d_sigterm_while_a_metrics_scrape_hangs_still_ends_promptly(self):
+        code, out, err, took = self.sigterm_during_a_slow_scrape(8)
+        self.assertLess(took, 3, f"exit {code} {took:.1f} s after SIGTERM; stderr: {err}")
+        self.assertEqual(code, 143, err)
+        self.report(code, out, err)
 
 
 if __name__ == "__main__":

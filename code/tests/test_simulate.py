@@ -92,7 +92,7 @@ class JsonOutput(unittest.TestCase):
         for key in self.VLLM_KEYS:
             self.assertIn(key, result)
         self.assertEqual(set(result["engine"]), {"hardware", "steps", "mean_batch", "kv_peak", "kv_mean", "peak_waiting", "peak_running", "steps_waiting_at_seq_cap", "preemptions", "row_utilisation", "wasted_decode_rows", "kv_reserved_peak_tokens", "kv_used_of_reserved",
-                                                 "evictions", "prefix_hit_rate", "num_blocks", "block_size"})
+                                                 "evictions", "prefix_hit_rate", "num_blocks", "block_size", "mean_running"})
         self.assertEqual(result["config"]["max_concurrency"], 4)
         self.assertEqual(result["completed"], 20)
 
