@@ -131,12 +131,27 @@ class ModelSpec:
 HARDWARE = {h.name: h for h in [
     # Datasheets: NVIDIA H100, A100, H200 and L4 datasheets; the Ada Lovelace architecture
     # whitepaper for the RTX 4090 (165.2 dense BF16 and 330.3 dense FP8 TFLOPS with FP32 accumulate).
-    # Sparsity figures are halved to dense.
-    Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979),
-    Hardware("a100-sxm-80gb", 80.0, 2039, 312),
-    Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979),
+    # Sparsity figures are halved to dense. Kernel efficiencies (for --cost-model kernels), measured:
+    # GEMM from the "Maximum Achievable Matmul FLOPS" table in stas00/ml-engineering
+    # (compute/accelerator: A100 SXM 85.9%, H100 SXM 80.1%, B200 77.6%, MI300X 60.1%) and, for the
+    # 4090, cuBLAS BF16 GEMMs of 150-168 TFLOPS (mli/transformers-benchmarks#4,
+    # zzc0721/torch-performance-test-data#78); attention from FlashAttention-2 (50-73% of A100 peak,
+    # arXiv 2307.08691), FlashAttention-3 (75% of H100, 740 TFLOPS, arXiv 2407.08608) and FA2 on the
+    # 4090 (151-169 TFLOPS, apache/tvm flash_perf); bandwidth from clpeak on the 4090 (921 GB/s,
+    # krrishnarraj/clpeak#106). Devices without a measurement keep the defaults (0.8, 0.6, 0.9).
+    Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75),
+    Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6),
+    Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75),
     Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5),
-    Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3),
+    Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3, gemm_efficiency=0.9,
+             attention_efficiency=0.9, bandwidth_efficiency=0.91),
+    # Memory as nvidia-smi (or rocm-smi) reports it. L40S datasheet; RTX PRO Blackwell architecture
+    # whitepaper table 4 (Workstation Edition; FP8 is twice its BF16); NVIDIA HGX B200 table;
+    # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
+    Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733),
+    Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6),
+    Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78),
+    Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
@@ -1049,6 +1064,13 @@ def detailed_arrays(requests: list) -> dict:
 #   Hardware fields gemm_efficiency, attention_efficiency and bandwidth_efficiency.
 
 GEMM_TILE = 128
+# The serving engine's own work per sequence per step, on the CPU: preparing inputs, processing
+# outputs, detokenizing. vLLM's own issues describe it (a CPU overhead that grows with the batch:
+# vllm-project/vllm#18760; NVIDIA's aiconfigurator models vLLM decode steps with a batch-dependent
+# correction, ai-dynamo/aiconfigurator#1164), but no source gives a figure, so this one is fitted:
+# on the published RTX PRO 6000 run (code/fixtures/vllm-runs/rtxpro6000-llama-3.1-8b), and then
+# predicts the RTX 4090 run (README: "compare").
+SERVER_SEQ_OVERHEAD_MS = 0.07
 
 
 class KernelCost(Roofline):
@@ -1076,7 +1098,7 @@ class KernelCost(Roofline):
                    / self.gemm_flops_per_second, self.streamed_bytes / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
-        overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
+        overhead = self.step_overhead_ms + seqs * (self.seq_overhead_ms + SERVER_SEQ_OVERHEAD_MS)
         return overhead / 1000 + gemm + attention
 
 
@@ -2780,7 +2802,10 @@ KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1
                 "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
                 "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b"}
 KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
-                 "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb"}
+                 "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb",
+                 "nvidia l40s": "l40s-48gb", "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000-96gb",
+                 "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-96gb", "nvidia b200": "b200-180gb",
+                 "amd instinct mi300x": "mi300x-192gb"}
 
 
 def measured_request(index: int, sent: float, first: Optional[float], last: Optional[float], prompt: int,
