@@ -199,9 +199,10 @@ class CapacityPlan:
 
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
-                  num_gpu_blocks: Optional[int] = None) -> CapacityPlan:
+                  num_gpu_blocks: Optional[int] = None, extra_weight_bytes: float = 0.0) -> CapacityPlan:
+    """extra_weight_bytes: other weights sharing the device (a speculative draft model)."""
     budget = hardware.memory_gib * GIB * gpu_memory_utilization
-    after_weights = budget - model.weight_bytes
+    after_weights = budget - model.weight_bytes - extra_weight_bytes
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
     # it replaces servesim's fixed reserve, so only the weights limit it.
     free = after_weights if kv_tokens or num_gpu_blocks else after_weights - hardware.reserve_gib * GIB
@@ -605,12 +606,16 @@ class Scheduler:
     def token_budget(self) -> int:
         return self.config.max_num_batched_tokens
 
+    def wanted(self, request: Request) -> int:
+        """Tokens a running request would compute this step, budget permitting."""
+        return request.remaining
+
     def schedule(self, now: float) -> Batch:
         batch, budget, preemptions = Batch(), self.token_budget(), self.preemptions
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            tokens = min(request.remaining, budget)
+            tokens = min(self.wanted(request), budget)
             need = self.blocks_for(request.computed + tokens) - len(request.blocks)
             if not self.make_room(request, need):
                 break                 # it was the last running request, and it had to go
@@ -722,6 +727,10 @@ class Scheduler:
         """(tokens, context, sequences, attention pairs) the hardware computes for this batch."""
         return batch.tokens, batch.context, batch.seqs, batch.pairs
 
+    def extra_seconds(self, batch: Batch) -> float:
+        """Time a step spends outside the served model (a speculative draft model's passes)."""
+        return 0.0
+
     def cache_hits(self, request: Request) -> list[int]:
         if not self.config.prefix_caching:
             return []
@@ -817,7 +826,7 @@ class Engine:
             scheduler.fail(head, f"cannot be scheduled: it does not fit this engine even when idle "
                                  f"(prompt {head.prompt_tokens:,} + output {head.output_tokens:,} tokens)")
             return batch
-        duration = self.cost.step_seconds(*scheduler.work(batch))
+        duration = self.cost.step_seconds(*scheduler.work(batch)) + scheduler.extra_seconds(batch)
         self.stats.record(batch, duration, scheduler)
         self.clock = start + duration
         scheduler.update(batch, self.clock)
@@ -1261,6 +1270,74 @@ class KvLink:
                 "busy": self.busy_s / span if span else 0.0}
 
 
+# Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
+# n-gram prompt lookup): each step a decoding sequence brings K proposed tokens, the model computes
+# all K + 1 positions in one pass, keeps the proposals up to the first one it disagrees with, and
+# adds one token of its own. With each proposal accepted with probability A, a step yields
+# (1 - A^(K+1)) / (1 - A) tokens in expectation. The draws are seeded, so a run repeats.
+
+class SpeculativeScheduler(Scheduler):
+    """Always stepped by the per-step rule: decodes advance by a varying number of tokens."""
+
+    def __init__(self, *args, speculative_tokens: int, acceptance_rate: float, seed: int,
+                 draft: Optional[Roofline] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposals, self.acceptance = speculative_tokens, acceptance_rate
+        self.draws = random.Random(seed)
+        self.draft = draft            # the draft model's cost, or None for n-gram lookup (free)
+        self.spec_steps = self.spec_tokens = 0
+
+    def wanted(self, request: Request) -> int:
+        if request.remaining == 1 and request.generated:     # decoding: verify the proposals too
+            return 1 + min(self.proposals, request.output_tokens - request.generated - 1)
+        return request.remaining
+
+    def update(self, batch: Batch, now: float) -> None:
+        plain = Batch()
+        for request, tokens in batch.items:
+            if request.computed + 1 == request.length and request.generated and tokens > 1:
+                self.verify(request, tokens - 1, now)
+            else:
+                plain.items.append((request, tokens))
+        super().update(plain, now)
+
+    def verify(self, request: Request, proposed: int, now: float) -> None:
+        accepted = 0
+        while accepted < proposed and self.draws.random() < self.acceptance:
+            accepted += 1
+        request.computed += 1 + accepted          # the accepted proposals' KV stays
+        self.spec_steps += 1
+        self.spec_tokens += accepted + 1
+        for _ in range(accepted + 1):             # they arrive together, at the end of the step
+            gap = request.emit(now)
+            if gap is not None:
+                gap = round(gap, ITL_DIGITS)
+                self.itl[gap] = self.itl.get(gap, 0) + 1
+        if request.finished:
+            self.release(request)
+            self.done.append(request)
+
+    def extra_seconds(self, batch: Batch) -> float:
+        if self.draft is None:
+            return 0.0
+        drafting = [r for r, tokens in batch.items if tokens > 1 and r.computed + 1 == r.length and r.generated]
+        context = sum(r.computed for r in drafting)
+        # K sequential passes of the draft model over the decoding sequences.
+        return self.proposals * self.draft.step_seconds(len(drafting), context, len(drafting), context) if drafting else 0.0
+
+    def report(self) -> dict:
+        return {"speculative_tokens": self.proposals, "acceptance_rate": self.acceptance,
+                "draft": "n-gram" if self.draft is None else "draft model",
+                "verify_steps": self.spec_steps,
+                "mean_accepted_length": self.spec_tokens / self.spec_steps if self.spec_steps else None,
+                "expected_accepted_length": expected_accepted_length(self.proposals, self.acceptance)}
+
+
+def expected_accepted_length(k: int, a: float) -> float:
+    """Tokens a verify step yields on average: the accepted run of K proposals, plus one."""
+    return k + 1.0 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
 # ---------------------------------------------------------------------------------------------
 # Speed: the same rule with work per event, not per token. The per-step Scheduler above is the
 # rule and the test oracle: code/tests/test_engine.py runs both on random cases and compares
@@ -1536,6 +1613,9 @@ class RunSpec:
     max_tokens_in_flight: Optional[int] = None
     batching: str = "continuous"          # or "static"
     kv_layout: str = "paged"              # or "slots"
+    speculative_tokens: int = 0           # proposals verified per decoding sequence per step
+    acceptance_rate: float = 0.7          # the chance each proposal is accepted
+    draft_model: Optional[ModelSpec] = None   # None: n-gram prompt lookup, which costs nothing
     disaggregate: bool = False
     prefill_hardware: Optional[Hardware] = None
     decode_hardware: Optional[Hardware] = None
@@ -1574,12 +1654,14 @@ def check_spec(spec: RunSpec) -> None:
     if spec.kv_layout == "slots" and spec.prefix_caching:
         raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
                         "drop --prefix-caching")
+    if spec.speculative_tokens and spec.batching == "static":
+        raise UserError("speculative decoding is modelled for continuous batching; drop --batching static")
     if spec.disaggregate and (spec.batching == "static" or spec.kv_layout == "slots"):
         raise UserError("disaggregation is modelled for continuous batching on a paged cache; "
                         "drop --batching static / --kv-layout slots")
 
 
-def make_scheduler(spec: RunSpec, plan: CapacityPlan) -> Scheduler:
+def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] = None) -> Scheduler:
     """The core scheduler (per step or per event) with the variations the spec asks for."""
     config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, spec.block_size,
                              spec.chunked_prefill, spec.prefix_caching, spec.reserve_full_isl)
@@ -1596,6 +1678,10 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan) -> Scheduler:
         options["kv_tokens"] = plan.kv_tokens
     if spec.batching == "static":
         classes.append(StaticBatchScheduler)
+    elif spec.speculative_tokens:
+        classes.append(SpeculativeScheduler)
+        options.update(speculative_tokens=spec.speculative_tokens, acceptance_rate=spec.acceptance_rate,
+                       seed=spec.seed, draft=draft)
     else:
         classes.append(EventScheduler if spec.engine == "event" else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
@@ -1609,9 +1695,12 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
 
     def engine(hardware: Hardware) -> Engine:
+        draft = spec.draft_model if spec.speculative_tokens else None
         plan = plan_capacity(hardware, model, spec.gpu_memory_utilization, spec.block_size,
-                             spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks)
-        scheduler = make_scheduler(spec, plan)
+                             spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks,
+                             extra_weight_bytes=draft.weight_bytes if draft else 0.0)
+        draft_cost = COST_MODELS[spec.cost_model](hardware, draft) if draft else None
+        scheduler = make_scheduler(spec, plan, draft_cost)
         cost = COST_MODELS[spec.cost_model](hardware, model, gemm_tflops(hardware, spec.quantization))
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, model, scheduler, cost)
         engine.plan_note = plan.note
@@ -1681,6 +1770,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     }
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
+    if isinstance(decode.scheduler, SpeculativeScheduler):
+        result["speculative"] = decode.scheduler.report()
     if timeline:
         result["timeline"] = timeline_rows(engines[-1].timeline, done, result["duration"])
     if spec.detailed:
@@ -3424,6 +3515,11 @@ def print_run(result: dict, out=sys.stdout) -> None:
             w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,} "
               f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
               f"{engine['kv_used_of_reserved']:.1%} used\n")
+    if result.get("speculative"):
+        sp = result["speculative"]
+        w(f"{'speculative':<12}{sp['speculative_tokens']} proposals ({sp['draft']}), acceptance {sp['acceptance_rate']:g}: "
+          f"{number(sp['mean_accepted_length'], 2)} tokens per verify step (expected "
+          f"{sp['expected_accepted_length']:.2f})\n")
     if result.get("link"):
         prefill, link = result["prefill_engine"], result["link"]
         w(f"{'prefill':<12}{prefill['hardware']}: {prefill['steps']:,} steps  mean batch {prefill['mean_batch']:.1f}  "
@@ -3770,6 +3866,16 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g.add_argument("--kv-layout", choices=("paged", "slots"), default="paged",
                    help="paged: blocks allocated as sequences grow; slots: the cache split evenly into "
                         "--max-num-seqs fixed contexts, as llama.cpp with --parallel (default: %(default)s)")
+    g = p.add_argument_group("speculative decoding (vLLM's --speculative-config)")
+    g.add_argument("--speculative-tokens", type=whole(0, 64), metavar="K", default=0,
+                   help="each decoding sequence verifies K proposed tokens per step, as num_speculative_tokens "
+                        "(default: off)")
+    g.add_argument("--acceptance-rate", type=real(0, 1, above_low=False, what="a fraction in [0, 1]"), default=0.7,
+                   metavar="A", help="the chance each proposal is accepted; a step yields (1 - A^(K+1)) / (1 - A) "
+                                     "tokens on average (default: %(default)s)")
+    g.add_argument("--draft-model", metavar="MODEL",
+                   help="the draft model proposing them (a preset or JSON), run K times per step and kept in "
+                        "memory (default: n-gram prompt lookup, which costs nothing)")
     g = p.add_argument_group("prefill/decode disaggregation")
     g.add_argument("--disaggregate", action="store_true",
                    help="one engine only prefills, another only decodes; each request's KV crosses a link "
@@ -3855,6 +3961,8 @@ def spec_from_args(args) -> RunSpec:
         max_model_len=args.max_model_len, kv_tokens=args.kv_tokens, num_gpu_blocks=args.num_gpu_blocks,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         cost_model=args.cost_model,
+        speculative_tokens=args.speculative_tokens, acceptance_rate=args.acceptance_rate,
+        draft_model=load_preset("model", args.draft_model, MODELS, ModelSpec) if args.draft_model else None,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
         reserve_full_isl=args.scheduler_reserve_full_isl,

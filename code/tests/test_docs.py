@@ -15,7 +15,7 @@ import unittest
 from helpers import CODE, ROOT
 
 DOCUMENTS = ["README.md"] + [os.path.join("outputs", f) for f in sorted(os.listdir(os.path.join(ROOT, "outputs")))]
-DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain"}
+DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare"}
 
 
 def blocks(text):
