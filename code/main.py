@@ -86,6 +86,11 @@ class Hardware:
     gemm_efficiency: float = 0.8       # share of dense peak a large BF16 GEMM achieves
     attention_efficiency: float = 0.6  # share of dense peak flash attention achieves in prefill
     bandwidth_efficiency: float = 0.9  # share of peak bandwidth a streaming read achieves
+    # Between devices: NVLink or PCIe, GB/s per direction per GPU, and the latency of one hop of a
+    # ring. 0: none known, so tensor parallelism refuses this device.
+    interconnect_gbs: float = 0.0
+    interconnect_latency_us: float = 0.0
+    price_per_hour: float = 0.0        # typical on-demand USD per GPU-hour (see the presets' sources)
 
 
 @dataclass(frozen=True)
@@ -102,10 +107,43 @@ class ModelSpec:
     heads: int = 0             # query heads; 0: kv_heads
     vocab_size: int = 0        # 0: unknown, so embeddings are priced as ordinary weights
     tie_word_embeddings: bool = False
+    # Mixture of experts; 0 means dense. All experts sit in memory; a token computes only the
+    # shared weights (attention, embeddings, router) and its experts_per_token experts.
+    active_params: float = 0.0     # parameters one token computes
+    experts: int = 0               # experts per MoE layer
+    experts_per_token: int = 0
+    expert_dtype_bytes: float = 0.0   # 0: weight_dtype_bytes (gpt-oss keeps its experts in MXFP4)
+    # Sliding-window attention (gpt-oss): these layers keep only the last sliding_window tokens, in
+    # a small pool of their own, so only the other layers grow the KV cache with the context.
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    expert_share: float = 1.0      # the share of the experts one device holds (expert parallelism)
+
+    @property
+    def expert_params(self) -> float:
+        """All the experts' parameters, every layer's, every expert's."""
+        if not self.experts:
+            return 0.0
+        one = (self.params - self.active_params) / (self.experts - self.experts_per_token)
+        return one * self.experts
+
+    @property
+    def shared_params(self) -> float:
+        return self.params - self.expert_params
+
+    @property
+    def expert_bytes(self) -> float:
+        """The experts' bytes on one device."""
+        return self.expert_params * (self.expert_dtype_bytes or self.weight_dtype_bytes) * self.expert_share
 
     @property
     def weight_bytes(self) -> float:
-        return self.params * self.weight_dtype_bytes
+        return self.shared_params * self.weight_dtype_bytes + self.expert_bytes
+
+    @property
+    def compute_params(self) -> float:
+        """Parameters one token computes: all of a dense model, the active ones of a MoE."""
+        return self.active_params or self.params
 
     @property
     def query_heads(self) -> int:
@@ -125,7 +163,7 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         # A key and a value vector per layer per KV head. Grouped-query attention is why this
         # uses kv_heads, not the query heads: it cuts the cache by the group size.
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        return 2 * (self.layers - self.sliding_layers) * self.kv_heads * self.head_dim * self.kv_dtype_bytes
 
 
 HARDWARE = {h.name: h for h in [
@@ -139,19 +177,35 @@ HARDWARE = {h.name: h for h in [
     # arXiv 2307.08691), FlashAttention-3 (75% of H100, 740 TFLOPS, arXiv 2407.08608) and FA2 on the
     # 4090 (151-169 TFLOPS, apache/tvm flash_perf); bandwidth from clpeak on the 4090 (921 GB/s,
     # krrishnarraj/clpeak#106). Devices without a measurement keep the defaults (0.8, 0.6, 0.9).
-    Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75),
-    Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6),
-    Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75),
-    Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5),
+    # Interconnect per direction: NVLink 4 450 GB/s (H100, H200), NVLink 3 300 (A100), NVLink 5 900
+    # (B200), Infinity Fabric 7 x 64 (MI300X); PCIe Gen4 x16 31.5, Gen5 x16 63. A hop of a ring costs
+    # 3 us on NVLink (a 2-GPU small all-reduce on H100 takes about 6 us: NVIDIA/nccl#1259) and, with
+    # no measurement found, 10 us over PCIe. Prices: typical on-demand USD per GPU-hour as read in
+    # Aug-Sep 2026 from Lambda (H100 3.99, A100 2.79, B200 6.69; 8-GPU instances), Crusoe (H200 4.29,
+    # MI300X 3.45), AWS us-east-1 g6.xlarge (L4 0.80), RunPod secure cloud (RTX 4090 0.74,
+    # L40S 1.09) and Hyperstack (RTX PRO 6000 1.85); pass --price-per-hour for your own.
+    Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
+             interconnect_gbs=450, interconnect_latency_us=3, price_per_hour=3.99),
+    Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6,
+             interconnect_gbs=300, interconnect_latency_us=3, price_per_hour=2.79),
+    Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
+             interconnect_gbs=450, interconnect_latency_us=3, price_per_hour=4.29),
+    Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5,
+             interconnect_gbs=31.5, interconnect_latency_us=10, price_per_hour=0.80),
     Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3, gemm_efficiency=0.9,
-             attention_efficiency=0.9, bandwidth_efficiency=0.91),
+             attention_efficiency=0.9, bandwidth_efficiency=0.91, interconnect_gbs=31.5,
+             interconnect_latency_us=10, price_per_hour=0.74),
     # Memory as nvidia-smi (or rocm-smi) reports it. L40S datasheet; RTX PRO Blackwell architecture
     # whitepaper table 4 (Workstation Edition; FP8 is twice its BF16); NVIDIA HGX B200 table;
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
-    Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733),
-    Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6),
-    Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78),
-    Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60),
+    Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=10,
+             price_per_hour=1.09),
+    Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
+             interconnect_latency_us=10, price_per_hour=1.85),
+    Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
+             interconnect_latency_us=3, price_per_hour=6.69),
+    Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
+             interconnect_latency_us=3, price_per_hour=3.45),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
@@ -165,6 +219,23 @@ MODELS = {m.name: m for m in [
     ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064),
     ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32, hidden_size=576, heads=9,
               vocab_size=49152, tie_word_embeddings=True),
+    # What people deploy now, from each config.json (Qwen/Qwen3-8B, -32B, -30B-A3B;
+    # openai/gpt-oss-20b, -120b; meta-llama/Llama-3.3-70B-Instruct) and the model cards' parameter
+    # counts. gpt-oss keeps its experts in MXFP4: 4 bits plus an 8-bit scale per 32 values, 17/32 of
+    # a byte; its other weights in BF16; half its layers attend to a 128-token sliding window. Its
+    # cards count active parameters without the input embedding (3.61 B, 5.13 B); active_params
+    # counts every weight a token uses, so the embedding's 201,088 x 2,880 is added.
+    ModelSpec("qwen3-8b", 8.19e9, 36, 8, 128, hidden_size=4096, heads=32, vocab_size=151936),
+    ModelSpec("qwen3-32b", 32.8e9, 64, 8, 128, hidden_size=5120, heads=64, vocab_size=151936),
+    ModelSpec("qwen3-30b-a3b", 30.5e9, 48, 4, 128, hidden_size=2048, heads=32, vocab_size=151936,
+              active_params=3.3e9, experts=128, experts_per_token=8),
+    ModelSpec("gpt-oss-20b", 20.91e9, 24, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
+              active_params=3.61e9 + 201088 * 2880, experts=32, experts_per_token=4, expert_dtype_bytes=17 / 32,
+              sliding_layers=12, sliding_window=128),
+    ModelSpec("gpt-oss-120b", 116.83e9, 36, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
+              active_params=5.13e9 + 201088 * 2880, experts=128, experts_per_token=4, expert_dtype_bytes=17 / 32,
+              sliding_layers=18, sliding_window=128),
+    ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
 ]}
 
 
@@ -185,7 +256,7 @@ class CapacityPlan:
     num_blocks: int
     source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
     note: str = ""    # what an explicit size implies, said once on stderr
-    gemm_tflops: Optional[float] = None   # the peak the weights' GEMMs run at, when not the BF16 one
+    tensor_parallel_size: int = 1      # the plan is one GPU's of that many
 
     @property
     def kv_tokens(self) -> int:
@@ -272,10 +343,16 @@ class Roofline:
 
     def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
         # gemm_tflops: the peak the weights' matrix multiplies run at (FP8 weights on FP8 tensor cores).
-        self.flops_per_token = 2 * model.params
+        self.flops_per_token = 2 * model.compute_params
         self.flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.mfu
         self.weight_bytes = model.weight_bytes
         self.kv_bytes_per_token = model.kv_bytes_per_token
+        # A mixture of experts reads the experts its step's tokens touch: T tokens each choosing k
+        # of E touch E x (1 - (1 - k/E)^T) of them, a few for one decode, all for a long prefill.
+        # With expert parallelism a device's experts see the tokens of every device in the group.
+        self.expert_bytes = model.expert_bytes
+        self.miss = 1 - model.experts_per_token / model.experts if model.experts else 0.0
+        self.tokens_per_expert_token = 1 / model.expert_share
         self.bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.mbu
         # The GPU presets have no per-sequence cost; a CPU server pays one (see calibrate).
         self.step_overhead_ms = hardware.step_overhead_ms
@@ -284,8 +361,14 @@ class Roofline:
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         """(compute seconds, memory seconds) of a step of `tokens` that reads `context_tokens` of KV."""
         compute = self.flops_per_token * tokens / self.flops_per_second
-        memory = (self.weight_bytes + context_tokens * self.kv_bytes_per_token) / self.bytes_per_second
+        memory = (self.weights_read(tokens) + context_tokens * self.kv_bytes_per_token) / self.bytes_per_second
         return compute, memory
+
+    def weights_read(self, tokens: float) -> float:
+        if not self.expert_bytes:
+            return self.weight_bytes
+        untouched = self.miss ** (tokens * self.tokens_per_expert_token)
+        return self.weight_bytes - self.expert_bytes * untouched
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         """`pairs` (attention's query-key pairs) is what a finer model prices; the roofline leaves
@@ -866,17 +949,19 @@ class Engine:
 
 
 def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
-             progress: Optional[Callable[[Engine, int], None]] = None) -> None:
+             progress: Optional[Callable[[Engine, int], None]] = None, router=None) -> None:
     """Run requests to the end on one engine, or on several sharing one virtual clock (a prefill
-    engine feeding a decode engine). Open loop: each request is sent at its sent_s. Closed loop:
-    `concurrency` clients, each sending the next request the moment its previous one ends. The
-    engine whose next event comes first steps next."""
+    engine feeding a decode engine; replicas behind a router). Open loop: each request is sent at
+    its sent_s. Closed loop: `concurrency` clients, each sending the next request the moment its
+    previous one ends. Whatever comes first, an arrival or an engine's next step, happens next."""
     engines = engines if isinstance(engines, list) else [engines]
     first = engines[0]
+    send = router.send if router else (lambda request, at: first.deliver(at, request))
     backlog = deque(requests)
     if not concurrency:
         for request in sorted(backlog, key=lambda r: r.sent_s):
-            first.deliver(request.sent_s, request)
+            (router.arrive if router else send)(request, request.sent_s)
+    arrival = router.next_event if router else (lambda: math.inf)
     sent = next_report = 0
     now = 0.0
     while True:
@@ -884,23 +969,26 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
             while backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
                 request = backlog.popleft()
                 request.sent_s = now
-                first.deliver(now, request)
+                send(request, now)
                 sent += 1
         engine = first if len(engines) == 1 else min(engines, key=Engine.next_event)
         at = engine.next_event()
+        if arrival() <= at and arrival() < math.inf:
+            router.route_next()       # routed at the moment it arrives, on the replicas' state then
+            continue
         if at == math.inf:
             return
         engine.clock = max(engine.clock, at)
         engine.take_deliveries()
         if engine.has_work():
-            # Until when nothing else can reach this engine: a free client sends now; another
-            # engine may hand it work from its next event on.
+            # Until when nothing else can reach this engine: a free client sends now; an arrival
+            # or another engine may hand it work from its next event on.
             if concurrency and backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
                 until = engine.clock
             elif len(engines) == 1:
-                until = math.inf
+                until = arrival()
             else:
-                until = min(e.next_event() for e in engines if e is not engine)
+                until = min(arrival(), *(e.next_event() for e in engines if e is not engine))
             engine.advance(until)
             if progress and engine.stats.steps >= next_report:
                 progress(engine, len(requests))
@@ -1087,9 +1175,9 @@ class KernelCost(Roofline):
         super().__init__(hardware, model, gemm_tflops)
         embedding, lm_head = model.embedding_params, model.lm_head_params
         tied = model.tie_word_embeddings
-        self.linear_flops_per_token = 2 * (model.params - embedding - (0 if tied else lm_head))
+        self.linear_flops_per_token = 2 * (model.compute_params - embedding - (0 if tied else lm_head))
         self.lm_head_flops_per_seq = 2 * lm_head
-        self.streamed_bytes = (model.params - (0 if tied else embedding)) * model.weight_dtype_bytes
+        self.streamed_bytes = model.weight_bytes - (0 if tied else embedding) * model.weight_dtype_bytes
         self.gemm_flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.gemm_efficiency
         self.attention_flops_per_pair = 4 * model.layers * model.query_heads * model.head_dim
         self.attention_flops_per_second = hardware.tflops * 1e12 * hardware.attention_efficiency
@@ -1097,14 +1185,19 @@ class KernelCost(Roofline):
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
-        memory = (self.streamed_bytes + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
+        memory = (self.streamed(tokens) + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
         return compute, memory
+
+    def streamed(self, tokens: float) -> float:
+        if not self.expert_bytes:
+            return self.streamed_bytes
+        return self.streamed_bytes - self.expert_bytes * self.miss ** (tokens * self.tokens_per_expert_token)
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         tiles = -(-tokens // GEMM_TILE) * GEMM_TILE
         head_tiles = -(-seqs // GEMM_TILE) * GEMM_TILE
         gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
-                   / self.gemm_flops_per_second, self.streamed_bytes / self.stream_bytes_per_second)
+                   / self.gemm_flops_per_second, self.streamed(tokens) / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
         overhead = self.step_overhead_ms + seqs * (self.seq_overhead_ms + SERVER_SEQ_OVERHEAD_MS)
@@ -1268,6 +1361,109 @@ class KvLink:
         return {"gbs": self.gbs, "transfers": self.transfers,
                 "mean_wait_ms": self.wait_s / self.transfers * 1000 if self.transfers else None,
                 "busy": self.busy_s / span if span else 0.0}
+
+
+# Tensor parallelism (vLLM's --tensor-parallel-size N): every weight matrix is split across N
+# devices, and so are the query and KV heads (a KV head is replicated when N exceeds them), so each
+# device holds 1/N of the weights and of each token's KV, and computes 1/N of each step. After the
+# attention and after the MLP of every layer the devices all-reduce the activations. vLLM's "GPU KV
+# cache size" counts tokens across the group: a block spans the N devices.
+
+def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
+    """What one device of a tensor-parallel group holds and computes."""
+    if tp == 1:
+        return model
+    if model.kv_heads % tp and tp % model.kv_heads:
+        raise UserError(f"--tensor-parallel-size {tp}: {model.name}'s {model.kv_heads} KV heads do not split "
+                        f"evenly over {tp} devices (vLLM needs one to divide the other)")
+    return replace(model, params=model.params / tp, active_params=model.active_params / tp,
+                   kv_heads=max(1, model.kv_heads // tp), heads=max(1, model.query_heads // tp),
+                   hidden_size=model.hidden_size or model.query_heads * model.head_dim,
+                   vocab_size=-(-model.vocab_size // tp))
+
+
+def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
+    """Expert parallelism over ep devices: each holds 1/ep of the experts and all the rest."""
+    return replace(model, expert_share=model.expert_share / ep) if ep > 1 else model
+
+
+class Parallel:
+    """One device's step in a group: its own share of the work, plus the group's communication.
+    A ring all-reduce of B bytes over N devices moves 2(N - 1)/N x B per device and takes 2(N - 1)
+    hops; an all-to-all (expert parallelism) sends (N - 1)/N of each token's copies to the other
+    devices in one hop. Both run on the interconnect's bandwidth per direction."""
+
+    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, ep: int = 1):
+        if hardware.interconnect_gbs <= 0:
+            raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
+                            f"add it to the hardware JSON to run {tp * ep} of them as one group")
+        self.inner, self.tp, self.ep = inner, tp, ep
+        self.link = hardware.interconnect_gbs * 1e9
+        self.hop = hardware.interconnect_latency_us / 1e6
+        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
+        self.layers = model.layers
+        self.routed = model.experts_per_token if model.experts else 0
+
+    def communication_seconds(self, tokens: float) -> float:
+        seconds = 0.0
+        if self.tp > 1:
+            ring = 2 * (self.tp - 1)
+            seconds += 2 * self.layers * (ring / self.tp * tokens * self.activation_bytes / self.link + ring * self.hop)
+        if self.ep > 1 and self.routed:
+            copies = tokens * self.routed * self.activation_bytes * (self.ep - 1) / self.ep
+            seconds += 2 * self.layers * (copies / self.link + self.hop)     # dispatch and combine
+        return seconds
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        return self.inner.times(tokens, context_tokens)
+
+    def critical_batch(self) -> float:
+        return self.inner.critical_batch()
+
+
+# Replicas behind a router (vLLM's --data-parallel-size N, or N servers behind llm-d or SGLang's
+# router): N engines on one virtual clock, each with its own cache; each request goes to one of
+# them at the moment it arrives.
+
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+
+
+class Router:
+    def __init__(self, engines: list[Engine], policy: str):
+        self.engines, self.policy = engines, policy
+        self.arrivals: deque = deque()    # (time, request) not yet routed, in time order
+        self.turn = 0
+
+    def arrive(self, request: Request, at: float) -> None:
+        self.arrivals.append((at, request))
+
+    def next_event(self) -> float:
+        return self.arrivals[0][0] if self.arrivals else math.inf
+
+    def route_next(self) -> None:
+        at, request = self.arrivals.popleft()
+        self.send(request, at)
+
+    def send(self, request: Request, at: float) -> None:
+        self.choose(request).deliver(at, request)
+
+    def choose(self, request: Request) -> Engine:
+        if self.policy == "round-robin":
+            self.turn += 1
+            return self.engines[(self.turn - 1) % len(self.engines)]
+        load = lambda e: len(e.scheduler.waiting) + len(e.scheduler.running) + len(e.inbox)
+        candidates = self.engines
+        if self.policy == "prefix-aware":
+            # The replica whose cache holds the longest run of this prompt's blocks, as llm-d's
+            # prefix-cache scorer and SGLang's cache-aware router aim for; the least loaded of
+            # those, or of all when none holds any.
+            hits = [len(e.scheduler.cache_hits(request)) for e in self.engines]
+            if max(hits) > 0:
+                candidates = [e for e, h in zip(self.engines, hits) if h == max(hits)]
+        return min(candidates, key=load)
 
 
 # Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
@@ -1616,6 +1812,10 @@ class RunSpec:
     speculative_tokens: int = 0           # proposals verified per decoding sequence per step
     acceptance_rate: float = 0.7          # the chance each proposal is accepted
     draft_model: Optional[ModelSpec] = None   # None: n-gram prompt lookup, which costs nothing
+    tensor_parallel_size: int = 1         # devices one engine's weights and KV are split across
+    data_parallel_size: int = 1           # replicas behind a router
+    router: str = "least-loaded"          # or "round-robin", "prefix-aware"
+    enable_expert_parallel: bool = False  # with replicas: experts spread across them
     disaggregate: bool = False
     prefill_hardware: Optional[Hardware] = None
     decode_hardware: Optional[Hardware] = None
@@ -1654,6 +1854,14 @@ def check_spec(spec: RunSpec) -> None:
     if spec.kv_layout == "slots" and spec.prefix_caching:
         raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
                         "drop --prefix-caching")
+    if spec.disaggregate and spec.data_parallel_size > 1:
+        raise UserError("--data-parallel-size with --disaggregate is not modelled: one prefill and one decode engine")
+    if spec.enable_expert_parallel and (spec.data_parallel_size < 2 or spec.tensor_parallel_size > 1
+                                        or not spec.model.experts):
+        raise UserError("--enable-expert-parallel spreads a mixture of experts' experts over --data-parallel-size "
+                        "replicas: it needs a MoE model, --data-parallel-size 2 or more, and tensor parallel size 1")
+    if spec.router not in ROUTERS:
+        raise UserError(f"--router {spec.router!r}: use one of {', '.join(ROUTERS)}")
     if spec.speculative_tokens and spec.batching == "static":
         raise UserError("speculative decoding is modelled for continuous batching; drop --batching static")
     if spec.disaggregate and (spec.batching == "static" or spec.kv_layout == "slots"):
@@ -1693,23 +1901,27 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     check_spec(spec)
 
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
+    tp, ep = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1
+    device = expert_shard(tensor_shard(model, tp), ep)      # what each GPU holds and computes
 
     def engine(hardware: Hardware) -> Engine:
         draft = spec.draft_model if spec.speculative_tokens else None
-        plan = plan_capacity(hardware, model, spec.gpu_memory_utilization, spec.block_size,
+        plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size,
                              spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks,
                              extra_weight_bytes=draft.weight_bytes if draft else 0.0)
         draft_cost = COST_MODELS[spec.cost_model](hardware, draft) if draft else None
         scheduler = make_scheduler(spec, plan, draft_cost)
-        cost = COST_MODELS[spec.cost_model](hardware, model, gemm_tflops(hardware, spec.quantization))
+        cost = COST_MODELS[spec.cost_model](hardware, device, gemm_tflops(hardware, spec.quantization))
+        if tp > 1 or ep > 1:
+            cost = Parallel(cost, hardware, model, tp, ep)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, model, scheduler, cost)
         engine.plan_note = plan.note
         return engine
 
     if not spec.disaggregate:
-        return [engine(spec.hardware)], None
+        return [engine(spec.hardware) for _ in range(spec.data_parallel_size)], None
     prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
-    link = KvLink(spec.kv_link_gbs, model.kv_bytes_per_token, decode)
+    link = KvLink(spec.kv_link_gbs, device.kv_bytes_per_token * tp, decode)
     prefill.scheduler.handoff = link.send
     return [prefill, decode], link
 
@@ -1735,19 +1947,34 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
     with `timeline`, per-second stats in the shape vLLM logs them (needs spec.detailed)."""
     engines, link = build_engines(spec)
+    replicas = engines if len(engines) > 1 and not link else [engines[-1]]
     if timeline:
-        engines[-1].timeline = {}
+        for engine in replicas:
+            engine.timeline = {}
+    router = Router(engines, spec.router) if len(replicas) > 1 else None
     requests = make_requests(spec, progress)
     report = None
     if progress:
         report = lambda e, total: progress(f"{sum(len(x.scheduler.done) for x in engines):,}/{total:,} requests "
                                            f"done, {e.clock:,.1f} s simulated")
-    simulate(engines, requests, spec.clients(), report)
+    simulate(engines, requests, spec.clients(), report, router)
     done = [r for e in engines for r in e.scheduler.done]
     result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()))
     decode = engines[-1]
-    result["engine"] = decode.report(result["duration"])
-    where = f"on {decode.hardware.name}"
+    if router:
+        result["replicas"] = [e.report(result["duration"]) for e in replicas]
+        result["engine"] = combined_report(result["replicas"])
+        queries = sum(e.scheduler.prefix_queries for e in replicas)
+        result["engine"]["prefix_hit_rate"] = sum(e.scheduler.prefix_hits for e in replicas) / queries if queries else 0.0
+    else:
+        result["engine"] = decode.report(result["duration"])
+    gpus = spec.tensor_parallel_size * spec.data_parallel_size * (2 if link else 1)
+    where = f"on {decode.hardware.name}" + (f" x {gpus}" if gpus > 1 else "")
+    if spec.tensor_parallel_size > 1:
+        where += f" (tensor parallel {spec.tensor_parallel_size})"
+    if router:
+        where += (f" ({spec.data_parallel_size} replicas, {spec.router} router"
+                  + (", expert parallel" if spec.enable_expert_parallel else "") + ")")
     if link:
         result["prefill_engine"] = engines[0].report(result["duration"])
         result["link"] = link.report(result["duration"])
@@ -1766,14 +1993,17 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "kv_tokens": decode.scheduler.pool.num_blocks * config.block_size,
         "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
-        "cost_model": spec.cost_model,
+        "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
+        "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
+        "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
+        "gpus": gpus,
     }
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
     if isinstance(decode.scheduler, SpeculativeScheduler):
         result["speculative"] = decode.scheduler.report()
     if timeline:
-        result["timeline"] = timeline_rows(engines[-1].timeline, done, result["duration"])
+        result["timeline"] = timeline_rows([e.timeline for e in replicas], done, result["duration"])
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
@@ -1782,10 +2012,11 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
 
 
-def timeline_rows(snapshots: dict, requests: list, duration: float) -> list[dict]:
+def timeline_rows(replicas: list[dict], requests: list, duration: float) -> list[dict]:
     """One row per second, as vLLM's logged stats: prompt tokens credited when a request's first
     token comes out (vLLM counts the whole prompt then), generated tokens when they do, and the
-    running, waiting and KV figures of the last step to end in that second."""
+    running, waiting and KV figures of the last step to end in that second (replicas: running and
+    waiting summed, KV use averaged)."""
     seconds = max(1, math.ceil(duration))
     prompt, generated = Counter(), Counter()
     for r in requests:
@@ -1793,34 +2024,66 @@ def timeline_rows(snapshots: dict, requests: list, duration: float) -> list[dict
             prompt[math.ceil(r.first_token_s) or 1] += r.prompt_tokens
             for at in r.token_times or ():
                 generated[math.ceil(at) or 1] += 1
-    rows, state = [], (0, 0, 0.0)
+    rows, states = [], [(0, 0, 0.0)] * len(replicas)
     for t in range(1, seconds + 1):
-        state = snapshots.get(t, state)
+        states = [snapshots.get(t, state) for snapshots, state in zip(replicas, states)]
         rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated[t]),
-                     "running": state[0], "waiting": state[1], "kv_cache_pct": round(100 * state[2], 2)})
+                     "running": sum(s[0] for s in states), "waiting": sum(s[1] for s in states),
+                     "kv_cache_pct": round(100 * sum(s[2] for s in states) / len(states), 2)})
     return rows
+
+
+def combined_report(replicas: list[dict]) -> dict:
+    """The replicas' engine reports as one: counts summed, peaks the highest, means weighted."""
+    steps = sum(r["steps"] for r in replicas)
+    total = lambda key: sum(r[key] for r in replicas)
+    hit_rates = [r["prefix_hit_rate"] for r in replicas]
+    return {
+        "hardware": replicas[0]["hardware"], "steps": steps,
+        "mean_batch": sum(r["mean_batch"] * r["steps"] for r in replicas) / steps if steps else 0.0,
+        "kv_peak": max(r["kv_peak"] for r in replicas), "kv_mean": total("kv_mean") / len(replicas),
+        "peak_waiting": max(r["peak_waiting"] for r in replicas), "peak_running": max(r["peak_running"] for r in replicas),
+        "steps_waiting_at_seq_cap": total("steps_waiting_at_seq_cap"), "preemptions": total("preemptions"),
+        "evictions": total("evictions"), "prefix_hit_rate": sum(hit_rates) / len(hit_rates),
+        "num_blocks": total("num_blocks"), "block_size": replicas[0]["block_size"],
+        "row_utilisation": None, "wasted_decode_rows": total("wasted_decode_rows"),
+        "kv_reserved_peak_tokens": max(r["kv_reserved_peak_tokens"] for r in replicas),
+        "kv_used_of_reserved": total("kv_used_of_reserved") / len(replicas), "mean_running": total("mean_running"),
+    }
 
 
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
 
 
-def sweep_point(spec: RunSpec, axis: str, value) -> RunSpec:
-    """The spec of one sweep point: `axis` set to `value`."""
-    if axis == "compare":
-        batching, kv_layout = COMPARE_MODES[value]
-        return replace(spec, batching=batching, kv_layout=kv_layout)
-    if axis == "kv_link_gbs":
-        return replace(spec, disaggregate=value != "colocated", kv_link_gbs=25.0 if value == "colocated" else value)
-    if axis == "max_tokens_in_flight":
-        return replace(spec, max_tokens_in_flight=value or None)     # 0 is no cap
-    if axis == "trace":
-        return spec
-    return replace(spec, **{axis: value})
+def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
+    """The spec of one sweep point: each RunSpec field in `settings` set to its value."""
+    for name, value in settings.items():
+        if name == "compare":
+            batching, kv_layout = COMPARE_MODES[value]
+            spec = replace(spec, batching=batching, kv_layout=kv_layout)
+        elif name == "kv_link_gbs":
+            spec = replace(spec, disaggregate=value != "colocated", kv_link_gbs=25.0 if value == "colocated" else value)
+        elif name == "max_tokens_in_flight":
+            spec = replace(spec, max_tokens_in_flight=value or None)     # 0 is no cap
+        elif name == "quantization":
+            spec = replace(spec, quantization=None if value == "none" else value)
+        elif name != "trace":
+            spec = replace(spec, **{name: value})
+    return spec
 
 
-def run_point(spec: RunSpec, axis: str, value, progress: Optional[Callable[[str], None]] = None) -> dict:
-    result = run(sweep_point(spec, axis, value), progress)
-    result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, value
+def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """One point's result; a point whose model does not fit is a result saying so, so a sweep
+    over deployments shows which ones are too small instead of stopping at the first."""
+    point = {k: getattr(v, "name", v) for k, v in settings.items()}
+    try:
+        result = run(sweep_point(spec, settings), progress)
+    except CapacityError as e:
+        return {"config": {"model": spec.model.name, "sweep_point": point}, "does_not_fit": str(e)}
+    result["config"]["sweep_point"] = point
+    if len(settings) == 1:
+        (axis, value), = settings.items()
+        result["config"]["sweep_axis"], result["config"]["sweep_value"] = axis, getattr(value, "name", value)
     return result
 
 
@@ -1830,30 +2093,32 @@ def quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def iter_sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1,
+def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
                progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
-    """Each point's result, in the order of `values`, as soon as it and those before it are done.
+    """Each point's result, in the order of `points`, as soon as it and those before it are done.
     With jobs > 1 the points run in that many processes; the results are the same."""
-    if jobs <= 1 or len(values) <= 1:
-        for value in values:
-            point = (lambda text, value=value: progress(f"{axis.replace('_', '-')} {value}: {text}")) if progress else None
-            yield run_point(spec, axis, value, point)
+    if jobs <= 1 or len(points) <= 1:
+        for settings in points:
+            label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
+            point = (lambda text, label=label: progress(f"{label}: {text}")) if progress else None
+            yield run_point(spec, settings, point)
         return
-    pool = multiprocessing.Pool(min(jobs, len(values)), initializer=quiet_worker)
+    pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
     try:
-        yield from pool.imap(functools.partial(run_point_at, spec, axis), values)
+        yield from pool.imap(functools.partial(run_point_at, spec), points)
         pool.close()
     finally:
         pool.terminate()
         pool.join()
 
 
-def run_point_at(spec: RunSpec, axis: str, value) -> dict:
-    return run_point(spec, axis, value)
+def run_point_at(spec: RunSpec, settings: dict) -> dict:
+    return run_point(spec, settings)
 
 
 def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
-    return list(iter_sweep(spec, axis, values, jobs))
+    """One point per value of one RunSpec field."""
+    return list(iter_sweep(spec, [{axis: value} for value in values], jobs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1908,6 +2173,11 @@ PRESET_RANGES = {
     "bandwidth_efficiency": (0.01, 1, "a fraction of peak bandwidth"),
     "hidden_size": (0, 1_000_000, "0 for heads x head_dim"), "heads": (0, 4096, "query heads; 0 for kv_heads"),
     "vocab_size": (0, 10_000_000, "0 if unknown"),
+    "active_params": (0, 1e14, "0 for a dense model"), "experts": (0, 100_000, "0 for a dense model"),
+    "experts_per_token": (0, 100_000, ""), "expert_dtype_bytes": (0, 8, "0 for weight_dtype_bytes"),
+    "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
+    "interconnect_gbs": (0, 100_000, "GB/s per direction, 0 for none"),
+    "interconnect_latency_us": (0, 10_000, "us per hop"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings",)
 
@@ -1951,6 +2221,12 @@ def load_preset(kind: str, value: str, presets: dict, cls):
         if known[name].type == "int" and v != int(v):
             raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
     preset = cls(**{k: int(v) if known[k].type == "int" and not isinstance(v, bool) else v for k, v in data.items()})
+    if isinstance(preset, ModelSpec) and preset.experts:
+        if not 0 < preset.experts_per_token < preset.experts or not 0 < preset.active_params < preset.params:
+            raise UserError(f"{where}: a mixture of experts needs 0 < experts_per_token < experts and "
+                            f"0 < active_params < params")
+    if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
+        raise UserError(f"{where}: sliding_layers must be fewer than layers")
     if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
         raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
     return preset
@@ -3641,16 +3917,13 @@ class SweepTable:
     """A sweep's table, printed a row at a time as points finish, so an interrupted sweep keeps
     the rows it printed. Widths come from the header and the axis labels, known up front."""
 
-    def __init__(self, title: str, axis: str, values: list, columns=SWEEP_COLUMNS, out=sys.stdout):
-        self.title, self.axis, self.columns, self.out = title, axis, columns, out
-        self.labels = [self.label(v) for v in values]
-        self.width = [max(len(axis), 6, *map(len, self.labels))] + [max(len(name), 7) for name, _ in columns]
+    def __init__(self, title: str, axes: list[str], points: list[dict], columns=SWEEP_COLUMNS, out=sys.stdout):
+        self.title, self.columns, self.out = title, columns, out
+        self.headers = [sweep_flag(axis)[2:] if axis != "trace" else axis for axis in axes]
+        self.labels = [[sweep_label(axis, point[axis]) for axis in axes] for point in points]
+        self.width = ([max(len(h), 6, *(len(row[i]) for row in self.labels)) for i, h in enumerate(self.headers)]
+                      + [max(len(name), 7) for name, _ in columns])
         self.printed = 0
-
-    def label(self, value) -> str:
-        if value == 0 and self.axis == "max-tokens-in-flight":
-            return "no cap"
-        return f"{value:g}" if isinstance(value, (int, float)) else os.path.basename(str(value))
 
     def line(self, cells: list[str]) -> None:
         self.out.write("  ".join(c.rjust(w) for c, w in zip(cells, self.width)) + "\n")
@@ -3658,11 +3931,17 @@ class SweepTable:
 
     def header(self) -> None:
         self.out.write(f"{self.title}\n")
-        self.line([self.axis] + [name for name, _ in self.columns])
+        self.line(self.headers + [name for name, _ in self.columns])
 
     def row(self, result: dict) -> None:
-        self.line([self.labels[self.printed]] + [cell(result) for _, cell in self.columns])
+        labels = self.labels[self.printed]
         self.printed += 1
+        if result.get("does_not_fit"):
+            self.out.write("  ".join(c.rjust(w) for c, w in zip(labels, self.width))
+                           + f"  does not fit: {result['does_not_fit']}\n")
+            self.out.flush()
+        else:
+            self.line(labels + [cell(result) for _, cell in self.columns])
 
 
 def flatten(result: dict, prefix: str = "") -> dict:
@@ -3684,25 +3963,39 @@ def print_csv(results: list[dict], out=sys.stdout) -> None:
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=sys.stdout) -> None:
-    h, m = plan.hardware, plan.model
+    h, m, tp = plan.hardware, plan.model, plan.tensor_parallel_size
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
-    out.write(f"{'capacity':<17}{m.name} on {h.name}  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n")
-    w("weights", f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:.1f} MB",
-      f"{m.params / 1e9:.2f} B params x {m.weight_dtype_bytes:g} bytes" if m.params >= 1e9
-      else f"{m.params / 1e6:.1f} M params x {m.weight_dtype_bytes:g} bytes")
+    group = f" x {tp} (tensor parallel: each line is one GPU's)" if tp > 1 else ""
+    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n")
+    params = m.params * tp
+    count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
+    if tp > 1:
+        count += f" / {tp} GPUs"
+    if m.experts:
+        count += (f" ({m.compute_params * tp / 1e9:.2f} B active: {m.experts_per_token} of {m.experts} experts); "
+                  f"experts x {m.expert_dtype_bytes or m.weight_dtype_bytes:.3g} bytes, the rest x {m.weight_dtype_bytes:g}")
+    else:
+        count += f" x {m.weight_dtype_bytes:g} bytes"
+    w("weights", f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:.1f} MB", count)
+    layers = f"{m.layers - m.sliding_layers} full-attention layers" if m.sliding_layers else f"{m.layers} layers"
     w("kv per token", f"{m.kv_bytes_per_token / KIB:.1f} KiB",
-      f"2 x {m.layers} layers x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
+      f"2 x {layers} x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
     w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB", f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
     note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
             "--kv-tokens": "fixed by --kv-tokens (llama.cpp --ctx-size)",
             "--num-gpu-blocks": "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
     w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
-    w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens")
+    w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens"
+      + (" (a block spans the group)" if tp > 1 else ""))
     w("max concurrency", f"{plan.max_concurrency:.2f}x", f"at {plan.max_model_len:,} tokens per request")
     step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
               f"at ~{cost.critical_batch():.0f} tokens per step\n")
+    if isinstance(cost, Parallel):
+        share = cost.communication_seconds(1) * 1000
+        out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers} layers over "
+                  f"{h.interconnect_gbs:g} GB/s, {h.interconnect_latency_us:g} us a hop\n")
     out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
               f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
@@ -3798,32 +4091,52 @@ def list_of(kind: Callable) -> Callable:
     return parse
 
 
-def add_plan_args(p: argparse.ArgumentParser) -> None:
+def many(kind: Callable, sweep: bool) -> Callable:
+    """A sweep takes every server setting as a comma-separated list; the other commands one value."""
+    return list_of(kind) if sweep else kind
+
+
+def choice(*names: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+def add_plan_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    several = ", or several comma-separated to sweep" if sweep else ""
     g = p.add_argument_group("hardware and memory plan")
-    g.add_argument("--hardware", default="h100-sxm-80gb",
-                   help="hardware preset name or a JSON file with its fields (default: %(default)s; list: main.py presets)")
+    g.add_argument("--hardware", default="h100-sxm-80gb", type=many(str, sweep),
+                   help=f"hardware preset name or a JSON file with its fields{several} (default: %(default)s; "
+                        f"list: main.py presets)")
     g.add_argument("--model", default="llama-3.1-8b",
                    help="model preset name or a JSON file with its fields (default: %(default)s)")
-    g.add_argument("--gpu-memory-utilization", type=fraction, default=0.9, metavar="F",
+    g.add_argument("--gpu-memory-utilization", type=many(fraction, sweep), default=0.9, metavar="F",
                    help="share of device memory for weights plus KV cache, as vLLM's flag (default: %(default)s)")
-    g.add_argument("--block-size", type=whole(1, 2**20), default=16, metavar="TOKENS",
+    g.add_argument("--block-size", type=many(whole(1, 2**20), sweep), default=16, metavar="TOKENS",
                    help="tokens per KV block, as vLLM's --block-size (default: %(default)s)")
-    g.add_argument("--max-model-len", type=TOKENS, default=4096, metavar="TOKENS",
+    g.add_argument("--max-model-len", type=many(TOKENS, sweep), default=4096, metavar="TOKENS",
                    help="longest prompt + output a request may have; longer requests fail (default: %(default)s)")
     size = g.add_mutually_exclusive_group()
-    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS",
+    size.add_argument("--kv-tokens", type=many(whole(1, 10**12), sweep), metavar="TOKENS",
                       help="fix the KV cache at this many tokens instead of sizing it from memory, as "
                            "llama.cpp's --ctx-size does (default: from the memory budget)")
-    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS",
+    size.add_argument("--num-gpu-blocks", type=many(whole(1, 10**11), sweep), metavar="BLOCKS",
                       help="fix the number of KV blocks, as copied from a vLLM startup log "
                            "(default: from the memory budget)")
-    g.add_argument("--cost-model", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
+    g.add_argument("--tensor-parallel-size", "-tp", type=many(whole(1, 64), sweep), default=1, metavar="N",
+                   help="split each engine's weights and KV heads over N GPUs, as vLLM's flag; each step adds two "
+                        "all-reduces per layer on the interconnect (default: %(default)s)")
+    g.add_argument("--cost-model", type=many(choice(*COST_MODELS), sweep), default=DEFAULT_COST_MODEL,
+                   metavar="|".join(COST_MODELS),
                    help="how a step is priced: roofline (the lesson's: compute vs memory for the whole step) or "
                         "kernels (GEMMs and attention apart, with tiles and measured efficiencies) (default: %(default)s)")
-    g.add_argument("--quantization", choices=tuple(WEIGHT_BYTES),
+    g.add_argument("--quantization", type=many(choice("none", *WEIGHT_BYTES), sweep), metavar="fp8|int4",
                    help="fp8: 1 byte per weight, on FP8 tensor cores where the device has them; int4: AWQ/GPTQ "
                         "4-bit weights (0.53 bytes with scales), BF16 compute (default: the model's own dtype)")
-    g.add_argument("--kv-cache-dtype", choices=("auto", *KV_BYTES), default="auto",
+    g.add_argument("--kv-cache-dtype", type=many(choice("auto", *KV_BYTES), sweep), default="auto", metavar="auto|fp8",
                    help="fp8: one byte per KV element, twice the tokens in the same memory (default: %(default)s, "
                         "the model's dtype)")
 
@@ -3841,24 +4154,24 @@ def non_negative_int(text: str) -> int:
 
 
 def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
-    add_plan_args(p)
+    add_plan_args(p, sweep)
+    switch = dict(nargs="?", const=[True] if sweep else True, default=False, type=many(on_off, sweep), metavar="on|off")
     g = p.add_argument_group("scheduler")
-    g.add_argument("--max-num-seqs", type=whole(1, 10**6), default=256, metavar="N",
+    g.add_argument("--max-num-seqs", type=many(whole(1, 10**6), sweep), default=256, metavar="N",
                    help="most sequences in one step (vLLM --max-num-seqs, llama.cpp --parallel) (default: %(default)s)")
-    g.add_argument("--max-num-batched-tokens", type=TOKENS, default=8192, metavar="TOKENS",
+    g.add_argument("--max-num-batched-tokens", type=many(TOKENS, sweep), default=8192, metavar="TOKENS",
                    help="token budget per step, prefill chunks plus decodes (default: %(default)s)")
     g.add_argument("--no-chunked-prefill", action="store_true",
                    help="admit a prompt only if all of it fits the step's budget left (default: chunked prefill on)")
-    g.add_argument("--prefix-caching", action="store_true",
-                   help="share KV blocks of identical prefixes, as vLLM's automatic prefix caching (default: off)")
-    g.add_argument("--scheduler-reserve-full-isl", action="store_true",
+    g.add_argument("--prefix-caching", **switch,
+                   help="share KV blocks of identical prefixes, as vLLM's automatic prefix caching; the flag alone "
+                        "is on" + (", on,off sweeps both" if sweep else "") + " (default: off)")
+    g.add_argument("--scheduler-reserve-full-isl", **switch,
                    help="admit a request only if blocks for its whole prompt are free, not just its first "
                         "chunk (default: off)")
-    g.add_argument("--max-tokens-in-flight", type=list_of(non_negative_int) if sweep else non_negative_int,
-                   metavar="TOKENS" + (",..." if sweep else ""),
+    g.add_argument("--max-tokens-in-flight", type=many(non_negative_int, sweep), metavar="TOKENS",
                    help="admit a request only while prompt + output summed over running requests stays under "
-                        "this cap, as TGI's --max-batch-total-tokens; 0 is no cap" + (", several to sweep" if sweep else "")
-                        + " (default: no cap)")
+                        "this cap, as TGI's --max-batch-total-tokens; 0 is no cap (default: no cap)")
     g = p.add_argument_group("batching modes (the reference engine's, side by side)")
     g.add_argument("--batching", choices=("continuous", "static"), default="continuous",
                    help="continuous: the batch is decided again every step; static: take --max-num-seqs "
@@ -3866,13 +4179,25 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g.add_argument("--kv-layout", choices=("paged", "slots"), default="paged",
                    help="paged: blocks allocated as sequences grow; slots: the cache split evenly into "
                         "--max-num-seqs fixed contexts, as llama.cpp with --parallel (default: %(default)s)")
+    g = p.add_argument_group("replicas and experts")
+    g.add_argument("--data-parallel-size", "-dp", "--replicas", type=many(whole(1, 1024), sweep), default=1, metavar="N",
+                   help="N engines, each with its own cache, behind a router on one clock, as vLLM's flag "
+                        "(default: %(default)s)")
+    g.add_argument("--router", type=many(choice(*ROUTERS), sweep), default="least-loaded", metavar="|".join(ROUTERS),
+                   help="which replica gets a request when it arrives: in turn, the one with the fewest running "
+                        "and waiting, or the one whose cache holds the longest run of its prompt (llm-d's and "
+                        "SGLang's prefix-aware routing) (default: %(default)s)")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with replicas and a mixture-of-experts model: spread the experts over the replicas "
+                        "(attention stays on each), adding an all-to-all per MoE layer (default: off)")
     g = p.add_argument_group("speculative decoding (vLLM's --speculative-config)")
-    g.add_argument("--speculative-tokens", type=whole(0, 64), metavar="K", default=0,
+    g.add_argument("--speculative-tokens", type=many(whole(0, 64), sweep), metavar="K", default=0,
                    help="each decoding sequence verifies K proposed tokens per step, as num_speculative_tokens "
                         "(default: off)")
-    g.add_argument("--acceptance-rate", type=real(0, 1, above_low=False, what="a fraction in [0, 1]"), default=0.7,
-                   metavar="A", help="the chance each proposal is accepted; a step yields (1 - A^(K+1)) / (1 - A) "
-                                     "tokens on average (default: %(default)s)")
+    g.add_argument("--acceptance-rate", type=many(real(0, 1, above_low=False, what="a fraction in [0, 1]"), sweep),
+                   default=0.7, metavar="A",
+                   help="the chance each proposal is accepted; a step yields (1 - A^(K+1)) / (1 - A) tokens on "
+                        "average (default: %(default)s)")
     g.add_argument("--draft-model", metavar="MODEL",
                    help="the draft model proposing them (a preset or JSON), run K times per step and kept in "
                         "memory (default: n-gram prompt lookup, which costs nothing)")
@@ -3882,8 +4207,7 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                         "between them (default: off; any flag below turns it on)")
     g.add_argument("--prefill-hardware", help="the prefill engine's hardware (default: --hardware)")
     g.add_argument("--decode-hardware", help="the decode engine's hardware (default: --hardware)")
-    g.add_argument("--kv-link-gbs", type=list_of(LINK_GBS) if sweep else LINK_GBS,
-                   metavar="GBS" + (",..." if sweep else ""),
+    g.add_argument("--kv-link-gbs", type=many(LINK_GBS, sweep), metavar="GBS",
                    help="the link's bandwidth in GB/s" + (", several to sweep beside the colocated engine" if sweep else "")
                         + " (default: 25)")
 
@@ -3932,13 +4256,18 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
-def plan_from_args(args) -> CapacityPlan:
+def plan_from_args(args) -> tuple[CapacityPlan, Roofline]:
+    """The memory plan of one GPU, and how its steps are priced (with the group's all-reduces)."""
     hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     model = quantized(load_preset("model", args.model, MODELS, ModelSpec), args.quantization, args.kv_cache_dtype)
-    plan = plan_capacity(hardware, model, args.gpu_memory_utilization, args.block_size,
+    device = tensor_shard(model, args.tensor_parallel_size)
+    plan = plan_capacity(hardware, device, args.gpu_memory_utilization, args.block_size,
                          args.max_model_len, args.kv_tokens, args.num_gpu_blocks)
-    plan.gemm_tflops = gemm_tflops(hardware, args.quantization)
-    return plan
+    cost = COST_MODELS[args.cost_model](hardware, device, gemm_tflops(hardware, args.quantization))
+    if args.tensor_parallel_size > 1:
+        cost = Parallel(cost, hardware, model, args.tensor_parallel_size)
+    plan.tensor_parallel_size = args.tensor_parallel_size
+    return plan, cost
 
 
 def one(value):
@@ -3955,17 +4284,20 @@ def spec_from_args(args) -> RunSpec:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
     link = one(args.kv_link_gbs)
+    quantization = one(args.quantization)
     return RunSpec(
-        hardware=device(args.hardware), model=load_preset("model", args.model, MODELS, ModelSpec),
-        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-        max_model_len=args.max_model_len, kv_tokens=args.kv_tokens, num_gpu_blocks=args.num_gpu_blocks,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        cost_model=args.cost_model,
-        speculative_tokens=args.speculative_tokens, acceptance_rate=args.acceptance_rate,
+        hardware=device(one(args.hardware)), model=load_preset("model", args.model, MODELS, ModelSpec),
+        gpu_memory_utilization=one(args.gpu_memory_utilization), block_size=one(args.block_size),
+        max_model_len=one(args.max_model_len), kv_tokens=one(args.kv_tokens), num_gpu_blocks=one(args.num_gpu_blocks),
+        quantization=None if quantization == "none" else quantization, kv_cache_dtype=one(args.kv_cache_dtype),
+        tensor_parallel_size=one(args.tensor_parallel_size), data_parallel_size=one(args.data_parallel_size),
+        router=one(args.router), enable_expert_parallel=args.enable_expert_parallel,
+        cost_model=one(args.cost_model),
+        speculative_tokens=one(args.speculative_tokens), acceptance_rate=one(args.acceptance_rate),
         draft_model=load_preset("model", args.draft_model, MODELS, ModelSpec) if args.draft_model else None,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill=not args.no_chunked_prefill, prefix_caching=args.prefix_caching,
-        reserve_full_isl=args.scheduler_reserve_full_isl,
+        max_num_seqs=one(args.max_num_seqs), max_num_batched_tokens=one(args.max_num_batched_tokens),
+        chunked_prefill=not args.no_chunked_prefill, prefix_caching=one(args.prefix_caching),
+        reserve_full_isl=one(args.scheduler_reserve_full_isl),
         max_tokens_in_flight=one(args.max_tokens_in_flight) or None, batching=args.batching, kv_layout=args.kv_layout,
         disaggregate=bool(args.disaggregate or link or args.prefill_hardware or args.decode_hardware),
         prefill_hardware=device(args.prefill_hardware), decode_hardware=device(args.decode_hardware),
@@ -3992,10 +4324,9 @@ class Progress:
 
 
 def cmd_capacity(args) -> int:
-    plan = plan_from_args(args)
+    plan, cost = plan_from_args(args)
     if plan.note:
         sys.stderr.write(f"servesim: {plan.note}\n")
-    cost = COST_MODELS[args.cost_model](plan.hardware, plan.model, plan.gemm_tflops)
     if args.json:
         write_json(capacity_json(plan, cost))
     else:
@@ -4038,26 +4369,53 @@ def compare_mode(text: str) -> str:
     return text
 
 
-SWEEP_AXES = ("concurrency", "rate", "max_tokens_in_flight", "kv_link_gbs", "compare")
+# The settings a sweep can vary, outermost first: the deployment, then the engine's knobs, then
+# the load, so each block of rows reads as one deployment under rising load.
+SWEEP_KNOBS = ("hardware", "tensor_parallel_size", "data_parallel_size", "router", "quantization", "kv_cache_dtype",
+               "cost_model", "gpu_memory_utilization", "block_size", "max_model_len", "kv_tokens", "num_gpu_blocks",
+               "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "scheduler_reserve_full_isl",
+               "max_tokens_in_flight", "speculative_tokens", "acceptance_rate", "kv_link_gbs", "compare",
+               "rate", "concurrency")
+FIELD_OF_FLAG = {"scheduler_reserve_full_isl": "reserve_full_isl"}
+FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
+DEFAULT_SWEEP = [1, 8, 32, 128, 256]
 
 
-def sweep_axis(args) -> tuple[str, list]:
-    """The one axis a sweep varies, and its values. Every other list flag holds one value."""
-    given = {axis: getattr(args, axis) for axis in SWEEP_AXES if getattr(args, axis)}
-    varied = [axis for axis, values in given.items() if len(values) > 1 or axis == "compare"]
-    if len(varied) > 1:
-        raise UserError(f"sweep one axis at a time: {' and '.join('--' + a.replace('_', '-') for a in varied)} "
-                        f"both have several values")
-    if varied:
-        axis, values = varied[0], given[varied[0]]
-    elif args.trace:
-        return "trace", [args.trace]
-    else:
-        axis = "rate" if args.rate else "concurrency"
-        values = given.get(axis) or [1, 8, 32, 128, 256]
-    if axis == "kv_link_gbs":
-        values = ["colocated"] + list(values)     # the baseline the link has to beat
-    return axis, values
+def sweep_points(args) -> tuple[list[str], list[dict]]:
+    """The settings a sweep varies (at most two, as RunSpec fields) and its points, the grid of
+    their values. A list flag with one value is a fixed setting, not an axis."""
+    given = {FIELD_OF_FLAG.get(knob, knob): getattr(args, knob) for knob in SWEEP_KNOBS
+             if isinstance(getattr(args, knob), list)}
+    axes = [axis for axis, values in given.items() if len(values) > 1 or axis in ("compare", "kv_link_gbs")]
+    if len(axes) > 2:
+        raise UserError(f"sweep varies at most two settings at a time: {', '.join(sweep_flag(a) for a in axes)} "
+                        f"each have several values; give all but two of them one value")
+    if not axes and args.trace:
+        return ["trace"], [{"trace": args.trace}]
+    if not axes:
+        axes = ["rate" if args.rate else "concurrency"]
+    values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
+    if "hardware" in values:
+        values["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in values["hardware"]]
+    if "kv_link_gbs" in values:
+        values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
+    return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+
+
+def sweep_flag(axis: str) -> str:
+    return FLAG_OF.get(axis, "--" + axis.replace("_", "-"))
+
+
+def sweep_label(axis: str, value) -> str:
+    if isinstance(value, Hardware):
+        return value.name
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if axis == "max_tokens_in_flight" and not value:
+        return "no cap"
+    if axis == "trace":
+        return os.path.basename(str(value))
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 SWEEP_TABLES = {
@@ -4095,68 +4453,91 @@ def colocation_verdict(results: list[dict]) -> str:
             + (f"; disaggregated loses at {max(below):g} GB/s" if below else "") + ")")
 
 
-def settings_line(spec: RunSpec, axis: str) -> str:
-    """Every setting the flags changed from its default, as the flags, except the swept axis and
+def settings_line(spec: RunSpec, axes: list[str]) -> str:
+    """Every setting the flags changed from its default, as the flags, except the swept axes and
     what the title already says (hardware, model, workload)."""
     shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
-             "num_prefixes", "detailed", "engine", "disaggregate", "prefill_hardware", "decode_hardware", axis,
-             *(("batching", "kv_layout") if axis == "compare" else ()),
-             *(("kv_link_gbs",) if axis == "kv_link_gbs" else ())}
+             "num_prefixes", "detailed", "engine", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
+             *(("batching", "kv_layout") if "compare" in axes else ())}
+    shown |= {"rate", "concurrency"}        # the workload in the title says them
     default, words = RunSpec(), []
     for f in fields(RunSpec):
         value = getattr(spec, f.name)
-        if f.name in shown or value == getattr(default, f.name) or (f.name in ("rate", "concurrency") and axis in ("rate", "concurrency")):
+        if f.name in shown or value == getattr(default, f.name):
             continue
-        flag = FLAG_OF.get(f.name, "--" + f.name.replace("_", "-"))
-        words.append(flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else
-                     f"no {flag}" if value is False and f.name == "chunked_prefill" else f"{flag} {value}")
-    if spec.disaggregate and axis != "kv_link_gbs":
+        flag = sweep_flag(f.name)
+        words.append(flag if value is True else f"{flag} off" if value is False and f.name in FLAG_OF else
+                     "--no-chunked-prefill" if f.name == "chunked_prefill" else
+                     f"{flag} {value.name}" if isinstance(value, ModelSpec) else
+                     f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    if spec.disaggregate and "kv_link_gbs" not in axes:
         words.append(f"--disaggregate ({spec.kv_link_gbs:g} GB/s)")
-    return "  ".join(w.replace("no --chunked-prefill", "--no-chunked-prefill") for w in words)
+    return "  ".join(words)
 
 
-FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
+def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
+    if "compare" in axes:
+        return SWEEP_TABLES["compare"]
+    if "kv_link_gbs" in axes:
+        return SWEEP_TABLES["kv_link_gbs"]
+    if spec.prefix_caching or "prefix_caching" in axes:
+        return SWEEP_COLUMNS[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"),
+                                     SWEEP_COLUMNS[-1])
+    return SWEEP_COLUMNS
 
 
 def cmd_sweep(args) -> int:
     if args.trace and (args.concurrency or args.rate):
         raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
-    axis, values = sweep_axis(args)
+    axes, points = sweep_points(args)
     spec = spec_from_args(args)
-    check_spec(spec)
+    for point in points:       # a bad combination is refused before any point runs
+        with contextlib.suppress(CapacityError):
+            build_engines(sweep_point(spec, point))
     progress = Progress("sweep")
     table = None
     if not (args.json or args.csv):
         workload = (f"trace {args.trace}" if args.trace else
                     f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  "
                     f"output {spec.output_tokens}"
-                    + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
-        hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or axis == "kv_link_gbs" else spec.hardware
-        settings = settings_line(spec, axis)
-        table = SweepTable(f"sweep {spec.model.name} on {hardware.name}  {workload}" + (f"  {settings}" if settings else ""),
-                           axis.replace("_", "-"), values, SWEEP_TABLES.get(axis, SWEEP_COLUMNS))
+                    + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
+                    + ("" if {"rate", "concurrency"} & set(axes) else f"  {spec.arrivals()}"))
+        hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or "kv_link_gbs" in axes else spec.hardware
+        where = "" if "hardware" in axes else f" on {hardware.name}"
+        settings = settings_line(spec, axes)
+        table = SweepTable(f"sweep {spec.model.name}{where}  {workload}" + (f"  {settings}" if settings else ""),
+                           axes, points, sweep_columns(spec, axes))
         table.header()
     results, stopped = [], None
     try:
-        for result in iter_sweep(spec, axis, values, args.jobs, progress):
-            result["config"]["sweep_points"] = len(values)
+        for result in iter_sweep(spec, points, args.jobs, progress):
+            result["config"]["sweep_points"] = len(points)
             results.append(result)
-            progress(f"{axis.replace('_', '-')} {result['config']['sweep_value']} done ({len(results)}/{len(values)})")
+            where = "  ".join(f"{sweep_flag(k)[2:]} {v}" for k, v in result["config"]["sweep_point"].items())
+            progress(f"{where} done ({len(results)}/{len(points)})")
             if table:
                 table.row(result)
     except (KeyboardInterrupt, Terminated) as e:
         code = 143 if isinstance(e, Terminated) else 130
         stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(results)} of "
-                                f"{len(values)} points; the output holds the finished ones")
+                                f"{len(points)} points; the output holds the finished ones")
     if args.json:
         write_json(results)
     elif args.csv:
         print_csv(results)
-    elif axis == "kv_link_gbs" and not stopped and results:
+    elif axes == ["kv_link_gbs"] and not stopped and not any(r.get("does_not_fit") for r in results):
         write_text(colocation_verdict(results))
     if stopped:
         raise stopped
-    return failed_exit(results)
+    too_small = [r for r in results if r.get("does_not_fit")]
+    if too_small:
+        names = ", ".join("  ".join(f"{sweep_flag(k)[2:]} {v}" for k, v in r["config"]["sweep_point"].items())
+                          for r in too_small[:3])
+        sys.stderr.write(f"servesim: {len(too_small)} of {len(results)} points do not fit ({names}"
+                         f"{', ...' if len(too_small) > 3 else ''})\n")
+        if len(too_small) == len(results):
+            return 1
+    return failed_exit([r for r in results if not r.get("does_not_fit")])
 
 
 def cmd_loadgen(args) -> int:
@@ -4379,12 +4760,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_args(p, "one JSON object with vllm bench serve's keys")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("sweep", help="simulate at several concurrencies, rates or settings, one table",
-                       description="Run the same workload at several values of one axis and print one row each: "
-                                   "--concurrency (closed loop), --rate (Poisson), --max-tokens-in-flight, "
-                                   "--kv-link-gbs (beside the colocated engine, with the bandwidth below which "
-                                   "colocation wins on TTFT p95), or --compare batching modes. Exit 1 if any "
-                                   "request failed.")
+    p = sub.add_parser("sweep", help="simulate at several loads or settings, one table",
+                       description="Run the same workload at every combination of up to two settings and print "
+                                   "one row each. Any server flag below takes a comma-separated list (--hardware "
+                                   "h100-sxm-80gb,a100-sxm-80gb, -tp 1,2,4, --prefix-caching on,off, ...), as do "
+                                   "--concurrency (closed loop, the default axis: 1,8,32,128,256) and --rate "
+                                   "(Poisson); a list of one value is a fixed setting. --kv-link-gbs adds the "
+                                   "colocated engine as the baseline and says below which bandwidth it wins on "
+                                   "TTFT p95; --compare runs batching modes side by side. A point whose model "
+                                   "does not fit is a row saying so. Exit 1 if any request failed or no point fits.")
     add_engine_args(p, sweep=True)
     add_workload_args(p, sweep=True)
     p.add_argument("--compare", type=list_of(compare_mode), metavar="MODE,...",
