@@ -1376,6 +1376,9 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
     if model.kv_heads % tp and tp % model.kv_heads:
         raise UserError(f"--tensor-parallel-size {tp}: {model.name}'s {model.kv_heads} KV heads do not split "
                         f"evenly over {tp} devices (vLLM needs one to divide the other)")
+    if model.query_heads % tp:
+        raise UserError(f"--tensor-parallel-size {tp}: {model.name}'s {model.query_heads} attention heads do not "
+                        f"split evenly over {tp} devices (vLLM needs {tp} to divide them)")
     return replace(model, params=model.params / tp, active_params=model.active_params / tp,
                    kv_heads=max(1, model.kv_heads // tp), heads=max(1, model.query_heads // tp),
                    hidden_size=model.hidden_size or model.query_heads * model.head_dim,
@@ -1429,6 +1432,8 @@ class Parallel:
 # them at the moment it arrives.
 
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware")
+# sgl-router's --cache-threshold, --balance-abs-threshold and --balance-rel-threshold defaults.
+PREFIX_ROUTER_MATCH, PREFIX_ROUTER_ABS, PREFIX_ROUTER_REL = 0.3, 64, 1.5
 
 
 class Router:
@@ -1455,15 +1460,18 @@ class Router:
             self.turn += 1
             return self.engines[(self.turn - 1) % len(self.engines)]
         load = lambda e: len(e.scheduler.waiting) + len(e.scheduler.running) + len(e.inbox)
-        candidates = self.engines
         if self.policy == "prefix-aware":
-            # The replica whose cache holds the longest run of this prompt's blocks, as llm-d's
-            # prefix-cache scorer and SGLang's cache-aware router aim for; the least loaded of
-            # those, or of all when none holds any.
+            # SGLang's cache-aware router, with its defaults: while the loads are balanced, the
+            # replica whose cache holds the longest run of the prompt, if that run is over 30% of
+            # it; otherwise, or once the busiest replica has 64 more requests than the idlest and
+            # 1.5 times as many, the least loaded.
+            loads = [load(e) for e in self.engines]
+            balanced = max(loads) - min(loads) <= PREFIX_ROUTER_ABS or max(loads) <= PREFIX_ROUTER_REL * min(loads)
             hits = [len(e.scheduler.cache_hits(request)) for e in self.engines]
-            if max(hits) > 0:
-                candidates = [e for e, h in zip(self.engines, hits) if h == max(hits)]
-        return min(candidates, key=load)
+            blocks = request.prompt_tokens / self.engines[0].scheduler.config.block_size
+            if balanced and max(hits) > PREFIX_ROUTER_MATCH * blocks:
+                return min((e for e, h in zip(self.engines, hits) if h == max(hits)), key=load)
+        return min(self.engines, key=load)
 
 
 # Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
@@ -1962,7 +1970,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()))
     decode = engines[-1]
     if router:
-        result["replicas"] = [e.report(result["duration"]) for e in replicas]
+        result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
+                               "failed": sum(r.error is not None for r in e.scheduler.done),
+                               **e.report(result["duration"])} for e in replicas]
         result["engine"] = combined_report(result["replicas"])
         queries = sum(e.scheduler.prefix_queries for e in replicas)
         result["engine"]["prefix_hit_rate"] = sum(e.scheduler.prefix_hits for e in replicas) / queries if queries else 0.0
@@ -2178,6 +2188,7 @@ PRESET_RANGES = {
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
     "interconnect_gbs": (0, 100_000, "GB/s per direction, 0 for none"),
     "interconnect_latency_us": (0, 10_000, "us per hop"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
+    "expert_share": (0.0001, 1, "the share of the experts one GPU holds, 1 unless expert parallel"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings",)
 
@@ -3167,7 +3178,11 @@ class MeasuredRun:
 # How vLLM's logs and bench files name what servesim has presets for.
 KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
                 "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
-                "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b"}
+                "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+                "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b", "qwen/qwen3-8b": "qwen3-8b",
+                "qwen/qwen3-32b": "qwen3-32b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+                "qwen/qwen3-30b-a3b-instruct-2507": "qwen3-30b-a3b", "openai/gpt-oss-20b": "gpt-oss-20b",
+                "openai/gpt-oss-120b": "gpt-oss-120b"}
 KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
                  "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb",
                  "nvidia l40s": "l40s-48gb", "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000-96gb",
@@ -3293,6 +3308,10 @@ def settings_from_meta(meta: dict, where: str) -> dict:
              "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
              "chunked_prefill": scheduler.get("enable_chunked_prefill"),
              "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
+             "tensor_parallel_size": engine.get("tensor_parallel_size"),
+             "data_parallel_size": engine.get("data_parallel_size"),
+             "enable_expert_parallel": engine.get("enable_expert_parallel"),
+             "kv_cache_dtype": "fp8" if str(engine.get("kv_cache_dtype", "")).startswith("fp8") else None,
              "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
              "device_name": str(device.get("device_name") or "").lower(),
              "device_bytes": device.get("device_total_memory_bytes")}
@@ -3767,7 +3786,8 @@ def number(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def print_run(result: dict, out=sys.stdout) -> None:
+def print_run(result: dict, out=None) -> None:
+    out = out or sys.stdout
     cfg = result["config"]
     w = out.write
     w(f"{cfg['title']}\n")
@@ -3791,6 +3811,11 @@ def print_run(result: dict, out=sys.stdout) -> None:
             w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,} "
               f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
               f"{engine['kv_used_of_reserved']:.1%} used\n")
+    for index, replica in enumerate(result.get("replicas") or [], 1):
+        w(f"{f'replica {index}':<12}{replica['completed']:,} requests"
+          + (f" ({replica['failed']:,} failed)" if replica["failed"] else "")
+          + f"  mean batch {replica['mean_batch']:.1f}  kv peak {replica['kv_peak']:.1%}  "
+            f"preemptions {replica['preemptions']:,}  prefix hits {replica['prefix_hit_rate']:.1%}\n")
     if result.get("speculative"):
         sp = result["speculative"]
         w(f"{'speculative':<12}{sp['speculative_tokens']} proposals ({sp['draft']}), acceptance {sp['acceptance_rate']:g}: "
@@ -3917,8 +3942,8 @@ class SweepTable:
     """A sweep's table, printed a row at a time as points finish, so an interrupted sweep keeps
     the rows it printed. Widths come from the header and the axis labels, known up front."""
 
-    def __init__(self, title: str, axes: list[str], points: list[dict], columns=SWEEP_COLUMNS, out=sys.stdout):
-        self.title, self.columns, self.out = title, columns, out
+    def __init__(self, title: str, axes: list[str], points: list[dict], columns=SWEEP_COLUMNS, out=None):
+        self.title, self.columns, self.out = title, columns, out or sys.stdout
         self.headers = [sweep_flag(axis)[2:] if axis != "trace" else axis for axis in axes]
         self.labels = [[sweep_label(axis, point[axis]) for axis in axes] for point in points]
         self.width = ([max(len(h), 6, *(len(row[i]) for row in self.labels)) for i, h in enumerate(self.headers)]
@@ -3954,7 +3979,8 @@ def flatten(result: dict, prefix: str = "") -> dict:
     return flat
 
 
-def print_csv(results: list[dict], out=sys.stdout) -> None:
+def print_csv(results: list[dict], out=None) -> None:
+    out = out or sys.stdout
     rows = [flatten(r) for r in results]
     columns = list(dict.fromkeys(k for row in rows for k in row))
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
@@ -3962,7 +3988,8 @@ def print_csv(results: list[dict], out=sys.stdout) -> None:
     writer.writerows(rows)
 
 
-def print_capacity(plan: CapacityPlan, cost: Roofline, out=sys.stdout) -> None:
+def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
+    out = out or sys.stdout
     h, m, tp = plan.hardware, plan.model, plan.tensor_parallel_size
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
@@ -4012,6 +4039,8 @@ def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
         "max_concurrency": plan.max_concurrency,
         "decode_step_ms": cost.step_seconds(1, 0, 1, 1) * 1000,
         "critical_batch_tokens": cost.critical_batch(),
+        "tensor_parallel_size": plan.tensor_parallel_size,     # every figure above is one GPU's
+        "all_reduce_ms": cost.communication_seconds(1) * 1000 if isinstance(cost, Parallel) else 0.0,
     }
 
 
@@ -4390,6 +4419,8 @@ def sweep_points(args) -> tuple[list[str], list[dict]]:
     if len(axes) > 2:
         raise UserError(f"sweep varies at most two settings at a time: {', '.join(sweep_flag(a) for a in axes)} "
                         f"each have several values; give all but two of them one value")
+    if args.gpus:
+        return gpu_split_points(args.gpus, given, axes)
     if not axes and args.trace:
         return ["trace"], [{"trace": args.trace}]
     if not axes:
@@ -4400,6 +4431,26 @@ def sweep_points(args) -> tuple[list[str], list[dict]]:
     if "kv_link_gbs" in values:
         values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+
+
+def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
+    """--gpus N: the same N GPUs split each way -tp lists (or the ways -dp lists), the rest replicas
+    (or tensor parallel), so the rows compare TP against replicas at equal cost."""
+    split = [a for a in ("tensor_parallel_size", "data_parallel_size") if a in given]
+    if len(split) != 1:
+        raise UserError(f"--gpus {gpus} splits the GPUs by the -tp values or by the -dp values: give one of "
+                        f"them, e.g. -tp 1,2,4,8")
+    by, other = split[0], ({"tensor_parallel_size", "data_parallel_size"} - set(split)).pop()
+    odd = [v for v in given[by] if gpus % v]
+    if odd:
+        raise UserError(f"--gpus {gpus}: {sweep_flag(by)} {odd[0]} does not divide {gpus} GPUs evenly")
+    rest = [a for a in axes if a != by]
+    if not rest:
+        rest = ["rate"] if given.get("rate") else ["concurrency"]
+    loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
+    points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
+              for v in given[by] for combination in itertools.product(*loads.values())]
+    return [by, other, *rest], points
 
 
 def sweep_flag(axis: str) -> str:
@@ -4480,10 +4531,13 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
         return SWEEP_TABLES["compare"]
     if "kv_link_gbs" in axes:
         return SWEEP_TABLES["kv_link_gbs"]
+    columns = SWEEP_COLUMNS
+    if {"tensor_parallel_size", "data_parallel_size"} & set(axes):      # so rows compare per GPU
+        columns = (("gpus", lambda r: f"{r['config']['gpus']}"), columns[0],
+                   ("per gpu", lambda r: number(r["output_throughput"] / r["config"]["gpus"]))) + columns[1:]
     if spec.prefix_caching or "prefix_caching" in axes:
-        return SWEEP_COLUMNS[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"),
-                                     SWEEP_COLUMNS[-1])
-    return SWEEP_COLUMNS
+        columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
+    return columns
 
 
 def cmd_sweep(args) -> int:
@@ -4599,7 +4653,9 @@ def compare_spec(measured: MeasuredRun, args) -> RunSpec:
     fields_ = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                "max_model_len": args.max_model_len, "num_gpu_blocks": args.num_gpu_blocks, "kv_tokens": args.kv_tokens,
                "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-               "prefix_caching": args.prefix_caching, "reserve_full_isl": args.scheduler_reserve_full_isl}
+               "prefix_caching": args.prefix_caching, "reserve_full_isl": args.scheduler_reserve_full_isl,
+               "tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
+               "enable_expert_parallel": args.enable_expert_parallel, "router": args.router}
     settings = {k: v for k, v in found.items() if k in fields_}
     settings.update({k: v for k, v in fields_.items() if v is not None})
     if args.kv_tokens:
@@ -4625,7 +4681,10 @@ def cmd_compare(args) -> int:
              f"{simulated['config']['kv_tokens']:,} KV tokens, max-num-seqs {spec.max_num_seqs}, "
              f"max-num-batched-tokens {spec.max_num_batched_tokens}"
              + (", prefix caching" if spec.prefix_caching else "")
-             + (", reserve full isl" if spec.reserve_full_isl else ""))
+             + (", reserve full isl" if spec.reserve_full_isl else "")
+             + (f", tensor parallel {spec.tensor_parallel_size}" if spec.tensor_parallel_size > 1 else "")
+             + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
+             + (", expert parallel" if spec.enable_expert_parallel else ""))
     if args.timeline:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n")
@@ -4713,6 +4772,13 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def table(cells: list[list[str]]) -> list[str]:
+    """Rows of cells as aligned lines: the first column to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip()
+            for row in cells]
+
+
 def cmd_presets(args) -> int:
     if args.name:
         preset = HARDWARE.get(args.name) or MODELS.get(args.name)
@@ -4723,14 +4789,21 @@ def cmd_presets(args) -> int:
     if args.json:
         write_json({"hardware": [asdict(h) for h in HARDWARE.values()], "models": [asdict(m) for m in MODELS.values()]})
         return 0
-    lines = [f"{'hardware':<16}{'memory':>10}{'GB/s':>8}{'TFLOPS':>8}{'mbu':>6}{'mfu':>6}{'step ms':>9}{'seq ms':>8}{'reserve':>9}"]
+    cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour"]]
     for h in HARDWARE.values():
-        lines.append(f"{h.name:<16}{h.memory_gib:>6.1f} GiB{h.bandwidth_gbs:>8g}{h.tflops:>8g}{h.mbu:>6g}{h.mfu:>6g}"
-                     f"{h.step_overhead_ms:>9g}{h.seq_overhead_ms:>8g}{h.reserve_gib:>5g} GiB")
-    lines += ["", f"{'model':<20}{'params':>10}{'layers':>8}{'kv heads':>10}{'head dim':>10}{'bytes/param':>13}{'kv/token':>12}"]
+        cells.append([h.name, f"{h.memory_gib:.1f} GiB", f"{h.bandwidth_gbs:g}", f"{h.tflops:g}",
+                      f"{h.fp8_tflops:g}" if h.fp8_tflops else "-", f"{h.mbu:g}", f"{h.mfu:g}", f"{h.step_overhead_ms:g}",
+                      f"{h.reserve_gib:g} GiB", f"{h.interconnect_gbs:g}" if h.interconnect_gbs else "-",
+                      f"{h.price_per_hour:.2f}" if h.price_per_hour else "-"])
+    lines = table(cells) + [""]
+    cells = [["model", "params", "active", "experts", "layers", "kv heads", "head dim", "bytes/param", "kv/token"]]
     for m in MODELS.values():
-        lines.append(f"{m.name:<20}{m.params / 1e9:>8.3g} B{m.layers:>8}{m.kv_heads:>10}{m.head_dim:>10}"
-                     f"{m.weight_dtype_bytes:>13.4g}{m.kv_bytes_per_token / KIB:>8.1f} KiB")
+        cells.append([m.name, f"{m.params / 1e9:.3g} B", f"{m.active_params / 1e9:.3g} B" if m.experts else "all",
+                      f"{m.experts_per_token} of {m.experts}" if m.experts else "-", f"{m.layers}", f"{m.kv_heads}",
+                      f"{m.head_dim}", f"{m.weight_dtype_bytes:.4g}" + (f", experts {m.expert_dtype_bytes:.3g}"
+                                                                       if m.expert_dtype_bytes else ""),
+                      f"{m.kv_bytes_per_token / KIB:.1f} KiB"])
+    lines += table(cells)
     lines += ["", "Add your own: `main.py presets h100-sxm-80gb > my-gpu.json`, edit it, pass --hardware my-gpu.json "
                   "(or a model's name and --model)."]
     write_text("\n".join(lines))
@@ -4775,6 +4848,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the same workload through each of static, slots, paged (continuous batching "
                         "over a paged cache) and print one table with row utilisation and KV reserved "
                         "versus used (default: off)")
+    p.add_argument("--gpus", type=whole(1, 4096), metavar="N",
+                   help="every row on N GPUs: each -tp value runs as N/tp replicas (or each -dp value with "
+                        "N/dp-way tensor parallelism), to compare the two at equal cost (default: off)")
     p.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="run points in N processes; the output is the same as with 1 (default: the number of "
                         "cores, %(default)s here)")
@@ -4853,6 +4929,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS")
     g.add_argument("--prefix-caching", type=on_off, metavar="on|off")
     g.add_argument("--scheduler-reserve-full-isl", type=on_off, metavar="on|off")
+    g.add_argument("--tensor-parallel-size", "-tp", type=whole(1, 64), metavar="N")
+    g.add_argument("--data-parallel-size", "-dp", type=whole(1, 1024), metavar="N")
+    g.add_argument("--enable-expert-parallel", type=on_off, metavar="on|off")
+    g.add_argument("--router", choices=ROUTERS,
+                   help="how vLLM's data-parallel front end spreads requests (default: least-loaded, as its "
+                        "balancer picks the engine with the fewest waiting and running)")
     p.add_argument("--timeline", metavar="FILE",
                    help="write the simulated run's per-second stats as CSV in the shape vLLM logs them (t, "
                         "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one")

@@ -1,0 +1,224 @@
+"""Tensor parallelism, replicas behind a router, mixtures of experts, and the presets that carry
+them. Each rule is checked on a case small enough to work out on paper."""
+import json
+import os
+import tempfile
+import unittest
+
+from helpers import call_cli, main
+
+LINKED = main.Hardware("linked", 80, 1000, 100, step_overhead_ms=0.0, interconnect_gbs=100, interconnect_latency_us=5)
+DENSE = main.ModelSpec("dense", 1e9, 2, 8, 64, hidden_size=128, heads=16)
+MOE = main.ModelSpec("moe", 10e9, 2, 8, 64, hidden_size=128, heads=16, active_params=2e9, experts=10,
+                     experts_per_token=2)
+
+
+class TensorParallel(unittest.TestCase):
+    def test_one_layer_all_reduce_is_twice_the_ring_bytes_plus_its_hops(self):
+        one_layer = main.replace(DENSE, layers=1)
+        cost = main.Parallel(main.Roofline(LINKED, main.tensor_shard(one_layer, 4)), LINKED, one_layer, 4)
+        # 10 tokens x 128 hidden x 2 bytes = 2,560 bytes; a ring of 4 moves 2 x 3/4 of them per
+        # device in 6 hops; attention and the MLP each end in one all-reduce.
+        ring = 2 * 3 / 4 * 2560 / 100e9 + 6 * 5e-6
+        self.assertAlmostEqual(cost.communication_seconds(10), 2 * ring, places=15)
+
+    def test_a_device_holds_its_share_of_the_weights_and_kv_heads(self):
+        device = main.tensor_shard(DENSE, 4)
+        self.assertEqual(device.params, DENSE.params / 4)
+        self.assertEqual(device.kv_heads, 2)
+        self.assertEqual(device.kv_bytes_per_token, DENSE.kv_bytes_per_token / 4)
+
+    def test_kv_heads_are_replicated_when_the_group_outnumbers_them(self):
+        device = main.tensor_shard(DENSE, 16)             # 8 KV heads over 16 GPUs: each keeps one
+        self.assertEqual(device.kv_heads, 1)
+        self.assertEqual(device.kv_bytes_per_token, DENSE.kv_bytes_per_token / 8)
+        with self.assertRaisesRegex(main.UserError, "8 KV heads do not split evenly over 3"):
+            main.tensor_shard(DENSE, 3)
+        with self.assertRaisesRegex(main.UserError, "16 attention heads do not split evenly over 32"):
+            main.tensor_shard(DENSE, 32)
+
+    def test_70b_fits_on_four_h100s_and_not_on_one(self):
+        code, out, err = call_cli("capacity", "--model", "llama-3.3-70b", "-tp", "4", "--json")
+        self.assertEqual(code, 0, err)
+        plan = json.loads(out)
+        self.assertAlmostEqual(plan["weight_bytes"], main.MODELS["llama-3.3-70b"].params * 2 / 4, delta=1)
+        self.assertEqual(plan["tensor_parallel_size"], 4)
+        self.assertGreater(plan["all_reduce_ms"], 0)
+        code, out, err = call_cli("capacity", "--model", "llama-3.3-70b", "-tp", "4")
+        self.assertIn("all-reduce", out)
+        self.assertIn("x 4 (tensor parallel", out)
+        code, _, err = call_cli("capacity", "--model", "llama-3.3-70b")
+        self.assertEqual(code, 1)
+        self.assertIn("shard them with tensor parallelism", err)
+        code, out, err = call_cli("simulate", "--model", "llama-3.3-70b", "-tp", "4", "--requests", "50", "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual((result["completed"], result["config"]["gpus"]), (50, 4))
+
+    def test_tp_lowers_tpot_until_the_all_reduce_latency_dominates(self):
+        tpot = {tp: main.run(main.RunSpec(tensor_parallel_size=tp, concurrency=8, requests=80))["median_tpot_ms"]
+                for tp in (1, 2, 4)}
+        self.assertLess(tpot[2], tpot[1])
+        self.assertLess(tpot[4], tpot[2])
+
+    def test_a_device_without_an_interconnect_refuses_a_group(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "gpu.json")
+            fields = {k: v for k, v in main.asdict(main.HARDWARE["l4-24gb"]).items()
+                      if k not in ("interconnect_gbs", "interconnect_latency_us", "price_per_hour")}
+            with open(path, "w") as f:
+                json.dump(fields, f)
+            code, _, err = call_cli("capacity", "--hardware", path)        # the old fields still work
+            self.assertEqual(code, 0, err)
+            code, _, err = call_cli("capacity", "--hardware", path, "-tp", "2")
+            self.assertEqual(code, 2)
+            self.assertIn("interconnect_gbs", err)
+            self.assertEqual(len(err.strip().splitlines()), 1)
+
+
+class MixtureOfExperts(unittest.TestCase):
+    def test_one_expert_holds_the_inactive_parameters_shared_out(self):
+        # 8 inactive experts hold 10B - 2B, so one is 1B, all ten 10B... of which the shared rest is 0.
+        self.assertAlmostEqual(MOE.expert_params, 10e9)
+        self.assertAlmostEqual(main.replace(MOE, params=11e9, active_params=3e9).shared_params, 1e9)
+
+    def test_one_token_reads_its_experts_and_a_long_prefill_reads_them_all(self):
+        model = main.replace(MOE, params=11e9, active_params=3e9)    # 1B shared, ten 1B experts
+        cost = main.Roofline(LINKED, model)
+        # One token picks 2 of 10: E x (1 - (1 - k/E)^T) = 10 x 0.2 = 2 experts, plus the shared 1B.
+        self.assertAlmostEqual(cost.weights_read(1), (1e9 + 2e9) * 2, delta=1)
+        # Ten tokens: 10 x (1 - 0.8^10) = 8.93 experts.
+        self.assertAlmostEqual(cost.weights_read(10), (1e9 + 10e9 * (1 - 0.8 ** 10)) * 2, delta=1)
+        self.assertAlmostEqual(cost.weights_read(10_000), model.weight_bytes, delta=1)
+
+    def test_compute_counts_active_parameters_only(self):
+        model = main.replace(MOE, params=11e9, active_params=3e9)
+        self.assertEqual(main.Roofline(LINKED, model).flops_per_token, 2 * 3e9)
+
+    def test_qwen3_30b_a3b_experts_match_its_config(self):
+        # config.json: 48 layers x 128 experts x 3 matrices of 2048 x 768 (moe_intermediate_size).
+        experts = 48 * 128 * 3 * 2048 * 768
+        self.assertAlmostEqual(main.MODELS["qwen3-30b-a3b"].expert_params / experts, 1, delta=0.01)
+
+    def test_expert_parallel_holds_a_share_of_the_experts_and_pays_an_all_to_all(self):
+        device = main.expert_shard(MOE, 2)
+        self.assertAlmostEqual(device.expert_bytes, MOE.expert_bytes / 2)
+        self.assertAlmostEqual(device.weight_bytes, MOE.shared_params * 2 + MOE.expert_bytes / 2)
+        cost = main.Parallel(main.Roofline(LINKED, device), LINKED, MOE, 1, 2)
+        # 10 tokens x 2 experts each x 256 bytes, half of them to the other device, there and back.
+        copies = 10 * 2 * 256 / 2
+        self.assertAlmostEqual(cost.communication_seconds(10), 2 * 2 * (copies / 100e9 + 5e-6), places=15)
+
+    def test_expert_parallel_needs_replicas_and_a_moe(self):
+        code, _, err = call_cli("simulate", "--enable-expert-parallel", "-dp", "2", "--requests", "5")
+        self.assertEqual(code, 2)
+        self.assertIn("needs a MoE model", err)
+        code, out, err = call_cli("simulate", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "-dp", "2",
+                                  "--requests", "40", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertTrue(json.loads(out)["config"]["enable_expert_parallel"])
+
+    def test_a_moe_preset_file_is_checked(self):
+        base = main.asdict(main.MODELS["qwen3-30b-a3b"])
+        cases = [({"experts_per_token": 0}, "0 < experts_per_token < experts"),
+                 ({"active_params": 40e9}, "0 < active_params < params"),
+                 ({"sliding_layers": 48}, "sliding_layers must be fewer than layers"),
+                 ({"experts": -1}, "'experts' must be from 0")]
+        with tempfile.TemporaryDirectory() as folder:
+            for change, message in cases:
+                path = os.path.join(folder, "model.json")
+                with open(path, "w") as f:
+                    json.dump({**base, **change}, f)
+                code, _, err = call_cli("capacity", "--model", path)
+                self.assertEqual(code, 2, change)
+                self.assertIn(message, err)
+            dense = {k: v for k, v in base.items() if k in ("name", "params", "layers", "kv_heads", "head_dim")}
+            with open(path, "w") as f:
+                json.dump(dense, f)
+            code, out, err = call_cli("capacity", "--model", path)     # a pre-MoE file still works
+            self.assertEqual(code, 0, err)
+
+
+class Replicas(unittest.TestCase):
+    def spec(self, **kw):
+        return main.RunSpec(hardware=main.HARDWARE["l4-24gb"], prefix_caching=True, prefix_tokens=2000,
+                            num_prefixes=7, prompt_tokens=main.TokenRange(100, 300), output_tokens=main.TokenRange(50, 200), rate=8,
+                            requests=600, **kw)
+
+    def test_round_robin_deals_requests_in_turn(self):
+        result = main.run(main.RunSpec(data_parallel_size=3, router="round-robin", requests=30, concurrency=30))
+        self.assertEqual([r["completed"] for r in result["replicas"]], [10, 10, 10])
+
+    def test_least_loaded_evens_out_unequal_work(self):
+        # Alternating long and short requests: round robin gives one replica all the long ones.
+        trace = main.Trace("alt", tuple((i * 0.01, 2000 if i % 2 == 0 else 50, 400 if i % 2 == 0 else 5, None, 0)
+                                        for i in range(200)))
+        spread = {}
+        for router in ("round-robin", "least-loaded"):
+            result = main.run(main.RunSpec(data_parallel_size=2, router=router, trace=trace))
+            spread[router] = [r["completed"] for r in result["replicas"]]
+        self.assertEqual(spread["round-robin"], [100, 100])
+        self.assertNotEqual(spread["least-loaded"], [100, 100])
+
+    def test_prefix_aware_routing_keeps_each_prefix_on_one_replica(self):
+        hits = {router: main.run(self.spec(data_parallel_size=4, router=router))["engine"]["prefix_hit_rate"]
+                for router in main.ROUTERS}
+        # Seven prefixes over four replicas: round robin sends each prefix everywhere.
+        self.assertGreater(hits["prefix-aware"], hits["round-robin"])
+        self.assertGreater(hits["prefix-aware"], hits["least-loaded"])
+
+    def test_each_replica_is_reported(self):
+        code, out, err = call_cli("simulate", "-dp", "2", "--requests", "40", "--prefix-caching", "--prefix-tokens",
+                                  "100", "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual(len(result["replicas"]), 2)
+        for replica in result["replicas"]:
+            for key in ("mean_batch", "kv_peak", "preemptions", "prefix_hit_rate"):
+                self.assertIn(key, replica)
+        self.assertEqual(sum(r["completed"] for r in result["replicas"]), 40)
+        code, out, err = call_cli("simulate", "-dp", "2", "--requests", "40")
+        self.assertIn("replica 1", out)
+
+    def test_two_replicas_serve_twice_the_clients_at_the_same_latency(self):
+        one = main.run(main.RunSpec(concurrency=16, requests=400))
+        two = main.run(main.RunSpec(concurrency=32, requests=800, data_parallel_size=2, router="round-robin"))
+        self.assertAlmostEqual(two["output_throughput"] / one["output_throughput"], 2, delta=0.1)
+        self.assertAlmostEqual(two["median_tpot_ms"] / one["median_tpot_ms"], 1, delta=0.05)
+
+
+class Sweep(unittest.TestCase):
+    def test_gpus_splits_the_same_gpus_between_tp_and_replicas(self):
+        code, out, err = call_cli("sweep", "-tp", "1,2,4", "--gpus", "4", "--concurrency", "64", "--requests", "200",
+                                  "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        points = [(r["config"]["tensor_parallel_size"], r["config"]["data_parallel_size"], r["config"]["gpus"])
+                  for r in json.loads(out)]
+        self.assertEqual(points, [(1, 4, 4), (2, 2, 4), (4, 1, 4)])
+        code, _, err = call_cli("sweep", "-tp", "1,3", "--gpus", "4")
+        self.assertEqual(code, 2)
+        self.assertIn("does not divide", err)
+
+    def test_a_point_that_does_not_fit_is_a_row_not_an_abort(self):
+        code, out, err = call_cli("sweep", "--model", "llama-3.3-70b", "-tp", "1,4", "--concurrency", "8",
+                                  "--requests", "30", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"\n +1  does not fit: llama-3.3-70b does not fit")
+        self.assertIn("1 of 2 points do not fit", err)
+        code, out, err = call_cli("sweep", "--model", "llama-3.3-70b", "--hardware", "l4-24gb,rtx-4090-24gb",
+                                  "--requests", "30", "--jobs", "1")
+        self.assertEqual(code, 1)
+
+    def test_two_axes_make_a_grid_and_three_are_refused(self):
+        code, out, err = call_cli("sweep", "--max-num-seqs", "8,16", "--prefix-caching", "on,off", "--requests",
+                                  "30", "--concurrency", "8", "--csv", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        rows = out.strip().splitlines()[1:]
+        self.assertEqual(len(rows), 4)
+        code, _, err = call_cli("sweep", "--max-num-seqs", "8,16", "--block-size", "16,32", "--concurrency", "1,2")
+        self.assertEqual(code, 2)
+        self.assertIn("at most two settings", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
