@@ -6,6 +6,8 @@
 2. Peak memory (tracemalloc) when every request's output is 10x longer: it follows requests and
    steps, not tokens.
 3. A sweep with --jobs 1 and --jobs N.
+4. A 100-deployment search (5 GPUs x TP 1/2 x 5 --max-num-seqs x 2 token budgets) of 2,000-request
+   simulations at 20 requests/s, against one of its simulations: the target is under a minute.
 
 Run: python3 code/bench.py   (figures, not a test: they depend on the machine)"""
 import os
@@ -70,4 +72,19 @@ one_s, one = best_of(1, lambda: main.sweep(spec, axis, values, jobs=1))
 many_s, many = best_of(1, lambda: main.sweep(spec, axis, values, jobs=jobs))
 print(f"sweep of {len(values)} concurrencies, 1,000 requests: --jobs 1 {one_s:.2f} s, --jobs {jobs} {many_s:.2f} s "
       f"({one_s / many_s:.1f}x), same output: {'yes' if one == many else 'NO'}")
+
+print()
+GRID = {"hardware": [main.HARDWARE[h] for h in ("h100-sxm-80gb", "a100-sxm-80gb", "l40s-48gb", "rtx-4090-24gb",
+                                                   "l4-24gb")],
+        "tensor_parallel_size": [1, 2], "max_num_seqs": [32, 64, 128, 256, 512],
+        "max_num_batched_tokens": [2048, 8192]}
+points = [dict(zip(GRID, values)) for values in main.itertools.product(*GRID.values())]
+slo = main.parse_slo("ttft_p95:2000,tpot_p95:100")
+spec = main.RunSpec(requests=2000)
+one_s, _ = best_of(1, lambda: main.run(main.replace(main.sweep_point(spec, points[0]), rate=20)))
+search_s, found = best_of(1, lambda: list(main.search_points(spec, points, slo, "rate", 20, jobs=jobs)))
+meets = sum(1 for item in found if item["best"])
+print(f"search of {len(points)} deployments x 2,000 requests at 20 req/s, --jobs {jobs}: {search_s:.1f} s "
+      f"({search_s / one_s:.0f}x one simulation of {one_s:.2f} s; target under 60 s: "
+      f"{'met' if search_s < 60 else 'NOT met'}); {meets} meet the slo")
 print(f"python {sys.version.split()[0]}, {jobs} cores")

@@ -49,6 +49,7 @@ import urllib.parse
 from collections import Counter, defaultdict, deque
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Callable, Iterable, Iterator, Optional
+from xml.sax.saxutils import escape as xml_escape
 
 if sys.version_info < (3, 10):
     sys.exit(f"servesim needs Python 3.10 or newer; this is {sys.version.split()[0]}")
@@ -87,9 +88,10 @@ class Hardware:
     attention_efficiency: float = 0.6  # share of dense peak flash attention achieves in prefill
     bandwidth_efficiency: float = 0.9  # share of peak bandwidth a streaming read achieves
     # Between devices: NVLink or PCIe, GB/s per direction per GPU, and the latency of one hop of a
-    # ring. 0: none known, so tensor parallelism refuses this device.
+    # ring. 0 GB/s: none known, so tensor parallelism refuses this device. A file that gives the
+    # bandwidth but not the latency gets 5 us, between NVLink's 3 and PCIe's 10.
     interconnect_gbs: float = 0.0
-    interconnect_latency_us: float = 0.0
+    interconnect_latency_us: float = 5.0
     price_per_hour: float = 0.0        # typical on-demand USD per GPU-hour (see the presets' sources)
 
 
@@ -257,6 +259,7 @@ class CapacityPlan:
     source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
     note: str = ""    # what an explicit size implies, said once on stderr
     tensor_parallel_size: int = 1      # the plan is one GPU's of that many
+    group_model: Optional[ModelSpec] = None     # the whole model, when `model` is one GPU's share
 
     @property
     def kv_tokens(self) -> int:
@@ -280,8 +283,9 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     block_bytes = block_size * model.kv_bytes_per_token
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
+        draft = f" plus a draft model's {extra_weight_bytes / 1e9:.2f} GB" if extra_weight_bytes else ""
         raise CapacityError(
-            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{reserve} "
+            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{draft}{reserve} "
             f"exceed {budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); "
             f"quantize the weights, shard them with tensor parallelism, or use a bigger device")
     if num_gpu_blocks is not None:
@@ -1071,9 +1075,10 @@ def distribution(samples) -> dict:
     return result
 
 
-def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
+def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict] = None) -> dict:
     """The vllm bench serve result keys for a list of finished requests. `itl` gives every
-    inter-token gap in seconds as a count; without it the gaps come from token_times."""
+    inter-token gap in seconds as a count; without it the gaps come from token_times. `slos`
+    ({"ttft": ms, ...}) adds goodput, as vllm bench serve --goodput counts it."""
     done = [r for r in requests if r.error is None and r.first_token_s is not None]
     if itl is None:
         itl = Counter(b - a for r in done if r.token_times for a, b in zip(r.token_times, r.token_times[1:]))
@@ -1109,12 +1114,30 @@ def summarize(requests: list, itl: Optional[Counter] = None) -> dict:
         result[f"std_{name}_ms"] = d["std"]
         for p in PERCENTILES[1:]:
             result[f"p{p}_{name}_ms"] = d[f"p{p}"]
+    result["request_goodput"] = None
+    if slos:
+        good = sum(meets_slos(r, slos) for r in done)
+        result.update(request_goodput=per_second(good), good_requests=good,
+                      goodput_share=good / len(requests) if requests else 0.0, goodput_slos_ms=dict(slos))
     failures = [r.error for r in requests if r.error is not None]
     result["errors_by_kind"] = dict(Counter(map(error_kind, failures)))
     result["first_error_by_kind"] = {}
     for error in failures:
         result["first_error_by_kind"].setdefault(error_kind(error), error)
     return result
+
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def meets_slos(request, slos: dict) -> bool:
+    """A completed request is good when every bound given holds (ms), with vLLM's per-request
+    TPOT: (E2E - TTFT) / (output tokens - 1), 0 for a one-token answer."""
+    ttft = (request.first_token_s - request.sent_s) * 1000
+    e2el = (request.last_token_s - request.sent_s) * 1000
+    tpot = (e2el - ttft) / (request.output_tokens - 1) if request.output_tokens > 1 else 0.0
+    seen = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+    return all(seen[metric] <= bound for metric, bound in slos.items())
 
 
 def error_kind(error: str) -> str:
@@ -1386,8 +1409,9 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
 
 
 def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
-    """Expert parallelism over ep devices: each holds 1/ep of the experts and all the rest."""
-    return replace(model, expert_share=model.expert_share / ep) if ep > 1 else model
+    """Expert parallelism over ep devices: each holds its experts and all the rest. vLLM gives the
+    first E mod ep devices one expert more; the busiest device is the one priced."""
+    return replace(model, expert_share=-(-model.experts // ep) / model.experts) if ep > 1 else model
 
 
 class Parallel:
@@ -1838,10 +1862,13 @@ class RunSpec:
     rate: Optional[float] = None
     concurrency: Optional[int] = None
     seed: int = 7
+    time_scale: float = 1.0               # a trace's arrival times are multiplied by this
     # Output, engine and cost model.
     detailed: bool = False
     engine: str = "event"                 # or "step": the per-step rule, slower, same results
     cost_model: str = "roofline"          # or "kernels"
+    goodput: tuple = ()                   # ((metric, ms), ...): the SLOs goodput counts
+    price_per_hour: Optional[float] = None   # per GPU; None: the hardware preset's
 
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
@@ -1864,10 +1891,14 @@ def check_spec(spec: RunSpec) -> None:
                         "drop --prefix-caching")
     if spec.disaggregate and spec.data_parallel_size > 1:
         raise UserError("--data-parallel-size with --disaggregate is not modelled: one prefill and one decode engine")
-    if spec.enable_expert_parallel and (spec.data_parallel_size < 2 or spec.tensor_parallel_size > 1
-                                        or not spec.model.experts):
-        raise UserError("--enable-expert-parallel spreads a mixture of experts' experts over --data-parallel-size "
-                        "replicas: it needs a MoE model, --data-parallel-size 2 or more, and tensor parallel size 1")
+    if spec.enable_expert_parallel and not spec.model.experts:
+        raise UserError(f"--enable-expert-parallel spreads a mixture of experts' experts; {spec.model.name} is dense")
+    if spec.enable_expert_parallel and spec.tensor_parallel_size > 1:
+        raise UserError("servesim models expert parallelism across data-parallel replicas (-tp 1 -dp N "
+                        "--enable-expert-parallel); with tensor parallelism it is not modelled: drop one of them")
+    if spec.enable_expert_parallel and spec.data_parallel_size > spec.model.experts:
+        raise UserError(f"--enable-expert-parallel over {spec.data_parallel_size} replicas: {spec.model.name} has "
+                        f"{spec.model.experts} experts, fewer than one per GPU")
     if spec.router not in ROUTERS:
         raise UserError(f"--router {spec.router!r}: use one of {', '.join(ROUTERS)}")
     if spec.speculative_tokens and spec.batching == "static":
@@ -1937,7 +1968,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
         rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
-        return [Request(i, prompt, output, sent_s=arrival, prefix=prefix, prefix_tokens=prefix_tokens)
+        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, prefix=prefix, prefix_tokens=prefix_tokens)
                 for i, (arrival, prompt, output, prefix, prefix_tokens) in enumerate(rows)]
     rng = random.Random(spec.seed)
     requests = synthetic_requests(spec.requests or DEFAULT_REQUESTS, spec.prompt_tokens, spec.output_tokens, rng,
@@ -1967,7 +1998,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
                                            f"done, {e.clock:,.1f} s simulated")
     simulate(engines, requests, spec.clients(), report, router)
     done = [r for e in engines for r in e.scheduler.done]
-    result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()))
+    result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
     decode = engines[-1]
     if router:
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
@@ -2008,6 +2039,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus,
     }
+    if spec.time_scale != 1:
+        result["config"]["time_scale"] = spec.time_scale
+    result["cost"] = cost_report(deployment_price(spec, [e.hardware for e in engines], gpus // len(engines)),
+                                 result["output_throughput"])
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
     if isinstance(decode.scheduler, SpeculativeScheduler):
@@ -2017,6 +2052,20 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
+
+
+def deployment_price(spec: RunSpec, hardware: list[Hardware], gpus_per_engine: int) -> Optional[float]:
+    """USD an hour for every GPU the run uses, or None when a device has no price."""
+    prices = [spec.price_per_hour or h.price_per_hour for h in hardware]
+    return sum(prices) * gpus_per_engine if all(prices) else None
+
+
+def cost_report(usd_per_hour: Optional[float], output_throughput: float) -> Optional[dict]:
+    """What an hour costs, and a million output tokens at the run's output throughput."""
+    if usd_per_hour is None:
+        return None
+    per_million = usd_per_hour / (output_throughput * 3600) * 1e6 if output_throughput > 0 else None
+    return {"usd_per_hour": usd_per_hour, "usd_per_million_output_tokens": per_million}
 
 
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
@@ -2131,6 +2180,165 @@ def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
     return list(iter_sweep(spec, [{axis: value} for value in values], jobs))
 
 
+# Search: the highest load a deployment serves within an SLO, and the cheapest deployment that
+# serves a given load within it. Every probe is one run(): the same simulate with the same seed.
+
+SLO_METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
+SLO_STATS = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99"}
+
+
+@dataclass(frozen=True)
+class Slo:
+    bounds: tuple       # ((name, result key, ms), ...), e.g. ("ttft_p95", "p95_ttft_ms", 500.0)
+
+    def misses(self, result: dict) -> list[str]:
+        """The bounds a run misses, each as 'ttft_p95 612.3 > 500'; a failed request misses too."""
+        missed = [f"{name} {number(result[key])} > {bound:g}" for name, key, bound in self.bounds
+                  if result[key] is None or result[key] > bound]
+        if result["failed"]:
+            missed.append(f"{result['failed']:,} requests failed")
+        return missed
+
+    def text(self) -> str:
+        return ", ".join(f"{name} <= {bound:g} ms" for name, _, bound in self.bounds)
+
+
+def parse_slo(text: str) -> Slo:
+    bounds = []
+    for item in text.split(","):
+        name, colon, value = item.strip().partition(":")
+        metric, _, stat = name.partition("_")
+        try:
+            bound = float(value)
+        except ValueError:
+            bound = math.nan
+        if metric not in SLO_METRICS or stat not in SLO_STATS or not colon or not 0 < bound < 1e10:
+            raise UserError(f"--slo {item.strip()!r}: expected METRIC_STAT:MS, METRIC one of {', '.join(SLO_METRICS)}, "
+                            f"STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p95:500,tpot_p95:50")
+        bounds.append((name, f"{SLO_STATS[stat]}_{metric}_ms", bound))
+    return Slo(tuple(bounds))
+
+
+def highest_passing(passes: Callable[[float], bool], start: float, tolerance: float, integer: bool = False,
+                    lowest: float = 1e-3, highest: float = 1e6) -> tuple[Optional[float], Optional[float]]:
+    """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
+    until the answer changes, then bisect until the two are within `tolerance` of each other
+    (relative; 1 apart for whole numbers). Every load at or below the first passed and every one
+    at or above the second failed; on a curve that is not monotone, that is one boundary of
+    several, not necessarily the highest. (None, x): even the lowest load failed; (x, None):
+    `highest` passed."""
+    step = (lambda x: x * 2) if passes(start) else (lambda x: x / 2)
+    low, high = (start, None) if step(1) > 1 else (None, start)
+    while True:
+        x = step(high if low is None else low)
+        if integer:
+            x = int(round(x))
+        if x > highest or x < lowest or x in (low, high):
+            return low, high
+        if passes(x):
+            low = x
+            if high is not None:
+                break
+        else:
+            high = x
+            if low is not None:
+                break
+    while (high - low > 1) if integer else (high - low > tolerance * low):
+        mid = (low + high) // 2 if integer else (low + high) / 2
+        if passes(mid):
+            low = mid
+        else:
+            high = mid
+    return low, high
+
+
+def trace_rate(spec: RunSpec) -> float:
+    """A trace's own mean arrival rate (requests/s over the span of its arrivals)."""
+    rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
+    arrivals = [row[0] for row in rows]
+    span = max(arrivals) - min(arrivals)
+    if len(rows) < 2 or span <= 0:
+        raise UserError(f"trace {spec.trace.name}: its requests all arrive at once, so it has no rate to scale")
+    return (len(rows) - 1) / span
+
+
+def at_load(spec: RunSpec, by: str, load: float) -> dict:
+    """The settings that put `load` on the spec: a Poisson rate, a trace sped up or slowed down to
+    that mean rate, or a number of clients."""
+    if by == "concurrency":
+        return {"concurrency": int(load), "rate": None}
+    if spec.trace:       # rounded as a command line shows it, so a probe's rerun is the probe
+        return {"time_scale": float(f"{trace_rate(replace(spec, time_scale=1.0)) / load:.6g}")}
+    return {"rate": load, "concurrency": None}
+
+
+def search_point(spec: RunSpec, settings: dict, slo: Slo, by: str, target: Optional[float],
+                 tolerance: float, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """One deployment: its run at the target load, or its highest load within the SLO found by
+    highest_passing. Each probe's result is kept, with `load` and `misses` added."""
+    point = {k: getattr(v, "name", v) for k, v in settings.items()}
+    deployment = sweep_point(spec, settings)
+    probes: list[dict] = []
+
+    def passes(load: float) -> bool:
+        try:
+            result = run(sweep_point(deployment, at_load(deployment, by, load)))
+        except CapacityError as e:
+            raise Unfit(str(e)) from None
+        result["load"], result["misses"] = load, slo.misses(result)
+        probes.append(result)
+        if progress:
+            progress(f"{by} {load:g}: " + ("meets the slo" if not result["misses"] else "misses: " + result["misses"][0]))
+        return not result["misses"]
+
+    found = {"settings": point, "by": by, "probes": probes}
+    try:
+        if target is not None:
+            passes(target)
+            return {**found, "best": probes[0] if not probes[0]["misses"] else None}
+        start = 1.0 if by == "rate" else 1
+        low, high = highest_passing(passes, start, tolerance, integer=by == "concurrency")
+    except Unfit as e:
+        return {**found, "does_not_fit": str(e), "best": None}
+    best = next((p for p in probes if p["load"] == low), None)
+    return {**found, "highest_load": low, "lowest_missing_load": high, "best": best}
+
+
+class Unfit(Exception):
+    """A deployment whose model does not fit, inside a search (not an error of the whole search)."""
+
+
+def search_points(spec: RunSpec, points: list[dict], slo: Slo, by: str, target: Optional[float],
+                  tolerance: float = 0.05, jobs: int = 1,
+                  progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
+    """search_point for each deployment, in order, in `jobs` processes; the results are the same."""
+    if jobs <= 1 or len(points) <= 1:
+        for settings in points:
+            label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
+            point = (lambda text, label=label: progress(f"{label}: {text}" if label else text)) if progress else None
+            yield search_point(spec, settings, slo, by, target, tolerance, point)
+        return
+    pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
+    try:
+        task = functools.partial(search_point, spec, slo=slo, by=by, target=target, tolerance=tolerance)
+        yield from pool.imap(task, points)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def cheapest_first(found: list[dict]) -> list[dict]:
+    """Deployments that meet the SLO, cheapest an hour first (then per token); then those that
+    miss it; then those that do not fit."""
+    def key(item):
+        best = item["best"]
+        cost = (best or (item["probes"][-1] if item["probes"] else {})).get("cost") or {}
+        rank = 0 if best else 1 if item["probes"] else 2
+        return (rank, cost.get("usd_per_hour") or math.inf, cost.get("usd_per_million_output_tokens") or math.inf)
+    return sorted(found, key=key)
+
+
 # ---------------------------------------------------------------------------------------------
 # Readers: every file a user hands servesim (presets, traces, prompts, reports, scrapes) is read
 # here, and whatever is wrong with it becomes one line naming the file, the line and the fix.
@@ -2188,9 +2396,14 @@ PRESET_RANGES = {
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
     "interconnect_gbs": (0, 100_000, "GB/s per direction, 0 for none"),
     "interconnect_latency_us": (0, 10_000, "us per hop"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
-    "expert_share": (0.0001, 1, "the share of the experts one GPU holds, 1 unless expert parallel"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings",)
+INTERNAL_FIELDS = ("expert_share",)        # set by --enable-expert-parallel, never by a file
+
+
+def preset_fields(preset) -> dict:
+    """A preset as its JSON file: every field a file may set."""
+    return {k: v for k, v in asdict(preset).items() if k not in INTERNAL_FIELDS}
 
 
 def load_preset(kind: str, value: str, presets: dict, cls):
@@ -2204,12 +2417,13 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     data = parse_json(read_text(value, f"{kind} file"), where, "expected one entry of `main.py presets --json`")
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a JSON object like one entry of `main.py presets --json`")
-    known = {f.name: f for f in fields(cls)}
+    known = {f.name: f for f in fields(cls) if f.name not in INTERNAL_FIELDS}
     unknown = sorted(set(data) - set(known))
     missing = sorted(n for n, f in known.items() if f.default is MISSING and n not in data)
     if unknown or missing:
-        raise UserError(f"{where}: unknown fields {unknown}, missing fields {missing}; "
-                        f"expected {', '.join(known)}")
+        problems = ([f"unknown fields {', '.join(unknown)}"] if unknown else []) + \
+                   ([f"missing fields {', '.join(missing)}"] if missing else [])
+        raise UserError(f"{where}: {'; '.join(problems)}; the fields are {', '.join(known)}")
     for name, v in data.items():
         if name == "name":
             if not isinstance(v, str) or not v.strip() or len(v) > 200:
@@ -2238,6 +2452,9 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             f"0 < active_params < params")
     if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
         raise UserError(f"{where}: sliding_layers must be fewer than layers")
+    if isinstance(preset, Hardware) and 0 < preset.interconnect_gbs < 0.1:
+        raise UserError(f"{where}: interconnect_gbs {preset.interconnect_gbs:g} GB/s is no link to run a group on: "
+                        f"0 for none, or the link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
     if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
         raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
     return preset
@@ -2401,6 +2618,9 @@ class LoadConfig:
     request_timeout_s: Optional[float] = None
     scrape_interval_s: float = 1.0
     api_key: Optional[str] = None
+    slos: Optional[dict] = None          # --goodput bounds, ms
+    timeline: bool = False               # per-second rows for --timeline and --plot
+    price_per_hour: Optional[float] = None
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
 
 
@@ -2763,6 +2983,7 @@ class MetricsSampler:
         self.interval_s = interval_s
         self.final_scrape = True
         self.scrapes: list[dict[str, float]] = []
+        self.times: list[float] = []           # when each scrape was read (perf_counter)
         self.problem: Optional[str] = None
         self.worst_wake_delay_s = 0.0
         self.stop = threading.Event()
@@ -2785,6 +3006,7 @@ class MetricsSampler:
             self.problem = "/metrics answered but held no samples in Prometheus text format"
             return
         self.scrapes.append(values)
+        self.times.append(time.perf_counter())
 
     def loop(self) -> None:
         next_scrape = time.perf_counter() + self.interval_s
@@ -3007,7 +3229,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                              f"({refused[0]}); the report has every request sent")
     cpu = time.process_time() - cpu_before
     records.sort(key=lambda r: r.index)
-    result = summarize(records)
+    result = summarize(records, slos=config.slos)
+    result["cost"] = cost_report(config.price_per_hour, result["output_throughput"])
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
         result["server"]["problem"] = sampler.problem
@@ -3038,6 +3261,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "run_id": config.run_id,
         "timeout_s": config.timeout_s, "request_timeout_s": config.request_timeout_s,
     }
+    if config.timeline:
+        result["timeline"] = measured_timeline(records, list(zip(sampler.times, sampler.scrapes)), started)
     if stopped:
         result["stopped"] = stopped.message
     kinds = {error_kind(r.error) for r in records if r.error}
@@ -3045,6 +3270,43 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["hint"] = (f"this does not look like an OpenAI-compatible server: POST {client.url}/v1/chat/completions "
                           f"answered {', '.join(sorted(kinds))}; is --url the server's base address?")
     return result, records, stopped
+
+
+# The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
+RUNNING_GAUGES = ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")
+WAITING_GAUGES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")
+KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")
+
+
+def measured_timeline(records: list[StreamRecord], scrapes: list[tuple[float, dict]], t0: float) -> list[dict]:
+    """The simulator's per-second rows from a real run: tokens from the client's own events
+    (prompt tokens credited at the first token, each event's share of the output), running,
+    waiting and KV use from the last /metrics scrape in that second. A server without those
+    gauges gets the client's requests in flight as running, and no waiting or KV figure."""
+    ok = [r for r in records if r.error is None and r.first_token_s is not None]
+    ends = sorted((r.last_token_s or r.sent_s) - t0 for r in records)
+    sends = sorted(r.sent_s - t0 for r in records)
+    seconds = max(1, math.ceil(max(ends, default=0.0)))
+    prompt, generated = Counter(), Counter()
+    for r in ok:
+        prompt[max(1, math.ceil(r.first_token_s - t0))] += r.prompt_tokens
+        share = r.output_tokens / len(r.token_times) if r.token_times else 0.0
+        for at in r.token_times:
+            generated[max(1, math.ceil(at - t0))] += share
+    pick = lambda values, names: next((values[n] for n in names if n in values), None)
+    rows, latest, i = [], {}, 0
+    for t in range(1, seconds + 1):
+        while i < len(scrapes) and scrapes[i][0] - t0 <= t:
+            latest = scrapes[i][1]
+            i += 1
+        kv = pick(latest, KV_GAUGES)
+        running = pick(latest, RUNNING_GAUGES)
+        rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": round(generated[t], 3),
+                     "running": running if running is not None else
+                     bisect.bisect_right(sends, t) - bisect.bisect_right(ends, t),
+                     "waiting": pick(latest, WAITING_GAUGES),
+                     "kv_cache_pct": None if kv is None else round(100 * kv, 2)})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3356,13 +3618,16 @@ def compare_rows(measured: dict, simulated: dict, timeline: list) -> dict:
     if timeline:
         rows["mean running"] = (sum(t.get("running", 0) for t in timeline) / len(timeline), engine.get("mean_running"))
         rows["peak waiting"] = (max(t.get("waiting", 0) for t in timeline), engine.get("peak_waiting"))
-        rows["peak kv use %"] = (max(t.get("kv_cache_pct", 0) for t in timeline), 100 * engine.get("kv_peak", 0))
+        logged = max(t.get("kv_cache_pct", 0) for t in timeline)
+        rows["peak kv use %"] = (logged or None, 100 * engine.get("kv_peak", 0))    # all zeros: not logged
     elif server.get("server"):
         rows["mean batch"] = (server.get("mean_batch_per_decode") or server.get("peak_running"), engine.get("mean_batch"))
         rows["peak waiting"] = (server.get("peak_requests_deferred", server.get("peak_waiting")), engine.get("peak_waiting"))
         if server.get("preemptions") is not None:
             rows["preemptions"] = (server["preemptions"], engine.get("preemptions"))
     rows["preemptions (sim)"] = (None, engine.get("preemptions"))
+    if measured.get("request_goodput") is not None:
+        rows["goodput req/s"] = (measured["request_goodput"], simulated.get("request_goodput"))
     return {label: {"measured": m, "servesim": s, "error": s / m - 1 if m and s is not None else None}
             for label, (m, s) in rows.items() if m is not None or s is not None}
 
@@ -3616,8 +3881,13 @@ def read_signals(path: str) -> Signals:
         sig.scrape = True
         return sig
     data = parse_json(text, f"explain input {path}", "pass a /metrics scrape, or a loadgen, simulate or sweep --json report")
-    if isinstance(data, list) and data and all(isinstance(r, dict) and "median_ttft_ms" in r for r in data):
+    if isinstance(data, list) and data and all(isinstance(r, dict) and ("median_ttft_ms" in r or "does_not_fit" in r)
+                                               for r in data):
         # A sweep: diagnose its most loaded point, and keep the trend from the point before.
+        # Points whose model did not fit ran nothing, so there is nothing in them to diagnose.
+        data = [point for point in data if "median_ttft_ms" in point]
+        if not data:
+            raise UserError(f"{path}: a sweep in which no point fitted; there is no run to diagnose")
         for i, point in enumerate(data):
             check_report(point, f"explain input {path} point {i + 1}")
         return signals_from_report(data[-1], f"{name} (last of {len(data)} points)", data[-2] if len(data) > 1 else None)
@@ -3812,8 +4082,8 @@ def print_run(result: dict, out=None) -> None:
               f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
               f"{engine['kv_used_of_reserved']:.1%} used\n")
     for index, replica in enumerate(result.get("replicas") or [], 1):
-        w(f"{f'replica {index}':<12}{replica['completed']:,} requests"
-          + (f" ({replica['failed']:,} failed)" if replica["failed"] else "")
+        w(f"{f'replica {index}':<11} {replica['completed']:,} requests done"
+          + (f", {replica['failed']:,} failed" if replica["failed"] else "")
           + f"  mean batch {replica['mean_batch']:.1f}  kv peak {replica['kv_peak']:.1%}  "
             f"preemptions {replica['preemptions']:,}  prefix hits {replica['prefix_hit_rate']:.1%}\n")
     if result.get("speculative"):
@@ -3838,6 +4108,17 @@ def print_run(result: dict, out=None) -> None:
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
+    if result.get("goodput_slos_ms"):
+        bounds = ", ".join(f"{metric} <= {bound:g} ms" for metric, bound in result["goodput_slos_ms"].items())
+        total = result["completed"] + result["failed"]
+        w(f"{'goodput':<12}{result['request_goodput']:.2f} req/s: {result['good_requests']:,} of {total:,} requests "
+          f"({result['goodput_share']:.1%}) within {bounds}\n")
+    cost = result.get("cost")
+    if cost:
+        gpus = cfg.get("gpus")
+        w(f"{'cost':<12}${cost['usd_per_hour']:,.2f} an hour" + (f" ({gpus} GPUs)" if gpus and gpus > 1 else "")
+          + (f"  ${cost['usd_per_million_output_tokens']:,.3f} per million output tokens"
+             if cost["usd_per_million_output_tokens"] is not None else "") + "\n")
     if "server" in result:
         print_server(result, w)
 
@@ -4029,8 +4310,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
 
 def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
     h, m = plan.hardware, plan.model
-    return {
-        "hardware": asdict(h), "model": asdict(m),
+    return {     # the model as given; every byte and block below is one GPU's
+        "hardware": preset_fields(h), "model": preset_fields(plan.group_model or m),
         "gpu_memory_utilization": plan.gpu_memory_utilization,
         "weight_bytes": m.weight_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
         "budget_bytes": plan.budget_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
@@ -4042,6 +4323,228 @@ def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
         "tensor_parallel_size": plan.tensor_parallel_size,     # every figure above is one GPU's
         "all_reduce_ms": cost.communication_seconds(1) * 1000 if isinstance(cost, Parallel) else 0.0,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Pictures: SVG written with the standard library, one file per figure. Every plotted point
+# carries its numbers (data-x, data-y) and every series its name, so a script (or a test) reads
+# the figure back as data.
+# ---------------------------------------------------------------------------------------------
+
+PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999")
+
+
+@dataclass
+class Panel:
+    """One chart: lines or points in data coordinates, with a log axis where values span decades."""
+    title: str
+    x_label: str
+    y_label: str
+    series: list = field(default_factory=list)     # (name, [(x, y[, label])], style, color): style is
+                                                   # "line", "dashed" or "points"
+    marks: list = field(default_factory=list)      # (x, y, label): a ringed point with its label
+    levels: list = field(default_factory=list)     # (y, label): a horizontal line across the chart
+    log_y: Optional[bool] = None                   # None: log when the values span more than 30x
+
+    def add(self, name: str, points: list, style: str = "line", color: Optional[int] = None) -> None:
+        """A series; `color` (an index into PALETTE) pairs series of one group, e.g. p50 and p95."""
+        points = [point for point in points if point[0] is not None and point[1] is not None]
+        if points:
+            self.series.append((name, points, style, len(self.series) if color is None else color))
+
+
+def escape(text) -> str:
+    return xml_escape(str(text), {'"': "&quot;"})
+
+
+def nice_ticks(low: float, high: float, log: bool) -> list[float]:
+    if log:
+        return [10.0 ** e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)]
+    span = high - low or abs(high) or 1.0
+    raw = span / 5
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = math.floor(low / step) * step
+    return [first + i * step for i in range(int(math.ceil((high - first) / step)) + 1)]
+
+
+def tick_text(value: float) -> str:
+    if value and (abs(value) >= 1e7 or abs(value) < 1e-2):
+        return f"{value:.0e}".replace("e+0", "e").replace("e-0", "e-")
+    return f"{value:,.6g}"
+
+
+def svg_figure(title: str, panels: list[Panel], columns: int = 2, width: int = 520, height: int = 340) -> str:
+    """The panels in a grid, `columns` across, under one title."""
+    columns = max(1, min(columns, len(panels)))
+    rows = math.ceil(len(panels) / columns)
+    total_w, total_h = width * columns, height * rows + 34
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
+           f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{total_w}" height="{total_h}" fill="white"/>',
+           f'<text x="{total_w / 2:.1f}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>']
+    for i, panel in enumerate(panels):
+        out += svg_panel(panel, (i % columns) * width, 34 + (i // columns) * height, width, height)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def svg_panel(panel: Panel, left: float, top: float, width: float, height: float) -> list[str]:
+    legend = max((len(name) for name, *_ in panel.series), default=0) * 7 + 36      # the legend, right of the plot
+    x0, y0, x1, y1 = left + 72, top + 28, left + width - 12 - legend, top + height - 48     # the plot area
+    xs = [p[0] for _, points, _, _ in panel.series for p in points] + [x for x, _, _ in panel.marks]
+    ys = ([p[1] for _, points, _, _ in panel.series for p in points] + [y for _, y, _ in panel.marks]
+          + [y for y, _ in panel.levels])
+    out = [f'<g class="panel" data-title="{escape(panel.title)}">',
+           f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 18:.1f}" text-anchor="middle" font-size="13">{escape(panel.title)}</text>']
+    if not xs or not ys:
+        out += [f'<text x="{(x0 + x1) / 2:.1f}" y="{(y0 + y1) / 2:.1f}" text-anchor="middle">no data</text>', "</g>"]
+        return out
+    positive = [y for y in ys if y > 0]
+    log = panel.log_y if panel.log_y is not None else bool(positive) and min(positive) > 0 and \
+        max(positive) / min(positive) > 30 and len(positive) == len(ys)
+    x_lo, x_hi = min(0.0, min(xs)), max(xs) or 1.0
+    if log:
+        y_lo, y_hi = 10 ** math.floor(math.log10(min(positive))), 10 ** math.ceil(math.log10(max(positive)))
+    else:
+        y_lo, y_hi = min(0.0, min(ys)), max(ys) or 1.0
+    x_ticks, y_ticks = nice_ticks(x_lo, x_hi, False), nice_ticks(y_lo, y_hi, log)
+    x_lo, x_hi = min(x_lo, x_ticks[0]), max(x_hi, x_ticks[-1])
+    y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
+    fy = (lambda v: math.log10(v)) if log else (lambda v: v)
+    px = lambda v: x0 + (v - x_lo) / ((x_hi - x_lo) or 1) * (x1 - x0)
+    py = lambda v: y1 - (fy(v) - fy(y_lo)) / ((fy(y_hi) - fy(y_lo)) or 1) * (y1 - y0)
+    out.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="#444"/>')
+    for t in x_ticks:
+        out.append(f'<line x1="{px(t):.1f}" y1="{y1}" x2="{px(t):.1f}" y2="{y1 + 4}" stroke="#444"/>'
+                   f'<text x="{px(t):.1f}" y="{y1 + 17}" text-anchor="middle">{tick_text(t)}</text>')
+    for t in y_ticks:
+        out.append(f'<line x1="{x0}" y1="{py(t):.1f}" x2="{x1}" y2="{py(t):.1f}" stroke="#ddd"/>'
+                   f'<text x="{x0 - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{tick_text(t)}</text>')
+    out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{y1 + 36}" text-anchor="middle">{escape(panel.x_label)}</text>')
+    out.append(f'<text transform="translate({left + 16},{(y0 + y1) / 2:.1f}) rotate(-90)" text-anchor="middle">'
+               f'{escape(panel.y_label + (" (log scale)" if log else ""))}</text>')
+    for y, label in panel.levels:
+        out.append(f'<g class="level" data-y="{y:.6g}" data-name="{escape(label)}"><line x1="{x0}" y1="{py(y):.1f}" '
+                   f'x2="{x1}" y2="{py(y):.1f}" stroke="#c00" stroke-dasharray="6 4"/>'
+                   f'<text x="{x1 - 4}" y="{py(y) - 5:.1f}" text-anchor="end" fill="#c00">{escape(label)}</text></g>')
+    for i, (name, points, style, color) in enumerate(panel.series):
+        color = PALETTE[color % len(PALETTE)]
+        dash = ' stroke-dasharray="5 4"' if style == "dashed" else ""
+        out.append(f'<g class="series" data-name="{escape(name)}" stroke="{color}" fill="{color}">')
+        if style != "points" and len(points) > 1:
+            path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, *_ in points)
+            out.append(f'<polyline points="{path}" fill="none" stroke-width="2"{dash}/>')
+        for x, y, *label in points:
+            tip = f"<title>{escape(label[0])}</title>" if label else ""
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{2.5 if style != "points" else 4}" '
+                       f'data-x="{x:.6g}" data-y="{y:.6g}">{tip}</circle>')
+        out.append("</g>")
+        ly, lx = y0 + 10 + 15 * i, x1 + 10
+        sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{color}"/>' if style == "points" else
+                  f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
+        out.append(f'{sample}<text x="{lx + 24}" y="{ly}">{escape(name)}</text>')
+    for x, y, label in panel.marks:
+        right = px(x) + 10 + 7 * len(label) > x1       # keep the label inside the chart
+        out.append(f'<g class="mark" data-name="{escape(label)}" data-x="{x:.6g}" data-y="{y:.6g}">'
+                   f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="8" fill="none" stroke="#000" stroke-width="1.5"/>'
+                   f'<text x="{px(x) + (-10 if right else 10):.1f}" y="{py(y) + 20:.1f}" '
+                   f'text-anchor="{"end" if right else "start"}">{escape(label)}</text></g>')
+    out.append("</g>")
+    return out
+
+
+SHORT_FLAGS = {"tensor_parallel_size": "tp", "data_parallel_size": "dp", "max_num_seqs": "seqs",
+               "max_num_batched_tokens": "batched tokens", "gpu_memory_utilization": "gpu mem",
+               "max_tokens_in_flight": "in flight", "scheduler_reserve_full_isl": "reserve isl"}
+
+
+def short_flag(axis: str) -> str:
+    return SHORT_FLAGS.get(axis, sweep_flag(axis)[2:])
+
+
+def knee(results: list[dict]) -> Optional[int]:
+    """The last point before which more load still bought at least 10% more output throughput:
+    past it, load mostly buys latency."""
+    for i in range(len(results) - 1):
+        if results[i + 1]["output_throughput"] < 1.1 * results[i]["output_throughput"]:
+            return i
+    return None
+
+
+def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
+    """Output throughput against TTFT and TPOT (p50 dashed, p95 solid), one curve per value of
+    the axis that is not the load, with each curve's knee ringed."""
+    load = next((a for a in axes if a in ("concurrency", "rate")), None)
+    other = [a for a in axes if a != load]
+    groups: dict = {}
+    for r in results:
+        if not r.get("does_not_fit"):
+            key = "  ".join(f"{short_flag(a)} {sweep_label(a, r['config']['sweep_point'][a])}" for a in other)
+            groups.setdefault(key, []).append(r)
+    panels = [Panel("TTFT against throughput", "output tokens/s", "TTFT (ms)"),
+              Panel("TPOT against throughput", "output tokens/s", "TPOT (ms)")]
+    for color, (key, rows) in enumerate(groups.items()):
+        name = key or short_flag(load)
+        for panel, metric in zip(panels, ("ttft", "tpot")):
+            for stat, label, style in (("p95", "p95", "line"), ("median", "p50", "dashed")):
+                panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"]) for r in rows],
+                          style if load else "points", color)
+            at = knee(rows) if load else None
+            if at is not None:
+                label = f"knee: {short_flag(load)} {sweep_label(load, rows[at]['config']['sweep_point'][load])}"
+                panel.marks.append((rows[at]["output_throughput"], rows[at][f"p95_{metric}_ms"], label))
+    return svg_figure(title, panels, width=640)
+
+
+def timeline_svg(title: str, rows: list[dict]) -> str:
+    """Running and waiting requests, KV use and token throughput, second by second."""
+    requests = Panel("requests", "time (s)", "requests", log_y=False)
+    requests.add("running", [(r["t"], r["running"]) for r in rows])
+    requests.add("waiting", [(r["t"], r["waiting"]) for r in rows if r.get("waiting") is not None])
+    kv = Panel("KV cache", "time (s)", "KV cache used (%)", log_y=False)
+    kv.add("kv cache %", [(r["t"], r["kv_cache_pct"]) for r in rows if r.get("kv_cache_pct") is not None])
+    tokens = Panel("throughput", "time (s)", "tokens/s", log_y=False)
+    tokens.add("generated tok/s", [(r["t"], r["gen_throughput"]) for r in rows])
+    tokens.add("prompt tok/s", [(r["t"], r["prompt_throughput"]) for r in rows])
+    return svg_figure(title, [requests, kv, tokens], columns=1, width=760, height=260)
+
+
+def search_svg(report: dict, axes: list[str], slo: Slo) -> str:
+    """Max load: each deployment's probes, load against the SLO's first metric, its answer ringed.
+    Target load: cost against that metric for every deployment, with the Pareto front (no
+    cheaper deployment is faster) and the SLO drawn."""
+    name, key, bound = slo.bounds[0]
+    label = name.replace("_", " ") + " (ms)"
+    unit = "requests/s" if report["by"] == "rate" else "clients"
+    named = lambda item: "  ".join(f"{short_flag(a)} {sweep_label(a, item['settings'][a])}" for a in axes)
+    if report["target"] is None:
+        panel = Panel(f"{name.replace('_', ' ')} against load", unit, label)
+        for item in report["deployments"]:
+            probes = sorted(item["probes"], key=lambda p: p["load"])
+            panel.add(named(item) or "probes", [(p["load"], p[key]) for p in probes])
+            if item.get("best"):
+                panel.marks.append((item["best"]["load"], item["best"][key], f"highest: {item['best']['load']:.4g}"))
+        panel.levels.append((bound, f"slo {bound:g} ms"))
+        return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}", [panel], columns=1, width=760, height=420)
+    panel = Panel(f"{name.replace('_', ' ')} against cost", "USD an hour", label)
+    priced = [(item, (item["best"] or item["probes"][-1])) for item in report["deployments"] if item["probes"]]
+    priced = [(item, p) for item, p in priced if p.get("cost")]
+    for verdict, keep in (("meets the slo", True), ("misses it", False)):
+        panel.add(verdict, [(p["cost"]["usd_per_hour"], p[key], named(item)) for item, p in priced
+                            if bool(item["best"]) == keep], "points")
+    front, fastest = [], math.inf
+    for item, p in sorted(priced, key=lambda ip: (ip[1]["cost"]["usd_per_hour"], ip[1][key] or math.inf)):
+        if p[key] is not None and p[key] < fastest:
+            front.append((p["cost"]["usd_per_hour"], p[key]))
+            fastest = p[key]
+    panel.add("pareto front", front, "dashed")
+    cheapest = next(((item, p) for item, p in priced if item["best"]), None)
+    if cheapest:
+        panel.marks.append((cheapest[1]["cost"]["usd_per_hour"], cheapest[1][key], "cheapest: " + (named(cheapest[0]) or "it")))
+    panel.levels.append((bound, f"slo {bound:g} ms"))
+    return svg_figure(f"search: deployments at {report['target']:g} {unit}, {slo.text().replace('_', ' ')}", [panel], columns=1,
+                      width=760, height=420)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4057,8 +4560,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
-    """A whole number in [low, high]; 1,000 and 1_000 are fine."""
+    """A whole number in [low, high]; 1,000 and 1_000 are fine, 1,2 (a list) is not."""
     def parse(text: str) -> int:
+        one_number(text)
         try:
             value = int(text.replace(",", "").replace("_", ""))
         except ValueError:
@@ -4070,9 +4574,18 @@ def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
     return parse
 
 
+def one_number(text: str) -> None:
+    """Commas may group thousands (10,000); anything else with a comma is a list given to a flag
+    that takes one value, and silently reading 1,2 as 12 would be worse than refusing it."""
+    if "," in text and not re.fullmatch(r"\s*[-+]?\d{1,3}(,\d{3})+(\.\d*)?\s*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value "
+                                         f"(sweep and search take lists of server settings)")
+
+
 def real(low: float, high: float, above_low: bool = True, what: str = "") -> Callable[[str], float]:
     """A finite number in (low, high] (or [low, high])."""
     def parse(text: str) -> float:
+        one_number(text)
         try:
             value = float(text.replace(",", "").replace("_", ""))
         except ValueError:
@@ -4216,9 +4729,10 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                    help="which replica gets a request when it arrives: in turn, the one with the fewest running "
                         "and waiting, or the one whose cache holds the longest run of its prompt (llm-d's and "
                         "SGLang's prefix-aware routing) (default: %(default)s)")
-    g.add_argument("--enable-expert-parallel", action="store_true",
+    g.add_argument("--enable-expert-parallel", **switch,
                    help="with replicas and a mixture-of-experts model: spread the experts over the replicas "
-                        "(attention stays on each), adding an all-to-all per MoE layer (default: off)")
+                        "(attention stays on each), adding an all-to-all per MoE layer; the flag alone is on "
+                        "(default: off)")
     g = p.add_argument_group("speculative decoding (vLLM's --speculative-config)")
     g.add_argument("--speculative-tokens", type=many(whole(0, 64), sweep), metavar="K", default=0,
                    help="each decoding sequence verifies K proposed tokens per step, as num_speculative_tokens "
@@ -4241,12 +4755,13 @@ def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                         + " (default: 25)")
 
 
-def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
+def add_workload_args(p: argparse.ArgumentParser, sweep: bool, search: bool = False) -> None:
     g = p.add_argument_group("workload")
     arrivals = g.add_mutually_exclusive_group()
-    arrivals.add_argument("--trace", metavar="FILE",
-                          help="JSONL trace, one request per line: arrival (s), prompt_tokens, "
-                               "output_tokens, optional prefix and prefix_tokens")
+    (g if search else arrivals).add_argument(
+        "--trace", metavar="FILE",
+        help="JSONL trace, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix and "
+             "prefix_tokens" + ("; with --rate R its arrivals are scaled to R requests/s" if search else ""))
     if sweep:
         arrivals.add_argument("--concurrency", type=list_of(CLIENTS), metavar="N,N,...",
                               help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
@@ -4268,12 +4783,53 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--prefix-tokens", type=TOKENS, default=0, metavar="TOKENS",
                    help="a shared system prompt of this many tokens in front of every prompt (default: none)")
     g.add_argument("--num-prefixes", type=whole(1, 10**6), default=None, metavar="M",
-                   help="how many distinct shared system prompts, assigned round robin (default: %(default)s)")
+                   help="how many distinct shared system prompts, assigned round robin (default: 1)")
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
+    g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
+                   help="multiply a trace's arrival times by X: 0.5 replays it at twice its rate (default: %(default)s)")
+    g = p.add_argument_group("SLOs and cost")
+    add_goodput_arg(g)
+    add_price_arg(g)
     g = p.add_argument_group("simulator")
     g.add_argument("--engine", choices=("event", "step"), default="event",
                    help="event: work per event (arrivals, block boundaries, finishes); step: the per-step rule "
                         "the event engine is tested against, slower, same results (default: %(default)s)")
+
+
+def goodput_bound(text: str) -> tuple[str, float]:
+    metric, colon, value = text.partition(":")
+    if metric not in GOODPUT_METRICS or not colon:
+        raise argparse.ArgumentTypeError(f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
+    try:
+        bound = float(value)
+    except ValueError:
+        bound = math.nan
+    if not 0 < bound < 1e10:
+        raise argparse.ArgumentTypeError(f"{text!r}: the bound is milliseconds, a positive number")
+    return metric, bound
+
+
+def add_goodput_arg(p) -> None:
+    p.add_argument("--goodput", nargs="+", type=goodput_bound, metavar="KEY:MS",
+                   help="count the requests that meet every bound, as vllm bench serve's flag: ttft:MS, tpot:MS "
+                        "(per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
+                        "(good requests/s) and goodput_share (default: off)")
+
+
+def add_price_arg(p, what: str = "per GPU, in place of the hardware preset's price") -> None:
+    p.add_argument("--price-per-hour", type=real(0, 1e6), metavar="USD",
+                   help=f"USD an hour {what}; reports gain $ an hour and $ per million output tokens "
+                        f"(default: the preset's on-demand price, see main.py presets)")
+
+
+def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_argument_group("pictures")
+    g.add_argument("--timeline", metavar="FILE.csv",
+                   help=f"write {what}'s per-second stats as CSV in the shape vLLM logs them: t, prompt_throughput, "
+                        f"gen_throughput (tokens/s), running, waiting, kv_cache_pct (default: off)")
+    g.add_argument("--plot", metavar="FILE.svg",
+                   help="draw the same seconds as SVG: running and waiting requests, KV use, token throughput "
+                        "(default: off)")
 
 
 def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
@@ -4295,7 +4851,7 @@ def plan_from_args(args) -> tuple[CapacityPlan, Roofline]:
     cost = COST_MODELS[args.cost_model](hardware, device, gemm_tflops(hardware, args.quantization))
     if args.tensor_parallel_size > 1:
         cost = Parallel(cost, hardware, model, args.tensor_parallel_size)
-    plan.tensor_parallel_size = args.tensor_parallel_size
+    plan.tensor_parallel_size, plan.group_model = args.tensor_parallel_size, model
     return plan, cost
 
 
@@ -4309,6 +4865,11 @@ def spec_from_args(args) -> RunSpec:
     if args.trace and (args.prompt_tokens or args.output_tokens or args.prefix_tokens or args.num_prefixes):
         raise UserError("--prompt-tokens, --output-tokens, --prefix-tokens and --num-prefixes describe synthetic "
                         "requests; a --trace gives each request's own lengths")
+    if args.time_scale != 1 and not args.trace:
+        raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
+    if args.price_per_hour and len(getattr(args, "hardware", None) or []) > 1 and isinstance(args.hardware, list):
+        raise UserError("--price-per-hour is one price for one device: with several --hardware, put each price_per_hour "
+                        "in its hardware JSON")
     if args.num_prefixes and not args.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
@@ -4320,7 +4881,7 @@ def spec_from_args(args) -> RunSpec:
         max_model_len=one(args.max_model_len), kv_tokens=one(args.kv_tokens), num_gpu_blocks=one(args.num_gpu_blocks),
         quantization=None if quantization == "none" else quantization, kv_cache_dtype=one(args.kv_cache_dtype),
         tensor_parallel_size=one(args.tensor_parallel_size), data_parallel_size=one(args.data_parallel_size),
-        router=one(args.router), enable_expert_parallel=args.enable_expert_parallel,
+        router=one(args.router), enable_expert_parallel=one(args.enable_expert_parallel),
         cost_model=one(args.cost_model),
         speculative_tokens=one(args.speculative_tokens), acceptance_rate=one(args.acceptance_rate),
         draft_model=load_preset("model", args.draft_model, MODELS, ModelSpec) if args.draft_model else None,
@@ -4334,7 +4895,8 @@ def spec_from_args(args) -> RunSpec:
         trace=read_trace(args.trace) if args.trace else None, requests=args.requests,
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
         prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes or 1,
-        rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed,
+        rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed, time_scale=args.time_scale,
+        goodput=tuple(args.goodput or ()), price_per_hour=args.price_per_hour,
         detailed=getattr(args, "detailed", False), engine=args.engine)
 
 
@@ -4379,8 +4941,34 @@ def failed_exit(results: list[dict]) -> int:
     return 1
 
 
+def timeline_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def write_timeline(args, title: str, rows: list[dict]) -> None:
+    """--timeline FILE.csv and --plot FILE.svg: the same per-second rows, as data and as a picture."""
+    if args.timeline:
+        write_file(args.timeline, timeline_csv(rows))
+    if args.plot:
+        write_file(args.plot, timeline_svg(title, rows))
+
+
 def cmd_simulate(args) -> int:
-    result = run(spec_from_args(args), Progress("simulate"))
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path:
+            check_writable(path, flag)
+    spec = spec_from_args(args)
+    pictured = bool(args.timeline or args.plot)
+    result = run(replace(spec, detailed=spec.detailed or pictured), Progress("simulate"), timeline=pictured)
+    if pictured:
+        write_timeline(args, result["config"]["title"], result.pop("timeline"))
+        if not spec.detailed:
+            for key in detailed_arrays([]):
+                result.pop(key, None)
     if result["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
     if args.json or args.detailed:
@@ -4403,7 +4991,8 @@ def compare_mode(text: str) -> str:
 SWEEP_KNOBS = ("hardware", "tensor_parallel_size", "data_parallel_size", "router", "quantization", "kv_cache_dtype",
                "cost_model", "gpu_memory_utilization", "block_size", "max_model_len", "kv_tokens", "num_gpu_blocks",
                "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "scheduler_reserve_full_isl",
-               "max_tokens_in_flight", "speculative_tokens", "acceptance_rate", "kv_link_gbs", "compare",
+               "max_tokens_in_flight", "enable_expert_parallel", "speculative_tokens", "acceptance_rate",
+               "kv_link_gbs", "compare",
                "rate", "concurrency")
 FIELD_OF_FLAG = {"scheduler_reserve_full_isl": "reserve_full_isl"}
 FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
@@ -4419,6 +5008,8 @@ def sweep_points(args) -> tuple[list[str], list[dict]]:
     if len(axes) > 2:
         raise UserError(f"sweep varies at most two settings at a time: {', '.join(sweep_flag(a) for a in axes)} "
                         f"each have several values; give all but two of them one value")
+    if "hardware" in given:
+        given["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in given["hardware"]]
     if args.gpus:
         return gpu_split_points(args.gpus, given, axes)
     if not axes and args.trace:
@@ -4426,8 +5017,6 @@ def sweep_points(args) -> tuple[list[str], list[dict]]:
     if not axes:
         axes = ["rate" if args.rate else "concurrency"]
     values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
-    if "hardware" in values:
-        values["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in values["hardware"]]
     if "kv_link_gbs" in values:
         values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
@@ -4447,6 +5036,9 @@ def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str]
     rest = [a for a in axes if a != by]
     if not rest:
         rest = ["rate"] if given.get("rate") else ["concurrency"]
+    if len(rest) > 1:
+        raise UserError(f"--gpus {gpus} varies {sweep_flag(by)} and one more setting; "
+                        f"{' and '.join(sweep_flag(a) for a in rest)} both have several values")
     loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
     points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
               for v in given[by] for combination in itertools.product(*loads.values())]
@@ -4517,6 +5109,8 @@ def settings_line(spec: RunSpec, axes: list[str]) -> str:
         if f.name in shown or value == getattr(default, f.name):
             continue
         flag = sweep_flag(f.name)
+        if f.name == "goodput":
+            value = " ".join(f"{metric}:{bound:g}" for metric, bound in value)
         words.append(flag if value is True else f"{flag} off" if value is False and f.name in FLAG_OF else
                      "--no-chunked-prefill" if f.name == "chunked_prefill" else
                      f"{flag} {value.name}" if isinstance(value, ModelSpec) else
@@ -4535,6 +5129,11 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
     if {"tensor_parallel_size", "data_parallel_size"} & set(axes):      # so rows compare per GPU
         columns = (("gpus", lambda r: f"{r['config']['gpus']}"), columns[0],
                    ("per gpu", lambda r: number(r["output_throughput"] / r["config"]["gpus"]))) + columns[1:]
+    if {"hardware", "tensor_parallel_size", "data_parallel_size", "quantization"} & set(axes):
+        columns = columns[:-1] + (("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
+                                  columns[-1])
+    if spec.goodput:
+        columns = columns[:-1] + (("goodput", lambda r: f"{r['request_goodput']:.2f}/s"), columns[-1])
     if spec.prefix_caching or "prefix_caching" in axes:
         columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
     return columns
@@ -4548,6 +5147,8 @@ def cmd_sweep(args) -> int:
     for point in points:       # a bad combination is refused before any point runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
+    if args.plot:
+        check_writable(args.plot, "--plot")
     progress = Progress("sweep")
     table = None
     if not (args.json or args.csv):
@@ -4575,6 +5176,10 @@ def cmd_sweep(args) -> int:
         code = 143 if isinstance(e, Terminated) else 130
         stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(results)} of "
                                 f"{len(points)} points; the output holds the finished ones")
+    if args.plot and results:
+        where = "" if "hardware" in axes else f" on {spec.hardware.name}"
+        write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
+                                        + " x ".join(sweep_flag(a)[2:] for a in axes), axes, results))
     if args.json:
         write_json(results)
     elif args.csv:
@@ -4594,6 +5199,228 @@ def cmd_sweep(args) -> int:
     return failed_exit([r for r in results if not r.get("does_not_fit")])
 
 
+def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
+    """The simulate command line that runs exactly this spec; `sources` maps a preset's name to
+    the file it was read from."""
+    sources = sources or {}
+    words, default = ["python3", "code/main.py", "simulate"], RunSpec()
+    for f in fields(RunSpec):
+        value = getattr(spec, f.name)
+        if value == getattr(default, f.name) or f.name in ("detailed", "engine") or \
+                (f.name == "kv_link_gbs" and not spec.disaggregate):
+            continue
+        if f.name == "chunked_prefill":
+            words.append("--no-chunked-prefill")
+        elif value is True:
+            words.append(sweep_flag(f.name))
+        elif f.name == "goodput":
+            words += ["--goodput", *(f"{metric}:{bound:g}" for metric, bound in value)]
+        else:
+            if isinstance(value, (Hardware, ModelSpec)):
+                shown = sources.get(value.name, value.name)
+            elif isinstance(value, Trace):
+                shown = value.name
+            elif isinstance(value, float):          # exact, so the command reruns the same run
+                shown = f"{value:g}" if float(f"{value:g}") == value else repr(value)
+            else:
+                shown = "off" if value is False else str(value)
+            words += [sweep_flag(f.name), shown]
+    return shlex.join(words)
+
+
+SEARCH_EXCLUDED = ("kv_link_gbs", "compare", "rate", "concurrency")
+
+
+def search_grid(args) -> tuple[list[str], list[dict]]:
+    """The deployments a search tries: every combination of the server flags given as lists."""
+    given = {FIELD_OF_FLAG.get(knob, knob): getattr(args, knob) for knob in SWEEP_KNOBS
+             if knob not in SEARCH_EXCLUDED and isinstance(getattr(args, knob), list)}
+    for knob in ("kv_link_gbs",):
+        if len(getattr(args, knob) or []) > 1:
+            raise UserError(f"search tries deployments; {sweep_flag(knob)} takes one value here (sweep it instead)")
+    axes = [axis for axis, values in given.items() if len(values) > 1]
+    values = {axis: given[axis] for axis in axes}
+    if "hardware" in values:
+        values["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in values["hardware"]]
+    points = [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+    if len(points) > 100_000:
+        raise UserError(f"search grid of {len(points):,} deployments; narrow the lists to at most 100,000")
+    return axes, points
+
+
+def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
+    load = ("rate" if by == "rate" else "clients", lambda r: f"{r['load']:.4g}")
+    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")] if trace and by == "rate" else [])
+    columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
+    columns += [("out tok/s", lambda r: number(r["output_throughput"])),
+                ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
+                ("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
+                ("verdict", lambda r: "meets" if not r["misses"] else "misses: " + "; ".join(r["misses"]))]
+    return columns
+
+
+def search_table(axes: list[str], found: list[dict], columns, probes: bool) -> list[str]:
+    """One row per deployment (its best probe, else its last), or per probe. The last column (a
+    verdict) is left-aligned after the others, so a long reason does not widen the table."""
+    cells = [[sweep_flag(a)[2:] for a in axes] + [name for name, _ in columns]]
+    for item in found:
+        labels = [sweep_label(a, item["settings"][a]) for a in axes]
+        if item.get("does_not_fit"):
+            cells.append(labels + ["-"] * (len(columns) - 1) + ["does not fit: " + item["does_not_fit"]])
+            continue
+        for result in (item["probes"] if probes else [item["best"] or item["probes"][-1]]):
+            cells.append(labels + [cell(result) for _, cell in columns])
+    aligned = table([[""] + row[:-1] for row in cells])      # an empty first column: every cell right-aligned
+    return [f"{line[2:]}  {row[-1]}" for line, row in zip(aligned, cells)]
+
+
+def cmd_search(args) -> int:
+    slo = parse_slo(args.slo)
+    axes, points = search_grid(args)
+    spec = spec_from_args(args)
+    by, target = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency) if args.concurrency else \
+        (args.load, None)
+    if spec.trace and (by == "concurrency" or args.time_scale != 1):
+        raise UserError("search scales a --trace's arrivals itself: give --rate R (or nothing, to find the highest "
+                        "rate), not --concurrency, --load concurrency or --time-scale")
+    spec = replace(spec, rate=None) if spec.trace else spec
+    for point in points:       # a bad combination is refused before anything runs
+        with contextlib.suppress(CapacityError):
+            build_engines(sweep_point(spec, point))
+    if args.confirm:
+        confirm_config(args, spec)
+    if args.plot:
+        check_writable(args.plot, "--plot")
+    progress = Progress("search")
+    found, stopped = [], None
+    try:
+        for item in search_points(spec, points, slo, by, target, args.tolerance, args.jobs, progress):
+            found.append(item)
+            progress(f"{len(found)}/{len(points)} deployments done")
+    except (KeyboardInterrupt, Terminated) as e:
+        code = 143 if isinstance(e, Terminated) else 130
+        stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(found)} of "
+                                f"{len(points)} deployments; the output holds the finished ones")
+    sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
+    sources[spec.model.name] = args.model
+    for item, settings in zip(found, points):
+        deployment = sweep_point(spec, settings)
+        for probe in item["probes"]:
+            probe["rerun"] = simulate_command(sweep_point(deployment, at_load(deployment, by, probe["load"])), sources)
+    ranked = cheapest_first(found) if target is not None else found
+    report = {"slo": {name: bound for name, _, bound in slo.bounds}, "by": by, "target": target,
+              "tolerance": args.tolerance if target is None else None, "deployments": ranked}
+    if args.plot and ranked:
+        write_file(args.plot, search_svg(report, axes, slo))
+    chosen = next((item for item in ranked if item["best"]), None)
+    if stopped or not (args.json or args.csv):
+        write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target)))
+    if stopped:
+        raise stopped
+    if args.confirm and chosen:
+        deployment = sweep_point(spec, points[found.index(chosen)])
+        report["confirm"] = confirm(args, spec, deployment, chosen["best"]["load"], by)
+    elif args.confirm:
+        sys.stderr.write("servesim: nothing met the slo, so --confirm has no load to send\n")
+    if args.json:
+        write_json(report)
+    elif args.csv:
+        print_csv([{"deployment": item["settings"], "probe": {k: v for k, v in p.items() if k != "misses"},
+                    "verdict": "; ".join(p["misses"]) or "meets"} for item in ranked for p in item["probes"]])
+    elif report.get("confirm"):
+        out = io.StringIO()
+        done = report["confirm"]
+        if done.get("rows"):
+            print_compared(done["title"], done["rows"], out.write)
+        else:
+            out.write(f"confirm: stopped early: {done['stopped']}\n")
+        write_text(out.getvalue())
+    if report.get("confirm") and (report["confirm"].get("stopped") or report["confirm"]["measured"]["failed"]):
+        return 1
+    if all(item.get("does_not_fit") for item in ranked):
+        return 1
+    return 0
+
+
+def confirm_config(args, spec: RunSpec) -> None:
+    """--confirm sends what the search simulated; refuse what loadgen cannot send, before searching."""
+    split_url(args.confirm)
+    if spec.trace:
+        raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
+    if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
+        raise UserError("--confirm sends fixed lengths: give --prompt-tokens N and --output-tokens N, one value each")
+    if spec.prefix_tokens and spec.num_prefixes > 1:
+        raise UserError("--confirm sends one shared prefix: drop --num-prefixes")
+
+
+def confirm(args, spec: RunSpec, deployment: RunSpec, load: float, by: str) -> dict:
+    """One short loadgen at the load the search chose, simulated again on its own send times and
+    lengths: measured against predicted."""
+    config = LoadConfig(url=args.confirm, requests=args.confirm_requests, rate=load if by == "rate" else None,
+                        concurrency=int(load) if by == "concurrency" else None, max_tokens=spec.output_tokens.low,
+                        ignore_eos=True, prompt_words=spec.prompt_tokens.low, prefix_words=spec.prefix_tokens,
+                        seed=spec.seed, slos=dict(spec.goodput) or None,
+                        api_key=os.environ.get("OPENAI_API_KEY"))
+    result, records, stopped = run_load(config, Progress("confirm"))
+    found = {"url": redact_url(args.confirm), "load": load, "by": by, "measured": result}
+    if stopped:
+        found["stopped"] = str(stopped)
+        return found
+    measured = run_from_report({**result, **detailed_arrays(records)}, "the confirm run")
+    predicted = simulate_measured(measured, deployment)
+    found["rows"] = side_by_side(result, predicted)
+    found["title"] = (f"confirm: {len(records):,} requests to {redact_url(args.confirm)} at {by} {load:g}, "
+                      f"measured against servesim on the same send times and lengths")
+    return found
+
+
+def search_text(spec: RunSpec, args, axes: list[str], found: list[dict], slo: Slo, by: str,
+                target: Optional[float]) -> list[str]:
+    workload = (f"trace {args.trace}" if args.trace else
+                f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  output {spec.output_tokens}"
+                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
+    unit = "req/s" if by == "rate" else "clients"
+    load = (f"at {target:g} {unit}" if target is not None else
+            f"highest {by} within {args.tolerance:.0%}" if by == "rate" else "highest concurrency")
+    where = "" if "hardware" in axes else f" on {spec.hardware.name}"
+    settings = settings_line(spec, axes)
+    lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else "")]
+    columns = probe_columns(slo, by, bool(spec.trace))
+    if target is not None:
+        columns = [("gpus", lambda r: f"{r['config']['gpus']}")] + columns[1:]
+        lines += search_table(axes, found, columns, probes=False)
+        best = [item for item in found if item["best"]]
+        if best:
+            cost = best[0]["best"]["cost"] or {}
+            named = "  ".join(f"{sweep_flag(a)[2:]} {sweep_label(a, best[0]['settings'][a])}" for a in axes)
+            price = (f": ${cost['usd_per_hour']:,.2f} an hour, ${number(cost.get('usd_per_million_output_tokens'), 3)} "
+                     f"per million output tokens" if cost else " (no price: give --price-per-hour)")
+            lines.append(f"cheapest that meets the slo at {target:g} {unit}: " + (named or "the one tried") + price)
+            lines.append(f"rerun it: {best[0]['best']['rerun']}")
+        else:
+            lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
+        return lines
+    if len(found) > 1:
+        summary = [(f"highest {by}", lambda r: f"{r['load']:.4g}")] + columns[1 + bool(spec.trace and by == "rate"):-1]
+        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary, probes=False)
+        lines.append("")
+    lines += search_table(axes, found, columns, probes=True)
+    for item in found:
+        named = "  ".join(f"{sweep_flag(a)[2:]} {sweep_label(a, item['settings'][a])}" for a in axes)
+        prefix = f"{named}: " if named else ""
+        if item.get("does_not_fit"):
+            continue
+        low, high = item["highest_load"], item["lowest_missing_load"]
+        if low is None:
+            lines.append(f"{prefix}the slo is missed even at {high:.4g} {unit}")
+        elif high is None:
+            lines.append(f"{prefix}the slo holds up to the highest {by} tried, {low:g} {unit}")
+        else:
+            lines.append(f"{prefix}highest {by} meeting the slo: {low:.4g} {unit} (missed at {high:.4g})")
+            lines.append(f"  rerun it: {item['best']['rerun']}")
+    return lines
+
+
 def cmd_loadgen(args) -> int:
     if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
         raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
@@ -4605,12 +5432,19 @@ def cmd_loadgen(args) -> int:
         prompt_words=args.prompt_tokens or 40, prefix_words=args.prefix_tokens,
         prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
         timeout_s=args.timeout, request_timeout_s=args.request_timeout, scrape_interval_s=args.scrape_interval,
-        api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+        slos=dict(args.goodput) if args.goodput else None, price_per_hour=args.price_per_hour,
+        timeline=bool(args.timeline or args.plot))
+    for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
+        if path:
+            check_writable(path, flag)
     if args.simulate:
         # Resolve the presets before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
     result, records, stopped = run_load(config, Progress("loadgen"))
+    if config.timeline:
+        write_timeline(args, result["config"]["title"], result.pop("timeline"))
     arrays = detailed_arrays(records)
     if args.simulate and not stopped:
         client = Http(config.url, config.timeout_s, config.api_key)
@@ -4657,11 +5491,18 @@ def compare_spec(measured: MeasuredRun, args) -> RunSpec:
                "tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
                "enable_expert_parallel": args.enable_expert_parallel, "router": args.router}
     settings = {k: v for k, v in found.items() if k in fields_}
+    changed = [k for k in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "block_size",
+                           "gpu_memory_utilization") if fields_[k] is not None and fields_[k] != found.get(k)]
     settings.update({k: v for k, v in fields_.items() if v is not None})
-    if args.kv_tokens:
-        settings.pop("num_gpu_blocks", None)
+    if args.kv_tokens or ((changed or args.hardware) and not args.num_gpu_blocks and "num_gpu_blocks" in settings):
+        settings.pop("num_gpu_blocks", None)      # it was the recorded deployment's, not this one's
+    if found.get("enable_expert_parallel") and settings.get("tensor_parallel_size", 1) > 1 and \
+            args.enable_expert_parallel is None:
+        raise UserError(f"run {measured.name} recorded --enable-expert-parallel, which servesim models with -tp 1; "
+                        f"add --enable-expert-parallel off to try tensor parallelism instead")
     return RunSpec(hardware=hardware, model=load_preset("model", model_name, MODELS, ModelSpec),
-                   cost_model=args.cost_model, **settings)
+                   cost_model=args.cost_model, goodput=tuple(args.goodput or ()),
+                   price_per_hour=args.price_per_hour, **settings)
 
 
 def cmd_compare(args) -> int:
@@ -4674,11 +5515,12 @@ def cmd_compare(args) -> int:
         sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
     for note in measured.notes:
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
-    actual = summarize(measured.requests)
+    actual = summarize(measured.requests, slos=dict(spec.goodput))
     rows = compare_rows(actual, simulated, measured.timeline)
     title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
              f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
-             f"{simulated['config']['kv_tokens']:,} KV tokens, max-num-seqs {spec.max_num_seqs}, "
+             f"{simulated['config']['kv_tokens']:,} KV tokens{' a replica' if spec.data_parallel_size > 1 else ''}, "
+             f"max-num-seqs {spec.max_num_seqs}, "
              f"max-num-batched-tokens {spec.max_num_batched_tokens}"
              + (", prefix caching" if spec.prefix_caching else "")
              + (", reserve full isl" if spec.reserve_full_isl else "")
@@ -4686,11 +5528,7 @@ def cmd_compare(args) -> int:
              + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
              + (", expert parallel" if spec.enable_expert_parallel else ""))
     if args.timeline:
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(simulated["timeline"])
-        write_file(args.timeline, out.getvalue())
+        write_file(args.timeline, timeline_csv(simulated["timeline"]))
     if args.json:
         write_json({"title": title, "rows": rows, "measured": actual,
                     "servesim": {k: v for k, v in simulated.items() if k != "timeline"}})
@@ -4784,10 +5622,11 @@ def cmd_presets(args) -> int:
         preset = HARDWARE.get(args.name) or MODELS.get(args.name)
         if preset is None:
             raise UserError(f"unknown preset {args.name!r}: use one of {', '.join([*HARDWARE, *MODELS])}")
-        write_json(asdict(preset))      # the format --hardware FILE and --model FILE read
+        write_json(preset_fields(preset))      # the format --hardware FILE and --model FILE read
         return 0
     if args.json:
-        write_json({"hardware": [asdict(h) for h in HARDWARE.values()], "models": [asdict(m) for m in MODELS.values()]})
+        write_json({"hardware": [preset_fields(h) for h in HARDWARE.values()],
+                    "models": [preset_fields(m) for m in MODELS.values()]})
         return 0
     cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour"]]
     for h in HARDWARE.values():
@@ -4831,14 +5670,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p, sweep=False)
     add_workload_args(p, sweep=False)
     add_report_args(p, "one JSON object with vllm bench serve's keys")
+    add_picture_args(p, "the simulated server")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("sweep", help="simulate at several loads or settings, one table",
                        description="Run the same workload at every combination of up to two settings and print "
-                                   "one row each. Any server flag below takes a comma-separated list (--hardware "
-                                   "h100-sxm-80gb,a100-sxm-80gb, -tp 1,2,4, --prefix-caching on,off, ...), as do "
-                                   "--concurrency (closed loop, the default axis: 1,8,32,128,256) and --rate "
-                                   "(Poisson); a list of one value is a fixed setting. --kv-link-gbs adds the "
+                                   "one row each. Every numeric or on|off server flag takes a comma-separated list, "
+                                   "as do --hardware, --router, --quantization, --kv-cache-dtype and --cost-model "
+                                   "(--hardware h100-sxm-80gb,a100-sxm-80gb, -tp 1,2,4, --prefix-caching on,off, "
+                                   "...), and --concurrency (closed loop, the default axis: 1,8,32,128,256) and "
+                                   "--rate (Poisson); a list of one value is a fixed setting. --kv-link-gbs adds the "
                                    "colocated engine as the baseline and says below which bandwidth it wins on "
                                    "TTFT p95; --compare runs batching modes side by side. A point whose model "
                                    "does not fit is a row saying so. Exit 1 if any request failed or no point fits.")
@@ -4854,10 +5695,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="run points in N processes; the output is the same as with 1 (default: the number of "
                         "cores, %(default)s here)")
-    out = p.add_argument_group("output").add_mutually_exclusive_group()
+    g = p.add_argument_group("output")
+    g.add_argument("--plot", metavar="FILE.svg",
+                   help="draw output tokens/s against TTFT and TPOT (p50 dashed, p95 solid) as SVG, one curve per "
+                        "value of the axis that is not the load, each curve's knee ringed (default: off)")
+    out = g.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="a JSON list, one simulate --json object per point")
     out.add_argument("--csv", action="store_true", help="CSV, one row per point, nested keys dotted")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("search", help="the highest load within an SLO, or the cheapest deployment that serves a load",
+                       description="Without --rate or --concurrency: find the highest Poisson rate (or, with --load "
+                                   "concurrency, the most clients; with a --trace, the rate its arrivals are scaled "
+                                   "to) at which every --slo bound holds, doubling then bisecting, each probe exactly "
+                                   "the simulate run its rerun command shows. With --rate R (or --concurrency N): "
+                                   "run every deployment of the grid the list flags describe (--hardware, -tp, -dp, "
+                                   "--max-num-seqs, --quantization, ...) at that load and rank the ones that meet "
+                                   "the SLO by cost; a deployment that does not fit is listed with the reason. Exit "
+                                   "1 if no deployment fits or a --confirm request failed.")
+    add_engine_args(p, sweep=True)
+    add_workload_args(p, sweep=False, search=True)
+    g = p.add_argument_group("search")
+    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
+                   help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el or "
+                        "queue; STAT is mean, p50, p90, p95 or p99; e.g. ttft_p95:500,tpot_p95:50 (required)")
+    g.add_argument("--load", choices=("rate", "concurrency"), default="rate",
+                   help="what the highest-load search varies (default: %(default)s)")
+    g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
+                   help="stop bisecting a rate when the highest pass and lowest miss are within this share of each "
+                        "other (default: %(default)s)")
+    g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
+                   help="search deployments in N processes; the output is the same as with 1 (default: the "
+                        "number of cores, %(default)s here)")
+    g.add_argument("--confirm", metavar="URL",
+                   help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "
+                        "print measured against servesim on the same send times (default: off)")
+    g.add_argument("--confirm-requests", type=whole(1, MAX_REQUESTS), default=64, metavar="N",
+                   help="requests in the --confirm run (default: %(default)s)")
+    out = p.add_argument_group("output")
+    out.add_argument("--plot", metavar="FILE.svg",
+                     help="draw the probes (load against the first SLO metric) or the deployments (cost against it, "
+                          "with the Pareto front) as SVG (default: off)")
+    fmt = out.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON object: the slo, and each deployment with every probe")
+    fmt.add_argument("--csv", action="store_true", help="CSV, one row per probe, nested keys dotted")
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("loadgen", help="measure the same metrics from a real OpenAI-compatible server",
                        description="Send streaming chat completions to an OpenAI-compatible server (llama.cpp, "
@@ -4902,7 +5784,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
                    help="after the run, simulate the same shape (clients, each request's measured lengths, "
                         "llama.cpp's slots and context from /props) and print both side by side (default: off)")
+    g = p.add_argument_group("SLOs and cost")
+    add_goodput_arg(g)
+    add_price_arg(g, "for the server measured, all its GPUs together")
     add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
+    add_picture_args(p, "the server (its /metrics gauges, sampled every --scrape-interval, and the client's own "
+                        "token events)")
     p.set_defaults(func=cmd_loadgen)
 
     p = sub.add_parser("compare", help="simulate a measured run's exact shape and print both side by side",
@@ -4918,23 +5805,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
                    help="how a step is priced: roofline (the lesson's) or kernels (per kernel, with attention, "
                         "tiles and measured efficiencies) (default: %(default)s)")
-    g = p.add_argument_group("the engine, where the run did not record it or to try another setting")
-    g.add_argument("--max-num-seqs", type=whole(1, 10**6), metavar="N")
-    g.add_argument("--max-num-batched-tokens", type=TOKENS, metavar="TOKENS")
-    g.add_argument("--max-model-len", type=TOKENS, metavar="TOKENS")
-    g.add_argument("--block-size", type=whole(1, 2**20), metavar="TOKENS")
-    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="F")
+    g = p.add_argument_group("the engine: each flag replaces what the run recorded (default: the recorded "
+                             "value, else servesim's simulate default)")
+    recorded = "; changing the deployment drops the recorded KV block count"
+    g.add_argument("--max-num-seqs", type=whole(1, 10**6), metavar="N", help="most sequences in one step")
+    g.add_argument("--max-num-batched-tokens", type=TOKENS, metavar="TOKENS", help="token budget per step")
+    g.add_argument("--max-model-len", type=TOKENS, metavar="TOKENS",
+                   help="longest request (default: at least the run's longest prompt + output)")
+    g.add_argument("--block-size", type=whole(1, 2**20), metavar="TOKENS", help="tokens per KV block" + recorded)
+    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="F",
+                   help="share of device memory for weights plus KV cache" + recorded)
     size = g.add_mutually_exclusive_group()
-    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS")
-    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS")
-    g.add_argument("--prefix-caching", type=on_off, metavar="on|off")
-    g.add_argument("--scheduler-reserve-full-isl", type=on_off, metavar="on|off")
-    g.add_argument("--tensor-parallel-size", "-tp", type=whole(1, 64), metavar="N")
-    g.add_argument("--data-parallel-size", "-dp", type=whole(1, 1024), metavar="N")
-    g.add_argument("--enable-expert-parallel", type=on_off, metavar="on|off")
+    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS",
+                      help="KV blocks, as vLLM's startup log gives them")
+    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS", help="the KV cache in tokens")
+    switch = dict(nargs="?", const=True, type=on_off, metavar="on|off")
+    g.add_argument("--prefix-caching", **switch, help="automatic prefix caching; the flag alone is on")
+    g.add_argument("--scheduler-reserve-full-isl", **switch,
+                   help="admit a request only if blocks for its whole prompt are free; the flag alone is on")
+    g.add_argument("--tensor-parallel-size", "-tp", type=whole(1, 64), metavar="N",
+                   help="GPUs each engine is split over" + recorded)
+    g.add_argument("--data-parallel-size", "-dp", type=whole(1, 1024), metavar="N",
+                   help="replicas behind the router" + recorded)
+    g.add_argument("--enable-expert-parallel", **switch,
+                   help="spread a MoE's experts over the replicas; the flag alone is on" + recorded)
     g.add_argument("--router", choices=ROUTERS,
                    help="how vLLM's data-parallel front end spreads requests (default: least-loaded, as its "
                         "balancer picks the engine with the fewest waiting and running)")
+    add_goodput_arg(p)
+    add_price_arg(p)
     p.add_argument("--timeline", metavar="FILE",
                    help="write the simulated run's per-second stats as CSV in the shape vLLM logs them (t, "
                         "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one")

@@ -14,8 +14,11 @@ import unittest
 
 from helpers import CODE, ROOT
 
-DOCUMENTS = ["README.md"] + [os.path.join("outputs", f) for f in sorted(os.listdir(os.path.join(ROOT, "outputs")))]
-DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare"}
+DOCUMENTS = ["README.md"] + [os.path.join("outputs", f) for f in sorted(os.listdir(os.path.join(ROOT, "outputs")))
+                              if f.endswith(".md")]
+DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare", "search"}
+# Files a shown command writes (pictures, timelines): committed ones must be exactly what it writes.
+WRITTEN = re.compile(r"--(?:plot|timeline)\s+(\S+)")
 
 
 def blocks(text):
@@ -41,7 +44,7 @@ def blocks(text):
 
 
 def progress_line(line):
-    return re.match(r"^(sweep|simulate|loadgen): ", line) is not None
+    return re.match(r"^(sweep|simulate|loadgen|search|confirm): ", line) is not None
 
 
 class Documents(unittest.TestCase):
@@ -62,11 +65,19 @@ class Documents(unittest.TestCase):
                     run = f"python3 code/main.py {sub} --help"
                 else:
                     run = command
+                written = WRITTEN.findall(command) if run == command else []
+                for path in written:
+                    os.makedirs(os.path.join(scratch, os.path.dirname(path)) or scratch, exist_ok=True)
                 # stderr merged into stdout, in the order a terminal shows them.
                 proc = subprocess.run(["bash", "-c", run], cwd=scratch, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, timeout=300)
                 self.assertNotIn("Traceback", proc.stdout, run)
                 self.assertIn(proc.returncode, (0, 1), f"{name}: {run} exited {proc.returncode}: {proc.stdout[-300:]}")
+                for path in written:
+                    if os.path.exists(os.path.join(ROOT, path)):
+                        with open(os.path.join(ROOT, path), "rb") as f, open(os.path.join(scratch, path), "rb") as g:
+                            self.assertEqual(f.read(), g.read(), f"{name}: committed {path} is not what `{command}` "
+                                                                 f"writes now; rerun it from the repository root")
                 if run != command or not shown or sub not in DETERMINISTIC:
                     continue
                 printed = [l.rstrip() for l in proc.stdout.splitlines() if not progress_line(l)]
@@ -79,6 +90,13 @@ class Documents(unittest.TestCase):
 
     def test_readme(self):
         self.run_document("README.md")
+
+    def test_every_committed_picture_has_its_command(self):
+        with open(os.path.join(ROOT, "README.md")) as f:
+            made = set(WRITTEN.findall(f.read()))
+        for name in os.listdir(os.path.join(ROOT, "outputs")):
+            if not name.endswith(".md"):
+                self.assertIn(f"outputs/{name}", made, f"outputs/{name} is not written by any command in README.md")
 
     def test_outputs(self):
         for name in DOCUMENTS[1:]:

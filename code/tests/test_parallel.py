@@ -109,17 +109,35 @@ class MixtureOfExperts(unittest.TestCase):
         copies = 10 * 2 * 256 / 2
         self.assertAlmostEqual(cost.communication_seconds(10), 2 * 2 * (copies / 100e9 + 5e-6), places=15)
 
-    def test_expert_parallel_needs_replicas_and_a_moe(self):
+    def test_uneven_experts_price_the_busiest_device(self):
+        # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
+        device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)
+        self.assertAlmostEqual(device.expert_share, 43 / 128)
+
+    def test_expert_parallel_needs_a_moe_and_one_expert_per_gpu(self):
         code, _, err = call_cli("simulate", "--enable-expert-parallel", "-dp", "2", "--requests", "5")
         self.assertEqual(code, 2)
-        self.assertIn("needs a MoE model", err)
+        self.assertIn("llama-3.1-8b is dense", err)
+        code, _, err = call_cli("simulate", "--model", "gpt-oss-20b", "--enable-expert-parallel", "-dp", "64")
+        self.assertEqual(code, 2)
+        self.assertIn("32 experts, fewer than one per GPU", err)
+        code, _, err = call_cli("simulate", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "-tp", "2")
+        self.assertEqual(code, 2)
+        self.assertIn("not modelled", err)
+        with tempfile.TemporaryDirectory() as folder:     # expert_share is servesim's, not a file's
+            path = os.path.join(folder, "m.json")
+            with open(path, "w") as f:
+                json.dump({**main.preset_fields(main.MODELS["qwen3-30b-a3b"]), "expert_share": 0.5}, f)
+            code, _, err = call_cli("capacity", "--model", path)
+            self.assertEqual(code, 2)
+            self.assertIn("unknown fields expert_share", err)
         code, out, err = call_cli("simulate", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", "-dp", "2",
                                   "--requests", "40", "--json")
         self.assertEqual(code, 0, err)
         self.assertTrue(json.loads(out)["config"]["enable_expert_parallel"])
 
     def test_a_moe_preset_file_is_checked(self):
-        base = main.asdict(main.MODELS["qwen3-30b-a3b"])
+        base = main.preset_fields(main.MODELS["qwen3-30b-a3b"])
         cases = [({"experts_per_token": 0}, "0 < experts_per_token < experts"),
                  ({"active_params": 40e9}, "0 < active_params < params"),
                  ({"sliding_layers": 48}, "sliding_layers must be fewer than layers"),
@@ -198,6 +216,22 @@ class Sweep(unittest.TestCase):
         code, _, err = call_cli("sweep", "-tp", "1,3", "--gpus", "4")
         self.assertEqual(code, 2)
         self.assertIn("does not divide", err)
+
+    def test_a_list_given_to_a_one_value_flag_is_refused_not_read_as_thousands(self):
+        for args in (("simulate", "-dp", "1,2"), ("simulate", "--max-num-seqs", "1,6"),
+                     ("sweep", "--num-prefixes", "1,2", "--prefix-tokens", "100"), ("simulate", "--rate", "2,5")):
+            code, _, err = call_cli(*args)
+            self.assertEqual(code, 2, args)
+            self.assertIn("is a list, and this flag takes one value", err)
+        code, out, err = call_cli("simulate", "--requests", "1,000", "--json")
+        self.assertEqual((code, json.loads(out)["completed"]), (0, 1000))
+
+    def test_gpus_with_a_hardware_list(self):
+        code, out, err = call_cli("sweep", "--requests", "20", "--gpus", "2", "-tp", "1,2", "--hardware",
+                                  "h100-sxm-80gb,l4-24gb", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertEqual([(r["config"]["hardware"], r["config"]["gpus"]) for r in json.loads(out)],
+                         [("h100-sxm-80gb", 2), ("l4-24gb", 2)] * 2)
 
     def test_a_point_that_does_not_fit_is_a_row_not_an_abort(self):
         code, out, err = call_cli("sweep", "--model", "llama-3.3-70b", "-tp", "1,4", "--concurrency", "8",

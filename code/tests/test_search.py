@@ -1,0 +1,285 @@
+"""Goodput, search (highest load within an SLO, cheapest deployment for a load), cost, and the
+pictures. Rules are checked on cases worked out by hand; every picture is parsed back with
+xml.etree and its points compared with the numbers the same command reports as data."""
+import csv
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+from helpers import CODE, FIXTURES, ROOT, call_cli, main
+from fake_server import FakeServer, paced
+
+BURST = os.path.join(FIXTURES, "burst.jsonl")
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+class Done:
+    """A finished request as summarize() reads one."""
+    def __init__(self, sent, first, last, output, error=None):
+        self.sent_s, self.first_token_s, self.last_token_s = sent, first, last
+        self.output_tokens, self.prompt_tokens, self.error = output, 10, error
+        self.queue_s, self.token_times = None, []
+
+
+def series(svg_text):
+    """{series name: [(x, y), ...]} and the marks, from a figure's data attributes."""
+    root = ET.fromstring(svg_text)
+    found = {}
+    for panel in root.iter(f"{SVG}g"):
+        if panel.get("class") != "panel":
+            continue
+        for g in panel.iter(f"{SVG}g"):
+            if g.get("class") == "series":
+                points = [(float(c.get("data-x")), float(c.get("data-y"))) for c in g.iter(f"{SVG}circle")]
+                found[(panel.get("data-title"), g.get("data-name"))] = points
+    marks = [(m.get("data-name"), float(m.get("data-x")), float(m.get("data-y")))
+             for m in root.iter(f"{SVG}g") if m.get("class") == "mark"]
+    levels = [float(m.get("data-y")) for m in root.iter(f"{SVG}g") if m.get("class") == "level"]
+    return found, marks, levels
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-5 * max(1.0, abs(b))
+
+
+class Goodput(unittest.TestCase):
+    def test_a_request_is_good_when_every_bound_holds_with_vllms_tpot(self):
+        # TTFT 100 ms, E2E 1,100 ms, 11 tokens: TPOT (1,100 - 100) / 10 = 100 ms.
+        request = Done(0.0, 0.1, 1.1, 11)
+        self.assertTrue(main.meets_slos(request, {"ttft": 100, "tpot": 100, "e2el": 1100}))
+        self.assertFalse(main.meets_slos(request, {"tpot": 99.9}))
+        self.assertTrue(main.meets_slos(Done(0.0, 0.1, 5.0, 1), {"tpot": 1}))     # one token: TPOT 0
+
+    def test_goodput_is_good_requests_over_the_duration(self):
+        requests = [Done(0.0, 0.1, 1.1, 11), Done(0.0, 0.5, 2.0, 11), Done(1.0, None, None, 0, error="http 500")]
+        result = main.summarize(requests, slos={"ttft": 200})
+        self.assertEqual((result["good_requests"], result["completed"], result["failed"]), (1, 2, 1))
+        self.assertAlmostEqual(result["request_goodput"], 1 / 2.0)
+        self.assertAlmostEqual(result["goodput_share"], 1 / 3)
+        self.assertIsNone(main.summarize(requests)["request_goodput"])      # vllm bench's key, None when off
+
+    def test_the_flag_reports_vllms_keys_and_refuses_bad_bounds(self):
+        code, out, err = call_cli("simulate", "--requests", "60", "--goodput", "ttft:100", "tpot:9", "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual(result["goodput_slos_ms"], {"ttft": 100.0, "tpot": 9.0})
+        self.assertAlmostEqual(result["request_goodput"], result["good_requests"] / result["duration"])
+        for bad in ("ttft", "itl:5", "ttft:-3", "ttft:abc"):
+            code, _, err = call_cli("simulate", "--goodput", bad)
+            self.assertEqual(code, 2, bad)
+            self.assertIn("--goodput", err)
+
+
+class Bisection(unittest.TestCase):
+    def test_a_monotone_curve_is_bracketed_within_the_tolerance(self):
+        probes = []
+        low, high = main.highest_passing(lambda x: probes.append(x) or x <= 7.3, 1.0, 0.05)
+        self.assertLessEqual(low, 7.3)
+        self.assertGreater(high, 7.3)
+        self.assertLessEqual(high - low, 0.05 * low)
+        self.assertEqual(probes[:4], [1.0, 2.0, 4.0, 8.0])      # doubling, then bisecting
+
+    def test_whole_numbers_end_one_apart(self):
+        self.assertEqual(main.highest_passing(lambda n: n <= 37, 1, 0.05, integer=True), (37, 38))
+        self.assertEqual(main.highest_passing(lambda n: n <= 0, 1, 0.05, integer=True), (None, 1))
+
+    def test_starting_above_the_answer_halves_down(self):
+        low, high = main.highest_passing(lambda x: x <= 0.3, 1.0, 0.01)
+        self.assertTrue(low <= 0.3 < high and high - low <= 0.01 * low)
+
+    def test_always_failing_and_always_passing(self):
+        low, high = main.highest_passing(lambda x: False, 1.0, 0.05)
+        self.assertIsNone(low)
+        self.assertLess(high, 0.002)
+        self.assertEqual(main.highest_passing(lambda x: True, 1.0, 0.05, highest=100)[1], None)
+
+    def test_on_a_curve_that_is_not_monotone_it_returns_a_true_boundary(self):
+        # Noisy curves: pass/fail flips at random. Whatever the curve, the answer passed, the
+        # bound above it failed, and the two are within the tolerance.
+        for seed in range(200):
+            rng = random.Random(seed)
+            flips = sorted(rng.uniform(0.01, 200) for _ in range(rng.randint(1, 9)))
+            passes = lambda x: sum(x > f for f in flips) % 2 == 0      # passes below the first flip
+            low, high = main.highest_passing(passes, rng.choice([0.5, 1.0, 30.0]), 0.02)
+            if low is None or high is None:
+                continue
+            self.assertTrue(passes(low), seed)
+            self.assertFalse(passes(high), seed)
+            self.assertLessEqual(high - low, 0.02 * low + 1e-12, seed)
+
+
+class Cost(unittest.TestCase):
+    def test_price_counts_every_gpu_and_a_million_tokens_at_the_throughput(self):
+        spec = main.RunSpec(tensor_parallel_size=2, data_parallel_size=3)
+        h100 = main.HARDWARE["h100-sxm-80gb"]
+        self.assertAlmostEqual(main.deployment_price(spec, [h100] * 3, 2), 6 * 3.99)
+        l4 = main.HARDWARE["l4-24gb"]
+        self.assertAlmostEqual(main.deployment_price(main.RunSpec(), [l4, h100], 1), 0.80 + 3.99)   # prefill + decode
+        self.assertIsNone(main.deployment_price(main.RunSpec(), [main.HARDWARE["cpu-4vcpu"]], 1))
+        # $3.60 an hour at 1,000 tokens/s: 3.6 M tokens an hour, so $1 per million.
+        self.assertAlmostEqual(main.cost_report(3.6, 1000)["usd_per_million_output_tokens"], 1.0)
+
+    def test_reports_carry_the_cost_and_the_flag_overrides_it(self):
+        code, out, err = call_cli("simulate", "--requests", "40", "-tp", "2", "--price-per-hour", "2", "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertAlmostEqual(result["cost"]["usd_per_hour"], 4.0)
+        expected = 4.0 / (result["output_throughput"] * 3600) * 1e6
+        self.assertAlmostEqual(result["cost"]["usd_per_million_output_tokens"], expected)
+        code, _, err = call_cli("sweep", "--hardware", "l4-24gb,h100-sxm-80gb", "--price-per-hour", "2")
+        self.assertEqual(code, 2)
+        self.assertIn("--price-per-hour", err)
+
+
+class Search(unittest.TestCase):
+    def test_highest_rate_on_the_monday_incident_and_each_probe_reruns(self):
+        code, out, err = call_cli("search", "--hardware", "l4-24gb", "--trace", BURST, "--slo", "ttft_p95:2000",
+                                  "--prefix-caching", "on,off", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        on, off = report["deployments"]
+        self.assertEqual((on["settings"], off["settings"]), ({"prefix_caching": True}, {"prefix_caching": False}))
+        self.assertGreater(on["highest_load"], 5 * off["highest_load"])      # prefix caching is the fix
+        for item in (on, off):
+            best = item["best"]
+            self.assertLessEqual(best["p95_ttft_ms"], 2000)
+            above = [p for p in item["probes"] if p["load"] == item["lowest_missing_load"]][0]
+            self.assertGreater(above["p95_ttft_ms"], 2000)
+            self.assertLessEqual(item["lowest_missing_load"] - item["highest_load"], 0.05 * item["highest_load"])
+        # The probe is exactly the simulate its rerun line shows.
+        words = on["best"]["rerun"].split()[2:] + ["--json"]
+        proc = subprocess.run([sys.executable, os.path.join(CODE, "main.py"), *words], capture_output=True,
+                              text=True, cwd=ROOT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(json.loads(proc.stdout)["p95_ttft_ms"], on["best"]["p95_ttft_ms"])
+
+    def test_cheapest_deployment_ranks_the_grid_and_lists_what_does_not_fit(self):
+        code, out, err = call_cli("search", "--model", "llama-3.3-70b", "--hardware", "l4-24gb,h100-sxm-80gb",
+                                  "-tp", "1,4", "--rate", "1", "--requests", "60", "--slo", "ttft_p95:3000",
+                                  "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        found = json.loads(out)["deployments"]
+        self.assertEqual(len(found), 4)
+        verdicts = [("meets" if d["best"] else "unfit" if d.get("does_not_fit") else "misses") for d in found]
+        self.assertEqual(verdicts[0], "meets")
+        self.assertEqual(found[0]["settings"], {"hardware": "h100-sxm-80gb", "tensor_parallel_size": 4})
+        self.assertEqual(sorted(verdicts[1:]), ["unfit", "unfit", "unfit"])
+        self.assertIn("does not fit", found[-1]["does_not_fit"])
+        self.assertAlmostEqual(found[0]["best"]["cost"]["usd_per_hour"], 4 * 3.99)
+
+    def test_nothing_fits_is_exit_1_and_a_bad_slo_is_exit_2(self):
+        code, out, err = call_cli("search", "--model", "llama-3.3-70b", "--hardware", "l4-24gb", "--rate", "1",
+                                  "--slo", "ttft_p95:100", "--requests", "20")
+        self.assertEqual(code, 1)
+        self.assertIn("does not fit", out)
+        for bad in ("ttft:5", "ttft_p97:5", "speed_p95:5", "ttft_p95:-1", "ttft_p95:x"):
+            code, _, err = call_cli("search", "--slo", bad)
+            self.assertEqual(code, 2, bad)
+            self.assertIn("--slo", err)
+
+    def test_jobs_do_not_change_the_answer(self):
+        args = ["search", "--hardware", "l4-24gb,a100-sxm-80gb", "--rate", "3", "--requests", "200",
+                "--slo", "ttft_p95:1000,tpot_p95:80", "--json"]
+        one = json.loads(call_cli(*args, "--jobs", "1")[1])
+        two = json.loads(call_cli(*args, "--jobs", "2")[1])
+        self.assertEqual(one, two)
+
+    def test_confirm_sends_the_chosen_load_and_compares(self):
+        with FakeServer(paced(ttft=0.02, gap=0.005, tokens=8)) as server:
+            code, out, err = call_cli("search", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                                      "--kv-tokens", "4096", "--max-num-seqs", "4", "--prompt-tokens", "40",
+                                      "--output-tokens", "8", "--requests", "30", "--slo", "ttft_p95:500",
+                                      "--confirm", server.url, "--confirm-requests", "12", "--json", "--jobs", "1")
+            self.assertEqual(code, 0, err)
+            report = json.loads(out)
+            self.assertEqual(len(server.bodies), 12)
+        confirm = report["confirm"]
+        self.assertEqual(confirm["load"], report["deployments"][0]["highest_load"])
+        self.assertEqual(confirm["measured"]["completed"], 12)
+        self.assertIn("ttft p50 ms", confirm["rows"])
+        code, _, err = call_cli("search", "--slo", "ttft_p95:500", "--prompt-tokens", "10-20", "--confirm",
+                                "http://127.0.0.1:9")
+        self.assertEqual(code, 2)
+        self.assertIn("fixed lengths", err)
+
+
+class Pictures(unittest.TestCase):
+    def setUp(self):
+        self.folder = tempfile.TemporaryDirectory()
+        self.addCleanup(self.folder.cleanup)
+
+    def path(self, name):
+        return os.path.join(self.folder.name, name)
+
+    def test_sweep_plot_holds_the_sweeps_numbers_and_its_knee(self):
+        args = ["sweep", "--requests", "256", "--concurrency", "1,8,32,128,256", "--jobs", "1"]
+        results = json.loads(call_cli(*args, "--json")[1])
+        code, _, err = call_cli(*args, "--plot", self.path("s.svg"))
+        self.assertEqual(code, 0, err)
+        with open(self.path("s.svg")) as f:
+            found, marks, _ = series(f.read())
+        ttft = found[("TTFT against throughput", "concurrency p95")]
+        self.assertEqual(len(ttft), 5)
+        for (x, y), r in zip(ttft, results):
+            self.assertTrue(close(x, r["output_throughput"]) and close(y, r["p95_ttft_ms"]))
+        tpot = found[("TPOT against throughput", "concurrency p50")]
+        self.assertTrue(all(close(y, r["median_tpot_ms"]) for (_, y), r in zip(tpot, results)))
+        # 128 -> 256 clients buys under 10% more throughput: the knee is at 128.
+        self.assertIn(("knee: concurrency 128", round(results[3]["output_throughput"], 1)),
+                      [(name, round(x, 1)) for name, x, _ in marks])
+
+    def test_search_plot_holds_each_deployment_and_the_slo(self):
+        args = ["search", "--hardware", "l4-24gb,rtx-4090-24gb,a100-sxm-80gb", "--trace", BURST, "--rate", "2",
+                "--slo", "ttft_p95:2000", "--jobs", "1"]
+        report = json.loads(call_cli(*args, "--json")[1])
+        code, _, err = call_cli(*args, "--plot", self.path("c.svg"))
+        self.assertEqual(code, 0, err)
+        with open(self.path("c.svg")) as f:
+            found, marks, levels = series(f.read())
+        self.assertEqual(levels, [2000.0])
+        plotted = sorted(found[("ttft p95 against cost", "meets the slo")]
+                         + found.get(("ttft p95 against cost", "misses it"), []))
+        expected = sorted((d["best"] or d["probes"][-1])["cost"]["usd_per_hour"] for d in report["deployments"])
+        self.assertEqual([round(x, 6) for x, _ in plotted], [round(x, 6) for x in expected])
+        cheapest = report["deployments"][0]
+        self.assertTrue(any(close(x, cheapest["best"]["cost"]["usd_per_hour"]) for _, x, _ in marks))
+
+    def test_simulate_plot_and_timeline_agree(self):
+        code, _, err = call_cli("simulate", "--hardware", "l4-24gb", "--trace", BURST, "--plot", self.path("t.svg"),
+                                "--timeline", self.path("t.csv"))
+        self.assertEqual(code, 0, err)
+        with open(self.path("t.csv")) as f:
+            rows = list(csv.DictReader(f))
+        with open(self.path("t.svg")) as f:
+            found, _, _ = series(f.read())
+        running = found[("requests", "running")]
+        self.assertEqual(len(running), len(rows))
+        self.assertTrue(all(close(y, float(r["running"])) for (_, y), r in zip(running, rows)))
+        kv = found[("KV cache", "kv cache %")]
+        self.assertEqual(max(y for _, y in kv), 100.0)       # the incident fills the cache
+
+    def test_loadgen_timeline_reads_the_servers_gauges(self):
+        metrics = lambda n: (f"vllm:num_requests_running 3\nvllm:num_requests_waiting 2\n"
+                             f"vllm:kv_cache_usage_perc 0.25\nvllm:generation_tokens_total {n}\n")
+        with FakeServer(paced(ttft=0.02, gap=0.01, tokens=10), metrics=metrics) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--requests", "20", "--concurrency", "2",
+                                      "--max-tokens", "10", "--scrape-interval", "0.2",
+                                      "--timeline", self.path("l.csv"), "--plot", self.path("l.svg"))
+        self.assertEqual(code, 0, err)
+        with open(self.path("l.csv")) as f:
+            rows = list(csv.DictReader(f))
+        self.assertGreaterEqual(len(rows), 1)
+        self.assertEqual({(r["running"], r["waiting"], r["kv_cache_pct"]) for r in rows}, {("3.0", "2.0", "25.0")})
+        self.assertEqual(sum(float(r["gen_throughput"]) for r in rows), 200)     # 20 requests x 10 tokens
+        with open(self.path("l.svg")) as f:
+            ET.fromstring(f.read())
+
+
+if __name__ == "__main__":
+    unittest.main()
