@@ -538,8 +538,14 @@ class Request:
     prompt_tokens: int
     output_tokens: int
     sent_s: float = 0.0
-    prefix: Optional[str] = None
-    prefix_tokens: int = 0
+    # What the leading tokens hold, as runs of content: ((content id, tokens), ...). Two requests
+    # whose runs start alike hold the same tokens there, so prefix caching shares those blocks.
+    # The tokens after the last run are the request's own.
+    content: tuple = ()
+    # A conversation: the turn sent `think_s` after this one ends, and this one's place in it.
+    next_turn: Optional["Request"] = None
+    think_s: float = 0.0
+    turn: int = 0
     # Engine state.
     generated: int = 0
     computed: int = 0
@@ -555,6 +561,19 @@ class Request:
     last_token_s: Optional[float] = None
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
+    cached_tokens: int = 0       # prompt tokens found in the prefix cache at first admission
+    content_ends: tuple = ()     # where each content run ends, and the hash of the runs up to it
+    content_chain: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.content:
+            ends, chain, end, link = [], [], 0, 0
+            for key, tokens in self.content:
+                end += tokens
+                link = hash((link, key))
+                ends.append(end)
+                chain.append(link)
+            self.content_ends, self.content_chain = tuple(ends), tuple(chain)
 
     @property
     def total(self) -> int:
@@ -585,13 +604,15 @@ class Request:
 
 
 def block_key(request: Request, index: int, block_size: int) -> tuple:
-    """What a full KV block holds, for prefix caching. Real servers hash the block's token ids
-    chained with the previous block's hash; here a block of a shared prefix is keyed by the
-    prefix's name and position, so every request with that system prompt finds it, and the rest
-    by the request's own id."""
-    if (index + 1) * block_size <= request.prefix_tokens:
-        return (request.prefix, index)
-    return (request.id, index)
+    """What a full KV block holds, for prefix caching. vLLM hashes a block's token ids chained
+    with the previous block's hash, so a block matches only when everything before it matches
+    too. Here the tokens are content runs: a block ending at token e inside run k is keyed by the
+    chain of runs 1..k and e; a block past the content, by the request's own id."""
+    end = (index + 1) * block_size
+    run = bisect.bisect_left(request.content_ends, end)
+    if run == len(request.content_ends):
+        return (request.id, index)
+    return (request.content_chain[run], end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -750,6 +771,7 @@ class Scheduler:
             if self.config.prefix_caching:
                 self.prefix_queries += request.length
                 self.prefix_hits += start
+                request.cached_tokens = start
         self.running.append(request)
 
     def make_room(self, request: Request, need: int) -> bool:
@@ -1025,9 +1047,8 @@ def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, rng: 
             progress(f"building requests: {i:,}/{count:,}")
         prompt_tokens = rng.randrange(prompt.low, prompt.high + 1)     # randint, one call less
         output_tokens = rng.randrange(output.low, output.high + 1)
-        prefix = f"system-{i % num_prefixes}" if prefix_tokens else None
-        requests.append(Request(i, prefix_tokens + prompt_tokens, output_tokens,
-                                prefix=prefix, prefix_tokens=prefix_tokens))
+        prefix = ((f"system-{i % num_prefixes}", prefix_tokens),) if prefix_tokens else ()
+        requests.append(Request(i, prefix_tokens + prompt_tokens, output_tokens, content=prefix))
     return requests
 
 
@@ -1811,7 +1832,7 @@ class EventEngine(Engine):
 class Trace:
     """Requests with their own lengths and send times, read from a file (or built by a caller)."""
     name: str
-    rows: tuple      # (arrival_s, prompt_tokens, output_tokens, prefix, prefix_tokens) per request
+    rows: tuple      # (arrival_s, prompt_tokens, output_tokens, content) per request
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
@@ -1968,8 +1989,8 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
         rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
-        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, prefix=prefix, prefix_tokens=prefix_tokens)
-                for i, (arrival, prompt, output, prefix, prefix_tokens) in enumerate(rows)]
+        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content)
+                for i, (arrival, prompt, output, content) in enumerate(rows)]
     rng = random.Random(spec.seed)
     requests = synthetic_requests(spec.requests or DEFAULT_REQUESTS, spec.prompt_tokens, spec.output_tokens, rng,
                                   spec.prefix_tokens, spec.num_prefixes, progress)
@@ -2545,8 +2566,8 @@ def read_trace(path: str) -> Trace:
             raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
         if row.get("prefix_tokens") and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
-        rows.append((float(row["arrival"]), row["prompt_tokens"], row["output_tokens"], row.get("prefix"),
-                     row.get("prefix_tokens", 0) if row.get("prefix") else 0))
+        prefix = ((row["prefix"], row["prefix_tokens"]),) if row.get("prefix") and row.get("prefix_tokens") else ()
+        rows.append((float(row["arrival"]), row["prompt_tokens"], row["output_tokens"], prefix))
         if len(rows) > MAX_REQUESTS:
             raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
     if not rows:
@@ -3593,7 +3614,7 @@ def read_timeline(path: str) -> list[dict]:
 def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
     """The measured run's shape through the simulator: its send times, its lengths, its engine."""
     requests = measured.requests
-    trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, None, 0) for r in requests))
+    trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
     spec = replace(spec, trace=trace, requests=None, concurrency=None, rate=None, detailed=timeline or spec.detailed,
                    max_model_len=max(spec.max_model_len, longest))

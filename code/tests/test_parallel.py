@@ -169,7 +169,7 @@ class Replicas(unittest.TestCase):
 
     def test_least_loaded_evens_out_unequal_work(self):
         # Alternating long and short requests: round robin gives one replica all the long ones.
-        trace = main.Trace("alt", tuple((i * 0.01, 2000 if i % 2 == 0 else 50, 400 if i % 2 == 0 else 5, None, 0)
+        trace = main.Trace("alt", tuple((i * 0.01, 2000 if i % 2 == 0 else 50, 400 if i % 2 == 0 else 5, ())
                                         for i in range(200)))
         spread = {}
         for router in ("round-robin", "least-loaded"):

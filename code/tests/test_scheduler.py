@@ -162,26 +162,26 @@ class Admission(unittest.TestCase):
 class PrefixCaching(unittest.TestCase):
     def test_hits_cost_no_compute_but_the_last_prompt_token_is_always_computed(self):
         e = engine(prefix_caching=True)
-        e.scheduler.add(req(1, 8, prefix="s", prefix_tokens=8))
+        e.scheduler.add(req(1, 8, content=(("s", 8),)))
         e.step()
-        whole = req(2, 8, prefix="s", prefix_tokens=8)        # all of it cached, but 1 block reused
-        longer = req(3, 12, prefix="s", prefix_tokens=8)      # 2 blocks reused, 4 tokens computed
+        whole = req(2, 8, content=(("s", 8),))        # all of it cached, but 1 block reused
+        longer = req(3, 12, content=(("s", 8),))      # 2 blocks reused, 4 tokens computed
         e.scheduler.add(whole)
         e.scheduler.add(longer)
         self.assertEqual(tokens(e.step()), {1: 1, 2: 4, 3: 4})
 
     def test_a_block_is_a_hit_in_the_same_step_that_fills_it(self):
         e = engine(prefix_caching=True)
-        e.scheduler.add(req(1, 10, prefix="s", prefix_tokens=8))
-        e.scheduler.add(req(2, 10, prefix="s", prefix_tokens=8))
+        e.scheduler.add(req(1, 10, content=(("s", 8),)))
+        e.scheduler.add(req(2, 10, content=(("s", 8),)))
         self.assertEqual(tokens(e.step()), {1: 10, 2: 2})
         # Hit rate counts tokens at first admission: 8 hit of 20 looked up.
         self.assertAlmostEqual(e.report(1.0)["prefix_hit_rate"], 0.4)
 
     def test_a_shared_prefix_is_stored_once(self):
         e = engine(prefix_caching=True)
-        a = req(1, 10, prefix="s", prefix_tokens=8)
-        b = req(2, 10, prefix="s", prefix_tokens=8)
+        a = req(1, 10, content=(("s", 8),))
+        b = req(2, 10, content=(("s", 8),))
         e.scheduler.add(a)
         e.scheduler.add(b)
         e.step()
@@ -199,8 +199,8 @@ class PrefixCaching(unittest.TestCase):
 
     def test_without_prefix_caching_nothing_is_keyed(self):
         e = engine()
-        e.scheduler.add(req(1, 10, prefix="s", prefix_tokens=8))
-        e.scheduler.add(req(2, 10, prefix="s", prefix_tokens=8))
+        e.scheduler.add(req(1, 10, content=(("s", 8),)))
+        e.scheduler.add(req(2, 10, content=(("s", 8),)))
         self.assertEqual(tokens(e.step()), {1: 10, 2: 10})
         self.assertEqual(e.scheduler.pool.cached, {})
 
