@@ -977,26 +977,55 @@ class Engine:
 def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
              progress: Optional[Callable[[Engine, int], None]] = None, router=None) -> None:
     """Run requests to the end on one engine, or on several sharing one virtual clock (a prefill
-    engine feeding a decode engine; replicas behind a router). Open loop: each request is sent at
-    its sent_s. Closed loop: `concurrency` clients, each sending the next request the moment its
-    previous one ends. Whatever comes first, an arrival or an engine's next step, happens next."""
+    engine feeding a decode engine; replicas behind a router). Open loop: each request (each
+    conversation's first turn) is sent at its sent_s. Closed loop: `concurrency` clients, each
+    starting its next conversation the moment its last one ends. A conversation's next turn is
+    sent think_s after the turn before it ends. Whatever comes first, an arrival or an engine's
+    next step, happens next."""
     engines = engines if isinstance(engines, list) else [engines]
     first = engines[0]
-    send = router.send if router else (lambda request, at: first.deliver(at, request))
-    backlog = deque(requests)
+
+    def send(request: Request, at: float, now: bool = False) -> None:
+        """Hand a request to the router (at once, or when its time comes) or the engine."""
+        request.sent_s = at
+        if router:
+            (router.send if now else router.arrive)(request, at)
+        else:
+            first.deliver(at, request)
+
+    starts = deque(r for r in requests if r.turn <= 1)      # each conversation's first request
     if not concurrency:
-        for request in sorted(backlog, key=lambda r: r.sent_s):
-            (router.arrive if router else send)(request, request.sent_s)
+        for request in sorted(starts, key=lambda r: r.sent_s):
+            send(request, request.sent_s)
+        starts.clear()
     arrival = router.next_event if router else (lambda: math.inf)
-    sent = next_report = 0
+    conversations = any(r.next_turn for r in requests)
+    seen = [0] * len(engines)      # how much of each engine's done list has been looked at
+    active = next_report = 0       # conversations started and not ended
+
+    def settle() -> None:
+        """Act on what ended since last time: send next turns, free clients."""
+        nonlocal active
+        for i, engine in enumerate(engines):
+            done = engine.scheduler.done
+            while seen[i] < len(done):
+                request = done[seen[i]]
+                seen[i] += 1
+                follow = request.next_turn
+                if follow is None:
+                    active -= 1
+                elif request.error is None:
+                    send(follow, request.last_token_s + request.think_s)
+                else:                 # a conversation cannot go on past a failed turn
+                    engine.scheduler.fail(follow, f"conversation stopped: turn {request.turn} failed")
+
     now = 0.0
     while True:
+        settle()
         if concurrency:
-            while backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
-                request = backlog.popleft()
-                request.sent_s = now
-                send(request, now)
-                sent += 1
+            while starts and active < concurrency:
+                send(starts.popleft(), now, now=True)
+                active += 1
         engine = first if len(engines) == 1 else min(engines, key=Engine.next_event)
         at = engine.next_event()
         if arrival() <= at and arrival() < math.inf:
@@ -1006,10 +1035,13 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
             return
         engine.clock = max(engine.clock, at)
         engine.take_deliveries()
+        settle()                      # a delivery the engine refused at once has ended
         if engine.has_work():
-            # Until when nothing else can reach this engine: a free client sends now; an arrival
-            # or another engine may hand it work from its next event on.
-            if concurrency and backlog and sent - sum(len(e.scheduler.done) for e in engines) < concurrency:
+            # Until when nothing else can reach this engine: a free client sends now, as does a
+            # turn whose end starts the next one; an arrival or another engine may hand it work
+            # from its next event on.
+            if (concurrency and starts and active < concurrency) or \
+                    (conversations and any(r.next_turn for r in engine.scheduler.running)):
                 until = engine.clock
             elif len(engines) == 1:
                 until = arrival()
@@ -1052,12 +1084,51 @@ def synthetic_requests(count: int, prompt: TokenRange, output: TokenRange, rng: 
     return requests
 
 
+def conversations(count: int, prompt: TokenRange, output: TokenRange, rng: random.Random, turns: int,
+                  think_s: float, prefix_tokens: int = 0, num_prefixes: int = 1) -> list[Request]:
+    """Chats of `turns` requests (the last one shorter if `count` runs out). Each turn's prompt is
+    the conversation so far, its earlier messages and the answers to them, plus a new message of
+    --prompt-tokens; so each turn's content is the previous turn's plus two runs, and the cache
+    can hold everything but the new message."""
+    requests: list[Request] = []
+    for session in range(-(-count // turns)):
+        history = ((f"system-{session % num_prefixes}", prefix_tokens),) if prefix_tokens else ()
+        before = None
+        for turn in range(1, min(turns, count - session * turns) + 1):
+            message = rng.randrange(prompt.low, prompt.high + 1)
+            answer = rng.randrange(output.low, output.high + 1)
+            spoken = sum(tokens for _, tokens in history)
+            runs = history + ((("user", session, turn), message), (("reply", session, turn), answer))
+            request = Request(len(requests), spoken + message, answer, content=runs, turn=turn, think_s=think_s)
+            if before:
+                before.next_turn = request
+            requests.append(request)
+            history, before = runs, request
+    return requests
+
+
+def arrival_times(count: int, rng: random.Random, rate: Optional[float], burstiness: float = 1.0,
+                  ramp: Optional[tuple] = None) -> list[float]:
+    """Send times, the first at 0, as vllm bench serve draws its gaps: gamma with shape
+    `burstiness` and mean 1/rate (1 is exponential: Poisson arrivals; below 1 burstier, above 1
+    more even), the rate either fixed or, with `ramp` (strategy, start, end), set by the request's
+    index: linear from start to end, or exponential (start x (end/start)^(i/(n-1)))."""
+    times, clock = [], 0.0
+    for i in range(count):
+        times.append(clock)
+        at = rate
+        if ramp:
+            strategy, start, end = ramp
+            progress = (i + 1) / max(count - 1, 1)
+            at = start + (end - start) * progress if strategy == "linear" else start * (end / start) ** progress
+        clock += rng.expovariate(at) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (at * burstiness))
+    return times
+
+
 def poisson_arrivals(requests: list[Request], rate: float, rng: random.Random) -> None:
     """Send times with exponential gaps at `rate` requests per second, the first at 0."""
-    clock = 0.0
-    for request in requests:
-        request.sent_s = clock
-        clock += rng.expovariate(rate)
+    for request, at in zip(requests, arrival_times(len(requests), rng, rate)):
+        request.sent_s = at
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1484,17 +1555,18 @@ PREFIX_ROUTER_MATCH, PREFIX_ROUTER_ABS, PREFIX_ROUTER_REL = 0.3, 64, 1.5
 class Router:
     def __init__(self, engines: list[Engine], policy: str):
         self.engines, self.policy = engines, policy
-        self.arrivals: deque = deque()    # (time, request) not yet routed, in time order
+        self.arrivals: list = []          # heap of (time, order sent, request) not yet routed
+        self.sent = itertools.count()
         self.turn = 0
 
     def arrive(self, request: Request, at: float) -> None:
-        self.arrivals.append((at, request))
+        heapq.heappush(self.arrivals, (at, next(self.sent), request))
 
     def next_event(self) -> float:
         return self.arrivals[0][0] if self.arrivals else math.inf
 
     def route_next(self) -> None:
-        at, request = self.arrivals.popleft()
+        at, _, request = heapq.heappop(self.arrivals)
         self.send(request, at)
 
     def send(self, request: Request, at: float) -> None:
@@ -1884,6 +1956,11 @@ class RunSpec:
     concurrency: Optional[int] = None
     seed: int = 7
     time_scale: float = 1.0               # a trace's arrival times are multiplied by this
+    burstiness: float = 1.0               # gamma shape of the gaps between arrivals; 1 is Poisson
+    ramp_up: Optional[tuple] = None       # ("linear" | "exponential", start rps, end rps)
+    turns: int = 1                        # requests per conversation
+    think_time: float = 0.0               # seconds between a turn's end and the next turn
+    warmup: int = 0                       # first requests sent, left out of the metrics
     # Output, engine and cost model.
     detailed: bool = False
     engine: str = "event"                 # or "step": the per-step rule, slower, same results
@@ -1896,12 +1973,19 @@ class RunSpec:
         otherwise a trace or a --rate is open loop, and neither is a closed loop of 32 clients."""
         if self.concurrency:
             return self.concurrency
-        return None if self.trace or self.rate else DEFAULT_CLIENTS
+        return None if self.trace or self.rate or self.ramp_up else DEFAULT_CLIENTS
 
     def arrivals(self) -> str:
+        chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
         if self.clients():
-            return f"closed loop {self.clients()} clients"
-        return f"trace arrivals ({self.trace.name})" if self.trace else f"poisson {self.rate:g} req/s"
+            return f"closed loop {self.clients()} clients" + chats
+        if self.trace:
+            return f"trace arrivals ({self.trace.name})"
+        shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
+        if self.ramp_up:
+            strategy, start, end = self.ramp_up
+            return f"{shape} ramp {strategy} {start:g} to {end:g} req/s" + chats
+        return f"{shape} {self.rate:g} req/s" + chats
 
 
 def check_spec(spec: RunSpec) -> None:
@@ -1992,21 +2076,30 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
         return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content)
                 for i, (arrival, prompt, output, content) in enumerate(rows)]
     rng = random.Random(spec.seed)
-    requests = synthetic_requests(spec.requests or DEFAULT_REQUESTS, spec.prompt_tokens, spec.output_tokens, rng,
-                                  spec.prefix_tokens, spec.num_prefixes, progress)
-    if spec.rate:
-        # Drawn after the lengths, so a rate sweep sees the same requests.
-        poisson_arrivals(requests, spec.rate, rng)
-        if requests[-1].sent_s > MAX_ARRIVAL_S:
-            raise UserError(f"--rate {spec.rate:g} spreads {len(requests):,} requests over "
-                            f"{requests[-1].sent_s / 86400:,.0f} days; servesim simulates up to a year of arrivals")
+    count = spec.requests or DEFAULT_REQUESTS
+    if spec.turns > 1:
+        requests = conversations(count, spec.prompt_tokens, spec.output_tokens, rng, spec.turns, spec.think_time,
+                                 spec.prefix_tokens, spec.num_prefixes)
+    else:
+        requests = synthetic_requests(count, spec.prompt_tokens, spec.output_tokens, rng,
+                                      spec.prefix_tokens, spec.num_prefixes, progress)
+    if spec.rate or spec.ramp_up:
+        # Drawn after the lengths, so a rate sweep sees the same requests. A conversation's
+        # later turns are sent when the turn before ends.
+        starts = [r for r in requests if r.turn <= 1]
+        for request, at in zip(starts, arrival_times(len(starts), rng, spec.rate, spec.burstiness, spec.ramp_up)):
+            request.sent_s = at
+        if starts[-1].sent_s > MAX_ARRIVAL_S:
+            raise UserError(f"{spec.arrivals()} spreads {len(starts):,} arrivals over "
+                            f"{starts[-1].sent_s / 86400:,.0f} days; servesim simulates up to a year of arrivals")
     return requests
 
 
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
     with `timeline`, per-second stats in the shape vLLM logs them (needs spec.detailed)."""
-    engines, link = build_engines(spec)
+    # Warm-up requests leave the metrics, so the gaps between tokens are counted per request.
+    engines, link = build_engines(replace(spec, detailed=True) if spec.warmup else spec)
     replicas = engines if len(engines) > 1 and not link else [engines[-1]]
     if timeline:
         for engine in replicas:
@@ -2019,7 +2112,16 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
                                            f"done, {e.clock:,.1f} s simulated")
     simulate(engines, requests, spec.clients(), report, router)
     done = [r for e in engines for r in e.scheduler.done]
-    result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
+    if spec.warmup:      # the first requests sent warm the cache and fill the batch; not measured
+        done = [r for r in done if r.id >= spec.warmup]
+        result = summarize(done, None, dict(spec.goodput))        # gaps from the measured requests only
+    else:
+        result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
+    if spec.warmup:
+        result["warmup_requests"] = spec.warmup
+    result["steady_state"] = steady_state(done, running_each_second(done), dict(spec.goodput))
+    if any(r.turn for r in done):
+        result["turns"] = by_turn(done)
     decode = engines[-1]
     if router:
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
@@ -2073,6 +2175,58 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
+
+
+def running_each_second(requests: list) -> list[int]:
+    """Requests running (admitted, not yet finished) at the end of each second of the run."""
+    done = [r for r in requests if r.error is None and r.first_token_s is not None]
+    if not done:
+        return []
+    t0 = min(r.sent_s for r in requests)
+    seconds = math.ceil(max(r.last_token_s for r in done) - t0) or 1
+    change = [0] * (seconds + 2)
+    for r in done:
+        admitted = r.sent_s + (r.queue_s or 0.0) - t0
+        change[min(seconds + 1, math.ceil(admitted) or 1)] += 1
+        change[min(seconds + 1, math.ceil(r.last_token_s - t0) or 1)] -= 1
+    return list(itertools.accumulate(change))[1:seconds + 1]
+
+
+def steady_state(requests: list, running: list, slos: Optional[dict] = None) -> Optional[dict]:
+    """The steady state: from the first second the running count comes within 10% (at least 1)
+    of its plateau, the median over the busy seconds, to the last; and the metrics of the
+    requests sent inside it. None when the run is too short to have one."""
+    busy = sorted(x for x in running if x > 0)
+    if len(busy) < 5:
+        return None
+    plateau = busy[len(busy) // 2]
+    band = max(1.0, 0.1 * plateau)
+    inside = [t for t, x in enumerate(running, 1) if abs(x - plateau) <= band]
+    start, end = inside[0] - 1, inside[-1]       # seconds from the first send
+    t0 = min(r.sent_s for r in requests)
+    window = [r for r in requests if start <= r.sent_s - t0 <= end]
+    if not window or end - start < 3:
+        return None
+    metrics = summarize(window, None, slos)
+    keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
+            *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el") for stat in ("mean", "median", "p90", "p95", "p99")))
+    return {"start_s": float(start), "end_s": float(end), "plateau_running": plateau,
+            **{k: metrics[k] for k in keep if k in metrics}}
+
+
+def by_turn(requests: list) -> list[dict]:
+    """TTFT and prefix hits per conversation turn: later turns carry more history to reuse."""
+    rows = []
+    for turn in sorted({r.turn for r in requests}):
+        these = [r for r in requests if r.turn == turn]
+        ok = [r for r in these if r.error is None and r.first_token_s is not None]
+        ttft = distribution([(r.first_token_s - r.sent_s) * 1000 for r in ok])
+        prompt = sum(r.prompt_tokens for r in ok)
+        rows.append({"turn": turn, "requests": len(these), "failed": len(these) - len(ok),
+                     "mean_prompt_tokens": prompt / len(ok) if ok else None,
+                     "median_ttft_ms": ttft["p50"], "p95_ttft_ms": ttft["p95"],
+                     "prefix_hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0})
+    return rows
 
 
 def deployment_price(spec: RunSpec, hardware: list[Hardware], gpus_per_engine: int) -> Optional[float]:
@@ -4129,6 +4283,18 @@ def print_run(result: dict, out=None) -> None:
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
+    steady = result.get("steady_state")
+    if steady:
+        w(f"{'steady':<12}{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, running near {steady['plateau_running']:,}: "
+          f"{steady['completed']:,} requests sent  ttft p50 {number(steady['median_ttft_ms'])} p99 "
+          f"{number(steady['p99_ttft_ms'])} ms  tpot p50 {number(steady['median_tpot_ms'])} ms  "
+          f"{number(steady['output_throughput'])} output tok/s\n")
+    if result.get("warmup_requests"):
+        w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
+    for row in result.get("turns") or []:
+        w(f"{'turn ' + str(row['turn']):<12}{row['requests']:,} requests  prompt {number(row['mean_prompt_tokens'], 0)} "
+          f"tokens  ttft p50 {number(row['median_ttft_ms'])} p95 {number(row['p95_ttft_ms'])} ms  "
+          f"prefix hits {row['prefix_hit_rate']:.1%}\n")
     if result.get("goodput_slos_ms"):
         bounds = ", ".join(f"{metric} <= {bound:g} ms" for metric, bound in result["goodput_slos_ms"].items())
         total = result["completed"] + result["failed"]
@@ -4808,6 +4974,15 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool, search: bool = Fa
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
     g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
                    help="multiply a trace's arrival times by X: 0.5 replays it at twice its rate (default: %(default)s)")
+    add_arrival_args(g, sweep)
+    g.add_argument("--turns", type=whole(1, 10_000), default=1, metavar="N",
+                   help="conversations of N requests: each turn's prompt is the conversation so far (earlier "
+                        "messages and answers) plus a new --prompt-tokens message; --requests counts requests "
+                        "(default: %(default)s, no conversations)")
+    g.add_argument("--think-time", type=real(0, 86_400, above_low=False), default=0.0, metavar="S",
+                   help="seconds between a turn's last token and the next turn's request (default: %(default)s)")
+    g.add_argument("--warmup", type=whole(0, MAX_REQUESTS), default=0, metavar="N",
+                   help="send N requests first and leave them out of the metrics (default: %(default)s)")
     g = p.add_argument_group("SLOs and cost")
     add_goodput_arg(g)
     add_price_arg(g)
@@ -4853,6 +5028,38 @@ def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
                         "(default: off)")
 
 
+def add_arrival_args(g, sweep: bool = False) -> None:
+    """vllm bench serve's arrival flags, shared by simulate, sweep, search and loadgen."""
+    g.add_argument("--burstiness", type=many(real(0.001, 1000), sweep), default=1.0, metavar="B",
+                   help="gaps between arrivals are gamma with shape B at the same mean rate: 1 is Poisson, below 1 "
+                        "burstier (coefficient of variation 1/sqrt(B)), above 1 more even; with --rate or a ramp "
+                        + ("(several to sweep) " if sweep else "") + "(default: %(default)s)")
+    g.add_argument("--ramp-up-strategy", choices=("linear", "exponential"),
+                   help="raise the arrival rate from --ramp-up-start-rps to --ramp-up-end-rps over the run, request "
+                        "by request, as vllm bench serve does; instead of --rate (default: off)")
+    g.add_argument("--ramp-up-start-rps", type=real(0.001, 1e6), metavar="R", help="the ramp's first rate, requests/s")
+    g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R", help="the ramp's last rate, requests/s")
+
+
+def arrival_spec(args) -> dict:
+    """The arrival settings, checked as vllm bench serve checks them."""
+    ramp = None
+    given = [args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps]
+    if any(v is not None for v in given):
+        if any(v is None for v in given):
+            raise UserError("a ramp needs all three: --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps")
+        if args.ramp_up_start_rps > args.ramp_up_end_rps:
+            raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
+        if one(getattr(args, "rate", None)) or getattr(args, "concurrency", None) or getattr(args, "trace", None):
+            raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
+        ramp = (args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
+    burstiness = args.burstiness
+    if (burstiness != 1 if not isinstance(burstiness, list) else burstiness != [1.0]) and \
+            not (ramp or one(getattr(args, "rate", None))):
+        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
+    return {"ramp_up": ramp, "burstiness": one(burstiness)}
+
+
 def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help=json_help)
@@ -4888,6 +5095,12 @@ def spec_from_args(args) -> RunSpec:
                         "requests; a --trace gives each request's own lengths")
     if args.time_scale != 1 and not args.trace:
         raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
+    if args.turns > 1 and args.trace:
+        raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
+    if args.think_time and args.turns == 1:
+        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if args.warmup and args.warmup >= (args.requests or (0 if args.trace else DEFAULT_REQUESTS)) > 0:
+        raise UserError(f"--warmup {args.warmup:,} leaves no request to measure: send more --requests")
     if args.price_per_hour and len(getattr(args, "hardware", None) or []) > 1 and isinstance(args.hardware, list):
         raise UserError("--price-per-hour is one price for one device: with several --hardware, put each price_per_hour "
                         "in its hardware JSON")
@@ -4917,6 +5130,7 @@ def spec_from_args(args) -> RunSpec:
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
         prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes or 1,
         rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed, time_scale=args.time_scale,
+        turns=args.turns, think_time=args.think_time, warmup=args.warmup, **arrival_spec(args),
         goodput=tuple(args.goodput or ()), price_per_hour=args.price_per_hour,
         detailed=getattr(args, "detailed", False), engine=args.engine)
 
@@ -5013,7 +5227,7 @@ SWEEP_KNOBS = ("hardware", "tensor_parallel_size", "data_parallel_size", "router
                "cost_model", "gpu_memory_utilization", "block_size", "max_model_len", "kv_tokens", "num_gpu_blocks",
                "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "scheduler_reserve_full_isl",
                "max_tokens_in_flight", "enable_expert_parallel", "speculative_tokens", "acceptance_rate",
-               "kv_link_gbs", "compare",
+               "kv_link_gbs", "compare", "burstiness",
                "rate", "concurrency")
 FIELD_OF_FLAG = {"scheduler_reserve_full_isl": "reserve_full_isl"}
 FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
@@ -5155,6 +5369,8 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
                                   columns[-1])
     if spec.goodput:
         columns = columns[:-1] + (("goodput", lambda r: f"{r['request_goodput']:.2f}/s"), columns[-1])
+    if "burstiness" in axes:       # bursts show in the tail of TTFT
+        columns = columns[:2] + (("ttft p99", lambda r: number(r["p99_ttft_ms"])),) + columns[2:]
     if spec.prefix_caching or "prefix_caching" in axes:
         columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
     return columns
@@ -5177,7 +5393,8 @@ def cmd_sweep(args) -> int:
                     f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  "
                     f"output {spec.output_tokens}"
                     + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
-                    + ("" if {"rate", "concurrency"} & set(axes) else f"  {spec.arrivals()}"))
+                    + ("" if {"rate", "concurrency"} & set(axes) else
+                       f"  {replace(spec, burstiness=1.0).arrivals() if 'burstiness' in axes else spec.arrivals()}"))
         hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or "kv_link_gbs" in axes else spec.hardware
         where = "" if "hardware" in axes else f" on {hardware.name}"
         settings = settings_line(spec, axes)
