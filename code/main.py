@@ -27,6 +27,7 @@ import contextlib
 import bisect
 import heapq
 import csv
+import datetime
 import difflib
 import functools
 import http.client
@@ -1905,6 +1906,8 @@ class Trace:
     """Requests with their own lengths and send times, read from a file (or built by a caller)."""
     name: str
     rows: tuple      # (arrival_s, prompt_tokens, output_tokens, content) per request
+    format: str = "servesim"
+    notes: tuple = ()     # what the reader left out or changed, said once on stderr
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
@@ -2688,45 +2691,206 @@ TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
                 "prefix": str, "prefix_tokens": int}
 
 
-def read_trace(path: str) -> Trace:
-    """JSONL, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix
-    and prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+def read_trace(path: str, fmt: str = "auto") -> Trace:
+    """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
+    content runs). `auto` tells the format from the file's first line."""
+    text = read_text(path, "trace")
+    if fmt == "auto":
+        fmt = trace_format(text, path)
+    rows, notes = TRACE_READERS[fmt](text, path)
+    if not rows:
+        raise UserError(f"trace {path}: no requests in it")
+    if len(rows) > MAX_REQUESTS:
+        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
+    if fmt in ("azure", "vllm-bench"):          # wall-clock times: count from the first request
+        first = min(row[0] for row in rows)
+        rows = [(arrival - first, *rest) for arrival, *rest in rows]
+    if max(row[0] for row in rows) > MAX_ARRIVAL_S:
+        raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
+    return Trace(path, tuple(rows), fmt, tuple(notes))
+
+
+def trace_format(text: str, path: str) -> str:
+    head = text.lstrip()[:4096]
+    line = head.split("\n", 1)[0].strip()
+    if head.startswith("{"):
+        try:
+            first = json.loads(line)
+        except ValueError:
+            first = None        # one object across lines: a vllm bench serve result
+        if not isinstance(first, dict):
+            return "vllm-bench"
+        if "arrival" in first:
+            return "servesim"
+        if "chat_id" in first or "parent_chat_id" in first:
+            return "bailian"
+        if "hash_ids" in first or "input_length" in first:
+            return "mooncake"
+        if "input_lens" in first:
+            return "vllm-bench"
+    if "ContextTokens" in line:
+        return "azure"
+    if "Request tokens" in line:
+        return "burstgpt"
+    raise UserError(f"trace {path}: cannot tell its format from the first line; pass --trace-format "
+                    f"({', '.join(TRACE_FORMATS)})")
+
+
+def trace_number(where: str, row: dict, name: str, low: float, high: float, whole_number: bool = True):
+    value = row.get(name)
+    if value is None:
+        raise UserError(f"{where}: missing field {name!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip()) if not whole_number else int(value.strip())
+        except ValueError:
+            raise UserError(f"{where}: field {name!r} must be a number, got {value[:40]!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high or (whole_number and value != int(value)):
+        kind = "a whole number" if whole_number else "a number"
+        raise UserError(f"{where}: field {name!r} must be {kind} from {low:,} to {high:,}, got {str(value)[:40]}")
+    return int(value) if whole_number else float(value)
+
+
+def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
+    """Mooncake and Bailian hash_ids: one id per `block` tokens of the prompt, the last block
+    partial; equal ids at equal places are equal content, so they become shared content runs."""
+    ids = row.get("hash_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise UserError(f"{where}: field 'hash_ids' must be a list of whole numbers")
+    if len(ids) != -(-tokens // block):
+        raise UserError(f"{where}: {len(ids)} hash_ids for {tokens:,} input tokens; this format has one per "
+                        f"{block} tokens, so {-(-tokens // block)}")
+    return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
+
+
+def jsonl_rows(text: str, path: str, kind: str = "trace") -> Iterator[tuple[str, dict]]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            where = f"{kind} {path} line {number}"
+            row = parse_json(line, where, "each line must be one JSON object")
+            if not isinstance(row, dict):
+                raise UserError(f"{where}: expected a JSON object")
+            yield where, row
+
+
+def servesim_trace(text: str, path: str) -> tuple[list, list]:
+    """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
+    prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
     rows = []
-    for where, row in read_jsonl(path, "trace"):
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: expected a JSON object with arrival, prompt_tokens, output_tokens")
+    for where, row in jsonl_rows(text, path):
         unknown = set(row) - set(TRACE_FIELDS)
         if unknown:
             raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
-        for name in ("arrival", "prompt_tokens", "output_tokens"):
-            if name not in row:
-                raise UserError(f"{where}: missing field {name!r}")
-        for name, kind in TRACE_FIELDS.items():
-            if name not in row:
-                continue
-            value = row[name]
-            if kind is str:
-                ok = isinstance(value, str) and value != ""
-            elif kind is int:
-                ok = isinstance(value, int) and not isinstance(value, bool) \
-                    and (0 if name == "prefix_tokens" else 1) <= value <= 10**8
-            else:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_ARRIVAL_S
-            if not ok:
-                want = {"arrival": "seconds from 0 to a year (31,536,000)", "prefix": "a non-empty string",
-                        "prefix_tokens": "a whole number from 0 to 100,000,000"}.get(name, "a whole number from 1 to 100,000,000")
-                raise UserError(f"{where}: field {name!r} must be {want}, got {str(value)[:40]}")
-        if row.get("prefix_tokens", 0) > row["prompt_tokens"]:
-            raise UserError(f"{where}: prefix_tokens {row['prefix_tokens']} is longer than prompt_tokens {row['prompt_tokens']}")
-        if row.get("prefix_tokens") and "prefix" not in row:
+        arrival = trace_number(where, row, "arrival", 0, MAX_ARRIVAL_S, whole_number=False)
+        prompt = trace_number(where, row, "prompt_tokens", 1, 10**8)
+        output = trace_number(where, row, "output_tokens", 1, 10**8)
+        prefix_tokens = trace_number(where, row, "prefix_tokens", 0, 10**8) if "prefix_tokens" in row else 0
+        if "prefix" in row and (not isinstance(row["prefix"], str) or not row["prefix"]):
+            raise UserError(f"{where}: field 'prefix' must be a non-empty string, got {str(row['prefix'])[:40]}")
+        if prefix_tokens > prompt:
+            raise UserError(f"{where}: prefix_tokens {prefix_tokens} is longer than prompt_tokens {prompt}")
+        if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
-        prefix = ((row["prefix"], row["prefix_tokens"]),) if row.get("prefix") and row.get("prefix_tokens") else ()
-        rows.append((float(row["arrival"]), row["prompt_tokens"], row["output_tokens"], prefix))
-        if len(rows) > MAX_REQUESTS:
-            raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
-    if not rows:
-        raise UserError(f"trace {path}: no requests in it")
-    return Trace(path, tuple(rows))
+        prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
+        rows.append((arrival, prompt, output, prefix))
+    return rows, []
+
+
+def hashed_trace(block: int, seconds_per_unit: float):
+    """Mooncake (timestamp in ms, 512-token blocks) and Bailian (seconds, 16-token blocks)."""
+    def read(text: str, path: str) -> tuple[list, list]:
+        rows, zero = [], 0
+        for where, row in jsonl_rows(text, path):
+            arrival = trace_number(where, row, "timestamp", 0, MAX_ARRIVAL_S / seconds_per_unit, whole_number=False)
+            prompt = trace_number(where, row, "input_length", 1, 10**8)
+            output = trace_number(where, row, "output_length", 0, 10**8)
+            zero += output == 0
+            rows.append((arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)))
+        notes = [f"{zero:,} requests ask for 0 output tokens; servesim generates 1, the first token"] if zero else []
+        return rows, notes
+    return read
+
+
+def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
+    """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
+    def read(text: str, path: str) -> tuple[list, list]:
+        reader = csv.DictReader(io.StringIO(text))
+        missing = [f for f in (time_field, prompt_field, output_field) if f not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(reader.fieldnames or [])}")
+        rows, failed = [], 0
+        for number, row in enumerate(reader, 2):
+            where = f"trace {path} line {number}"
+            arrival = clock(where, row[time_field])
+            prompt = trace_number(where, row, prompt_field, 1, 10**8)
+            output = trace_number(where, row, output_field, 0, 10**8)
+            if output == 0:      # the service answered nothing: a failed request in these traces
+                failed += 1
+                continue
+            rows.append((arrival, prompt, output, ()))
+        notes = [f"{failed:,} rows with 0 {output_field.lower()} (failed in the original service) are not replayed"] \
+            if failed else []
+        return rows, notes
+    return read
+
+
+ISO_TIME = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?\s*")
+
+
+def iso_seconds(where: str, text: str) -> float:
+    """Seconds since the epoch of Azure's timestamps: 2023's 100 ns ticks without a zone, 2024's
+    microseconds with +00:00 (fraction left out when zero). A naive time is taken as UTC."""
+    match = ISO_TIME.fullmatch(text or "")
+    if not match:
+        raise UserError(f"{where}: TIMESTAMP must be a date and time like 2023-11-16 18:17:03.9799600, got {text[:40]!r}")
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    try:
+        moment = datetime.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
+                                   tzinfo=datetime.timezone.utc)
+    except ValueError as e:
+        raise UserError(f"{where}: TIMESTAMP {text.strip()!r} is not a date ({e})") from None
+    offset = 0
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        offset = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return moment.timestamp() - offset + (float("0." + fraction) if fraction else 0.0)
+
+
+def plain_seconds(where: str, text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 <= value <= 10**10:
+        raise UserError(f"{where}: Timestamp must be seconds from the trace's start, got {str(text)[:40]!r}")
+    return value
+
+
+def vllm_bench_trace(text: str, path: str) -> tuple[list, list]:
+    """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
+    report = parse_json(text, f"trace {path}", "expected a vllm bench serve --save-detailed result")
+    if not isinstance(report, dict):
+        raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
+    measured = run_from_report(report, f"trace {path}")
+    if any("start_times" in note or "Poisson" in note for note in measured.notes):
+        raise UserError(f"trace {path}: no start_times (vLLM records them since January 2026, loadgen --detailed "
+                        f"always); without them there are no arrivals to replay")
+    rows = [(r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in measured.requests if r.error is None]
+    failed = len(measured.requests) - len(rows)
+    return rows, [f"{failed:,} requests failed in the measured run and are not replayed"] if failed else []
+
+
+TRACE_READERS = {
+    "servesim": servesim_trace,
+    "mooncake": hashed_trace(512, 0.001),
+    "bailian": hashed_trace(16, 1.0),
+    "azure": csv_trace("TIMESTAMP", "ContextTokens", "GeneratedTokens", iso_seconds),
+    "burstgpt": csv_trace("Timestamp", "Request tokens", "Response tokens", plain_seconds),
+    "vllm-bench": vllm_bench_trace,
+}
+TRACE_FORMATS = tuple(TRACE_READERS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4972,6 +5136,12 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool, search: bool = Fa
     g.add_argument("--num-prefixes", type=whole(1, 10**6), default=None, metavar="M",
                    help="how many distinct shared system prompts, assigned round robin (default: 1)")
     g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
+    g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
+                   help="how to read --trace: servesim JSONL; Mooncake JSONL (timestamp ms, input_length, "
+                        "output_length, hash_ids per 512 tokens); Alibaba Bailian JSONL (timestamp s, hash_ids per "
+                        "16 tokens); Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); BurstGPT "
+                        "CSV (Timestamp, Request tokens, Response tokens); a vllm bench serve --save-detailed "
+                        "result (default: %(default)s, told from the first line)")
     g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
                    help="multiply a trace's arrival times by X: 0.5 replays it at twice its rate (default: %(default)s)")
     add_arrival_args(g, sweep)
@@ -5107,6 +5277,9 @@ def spec_from_args(args) -> RunSpec:
     if args.num_prefixes and not args.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
+    trace = read_trace(args.trace, args.trace_format) if args.trace else None
+    for note in trace.notes if trace else ():
+        sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
     link = one(args.kv_link_gbs)
     quantization = one(args.quantization)
     return RunSpec(
@@ -5126,7 +5299,7 @@ def spec_from_args(args) -> RunSpec:
         disaggregate=bool(args.disaggregate or link or args.prefill_hardware or args.decode_hardware),
         prefill_hardware=device(args.prefill_hardware), decode_hardware=device(args.decode_hardware),
         kv_link_gbs=link or 25.0,
-        trace=read_trace(args.trace) if args.trace else None, requests=args.requests,
+        trace=trace, requests=args.requests,
         prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
         prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes or 1,
         rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed, time_scale=args.time_scale,
