@@ -1122,8 +1122,12 @@ def arrival_times(count: int, rng: random.Random, rate: Optional[float], burstin
             strategy, start, end = ramp
             progress = (i + 1) / max(count - 1, 1)
             at = start + (end - start) * progress if strategy == "linear" else start * (end / start) ** progress
-        clock += rng.expovariate(at) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (at * burstiness))
+        clock += next_gap(rng, at, burstiness)
     return times
+
+
+def next_gap(rng: random.Random, rate: float, burstiness: float = 1.0) -> float:
+    return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
 
 
 def poisson_arrivals(requests: list[Request], rate: float, rng: random.Random) -> None:
@@ -2393,6 +2397,8 @@ def parse_slo(text: str) -> Slo:
         if metric not in SLO_METRICS or stat not in SLO_STATS or not colon or not 0 < bound < 1e10:
             raise UserError(f"--slo {item.strip()!r}: expected METRIC_STAT:MS, METRIC one of {', '.join(SLO_METRICS)}, "
                             f"STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p95:500,tpot_p95:50")
+        if any(name == seen for seen, _, _ in bounds):
+            raise UserError(f"--slo gives {name} twice; give each bound once")
         bounds.append((name, f"{SLO_STATS[stat]}_{metric}_ms", bound))
     return Slo(tuple(bounds))
 
@@ -2711,29 +2717,28 @@ def read_trace(path: str, fmt: str = "auto") -> Trace:
 
 
 def trace_format(text: str, path: str) -> str:
-    head = text.lstrip()[:4096]
-    line = head.split("\n", 1)[0].strip()
-    if head.startswith("{"):
-        try:
-            first = json.loads(line)
-        except ValueError:
-            first = None        # one object across lines: a vllm bench serve result
-        if not isinstance(first, dict):
-            return "vllm-bench"
-        if "arrival" in first:
-            return "servesim"
+    """The format, from the first line: a JSON object's keys, or a CSV header's columns. Anything
+    else is read as servesim's JSONL, whose reader says what is wrong with which line."""
+    line = text.lstrip().split("\n", 1)[0].strip()
+    try:
+        first = json.loads(line) if line.startswith("{") else None
+    except (ValueError, RecursionError):
+        first = None
+    if isinstance(first, dict):
         if "chat_id" in first or "parent_chat_id" in first:
             return "bailian"
         if "hash_ids" in first or "input_length" in first:
             return "mooncake"
         if "input_lens" in first:
             return "vllm-bench"
+        return "servesim"
+    if line.startswith("{") and "\"input_lens\"" in text[:1_000_000]:
+        return "vllm-bench"      # a vllm bench serve result, one object over many lines
     if "ContextTokens" in line:
         return "azure"
     if "Request tokens" in line:
         return "burstgpt"
-    raise UserError(f"trace {path}: cannot tell its format from the first line; pass --trace-format "
-                    f"({', '.join(TRACE_FORMATS)})")
+    return "servesim"
 
 
 def trace_number(where: str, row: dict, name: str, low: float, high: float, whole_number: bool = True):
@@ -2937,6 +2942,11 @@ class StreamRecord:
     usage_seen: bool = False
     timings: Optional[dict] = None      # llama.cpp's per-request server timings
     error: Optional[str] = None
+    turn: int = 0                       # its place in a conversation (0: not in one)
+    cached_tokens: int = 0              # prompt tokens the server found cached, where it says
+    scheduled_s: Optional[float] = None  # when the arrival schedule said to send it (open loop)
+    asked_prompt_tokens: Optional[int] = None
+    text: Optional[list] = None         # the reply's text, kept to carry a conversation on
 
 
 @dataclass
@@ -2959,6 +2969,16 @@ class LoadConfig:
     api_key: Optional[str] = None
     slos: Optional[dict] = None          # --goodput bounds, ms
     timeline: bool = False               # per-second rows for --timeline and --plot
+    burstiness: float = 1.0              # gamma shape of the gaps between arrivals (vllm bench's)
+    ramp_up: Optional[tuple] = None      # ("linear" | "exponential", start rps, end rps)
+    trace: Optional[Trace] = None        # replay: its send times, lengths and shared content
+    time_scale: float = 1.0
+    turns: int = 1                       # requests per conversation, each carrying the real replies
+    think_time_s: float = 0.0
+    warmup: int = 0                      # first requests sent, left out of the metrics
+    size_prompts: bool = False           # measure tokens per word with a probe and size prompts in tokens
+    words_per_token: float = 1.0         # set by the probe
+    template_tokens: float = 0.0         # the chat template's own tokens, set by the probe
     price_per_hour: Optional[float] = None
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
 
@@ -3207,6 +3227,8 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
                 record.first_token_s = at
             record.token_times.append(at)
             record.last_token_s = at
+            if record.text is not None and isinstance(delta.get("content"), str):
+                record.text.append(delta["content"])
         if choice.get("finish_reason"):
             record.finish_reason = str(choice["finish_reason"])
     usage = event.get("usage")
@@ -3216,8 +3238,14 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
             raise StreamError(f"bad stream: usage token counts are not whole numbers: {data[:120]!r}")
         record.usage_seen = True
         record.prompt_tokens, record.output_tokens = counts
+        details = usage.get("prompt_tokens_details")       # OpenAI's, and vLLM's with details on
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            record.cached_tokens = max(0, details["cached_tokens"])
     if isinstance(event.get("timings"), dict):
         record.timings = event["timings"]
+        cached = record.timings.get("cache_n")                # llama.cpp's prompt tokens from its cache
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+            record.cached_tokens = cached
 
 
 def send_request(client: Http, body: dict, record: StreamRecord, config: LoadConfig) -> None:
@@ -3236,7 +3264,7 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
         else:
-            read_stream(response, response.socket, record, 4 * config.max_tokens + 64, config.timeout_s,
+            read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
     except StreamError as e:
         record.error = client.redact(str(e))[:300]
@@ -3254,19 +3282,74 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             record.error = client.redact(record.error)
 
 
-def request_body(config: LoadConfig, model: str, index: int) -> dict:
+def words_for(config: LoadConfig, tokens: float) -> int:
+    return max(1, round(tokens * config.words_per_token))
+
+
+def run_text(config: LoadConfig, key, tokens: int) -> str:
+    """The text of one content run: the same run (a hash id, a system prompt) is the same text
+    within a run of loadgen and different text in another run, so a server's cache is shared
+    exactly where the trace says, and not across runs."""
+    rng = random.Random(f"{config.run_id}:{config.seed}:{key!r}")
+    return " ".join(rng.choice(PROMPT_WORDS) for _ in range(words_for(config, tokens)))
+
+
+def request_body(config: LoadConfig, model: str, index: int, history: Optional[list] = None) -> dict:
+    max_tokens, ignore_eos = config.max_tokens, config.ignore_eos
     if config.prompts:
         messages = config.prompts[index % len(config.prompts)]
+    elif config.trace:
+        _, prompt, output, runs = config.trace.rows[index]
+        shared = sum(tokens for _, tokens in runs)
+        own = max(0.0, prompt - shared - config.template_tokens)
+        text = " ".join([run_text(config, key, tokens) for key, tokens in runs]
+                        + ([make_prompt(index, words_for(config, own), config.seed, config.run_id)] if own >= 1 else []))
+        messages, max_tokens, ignore_eos = [{"role": "user", "content": text}], output, True
     else:
-        messages = [{"role": "user", "content": make_prompt(index, config.prompt_words, config.seed, config.run_id)}]
+        own = config.prompt_words - (config.template_tokens if not history else 0)
+        words = words_for(config, own) if config.size_prompts else config.prompt_words
+        messages = list(history or []) + [{"role": "user", "content": make_prompt(index, words, config.seed,
+                                                                                   config.run_id)}]
         if config.prefix_words:
-            system = make_prompt(-1, config.prefix_words, config.seed)   # shared on purpose, across runs too
+            # shared on purpose, across runs too
+            system = make_prompt(-1, words_for(config, config.prefix_words) if config.size_prompts else
+                                 config.prefix_words, config.seed)
             messages.insert(0, {"role": "system", "content": system})
-    body = {"model": model, "messages": messages, "max_tokens": config.max_tokens, "stream": True,
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
-    if config.ignore_eos:
+    if ignore_eos:
         body["ignore_eos"] = True
     return body
+
+
+def asked_tokens(config: LoadConfig, index: int) -> Optional[int]:
+    if config.trace:
+        return config.trace.rows[index][1]
+    return None if config.prompts else config.prompt_words + config.prefix_words
+
+
+def size_prompts(client: Http, model: str, config: LoadConfig) -> dict:
+    """Tokens per word, from the server's own usage counts for two probe prompts that differ by
+    128 words (sent before the run, not counted); prompts are then built to the asked token
+    counts. A server that reports no usable counts keeps one word per token, and says so."""
+    counts = []
+    for words in (16, 144):
+        record = StreamRecord(-1)
+        text = make_prompt(-1, words, config.seed, f"{config.run_id}-probe-{words}")
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1, "stream": True,
+                "stream_options": {"include_usage": True}}
+        send_request(client, body, record, config)
+        if record.error or not record.usage_seen:
+            return {"note": f"no prompt sizing: the probe request {'failed: ' + record.error if record.error else 'got no usage counts'}; "
+                            f"prompts are one word per token"}
+        counts.append(record.prompt_tokens)
+    per_word = (counts[1] - counts[0]) / 128
+    if not 0.2 <= per_word <= 20:
+        return {"note": f"no prompt sizing: 128 more words changed the prompt by {counts[1] - counts[0]} tokens; "
+                        f"prompts are one word per token"}
+    config.words_per_token = 1 / per_word
+    config.template_tokens = max(0.0, counts[0] - 16 * per_word)
+    return {"tokens_per_word": per_word, "template_tokens": config.template_tokens}
 
 
 def read_prompts(path: str) -> list:
@@ -3467,14 +3550,21 @@ class Stopped(Exception):
 
 
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
-    """Closed loop: `concurrency` workers, each sending its next request when the last ends.
-    Open loop (--rate): Poisson send times, at most `concurrency` in flight if given.
+    """Closed loop: `concurrency` clients, each sending its next request (or conversation) when
+    the last ends. Open loop (--rate, a ramp, a --trace): each request (each conversation's first
+    turn) is sent at its scheduled time, at most `concurrency` in flight if given; a turn after
+    the first is sent think-time after the reply before it, with that reply in its history.
     Both stop at --requests, and stop sending at --duration; requests in flight finish.
     Every request's outcome is kept: a server that stops accepting connections, Ctrl-C or SIGTERM
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
     model = config.model or first_model(client)
+    sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
+    rows = config.trace.rows if config.trace else None
     limit = config.requests if config.requests is not None else math.inf
+    if rows is not None:
+        limit = min(limit, len(rows))
+    turns = max(1, config.turns)
     lock = threading.Lock()
     records: list[StreamRecord] = []
     in_flight: dict[int, StreamRecord] = {}
@@ -3483,22 +3573,26 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     issued = 0
     slots = threading.BoundedSemaphore(config.concurrency) if config.concurrency else None
     rng = random.Random(config.seed)
+    open_loop = bool(config.rate or config.ramp_up or rows)
 
-    def next_index() -> Optional[int]:
+    def next_unit() -> Optional[int]:
+        """The next conversation (a single request when --turns is 1) to start, or None."""
         nonlocal issued
         with lock:
-            if stop.is_set() or issued >= limit or (config.duration_s is not None
-                                                    and time.perf_counter() - started >= config.duration_s):
+            if stop.is_set() or issued * turns >= limit or (config.duration_s is not None
+                                                            and time.perf_counter() - started >= config.duration_s):
                 return None
             issued += 1
             return issued - 1
 
-    def send(index: int) -> None:
-        record = StreamRecord(index)
+    def send(index: int, body: dict, turn: int, scheduled: Optional[float]) -> StreamRecord:
+        record = StreamRecord(index, turn=turn, scheduled_s=scheduled,
+                              asked_prompt_tokens=asked_tokens(config, index) if turn <= 1 else None)
+        record.text = [] if turns > 1 else None
         with lock:
             in_flight[index] = record
         try:
-            send_request(client, request_body(config, model, index), record, config)
+            send_request(client, body, record, config)
         except ServerUnreachable as e:
             refused.append(str(e))
             stop.set()                # the server is gone: send nothing more
@@ -3510,41 +3604,80 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         if progress:
             failed = sum(1 for r in records if r.error)
             progress(f"{len(records):,} requests done, {failed:,} failed, {time.perf_counter() - started:.1f} s")
+        return record
+
+    def run_unit(unit: int, scheduled: Optional[float] = None) -> None:
+        """One request, or one conversation: each turn carries the questions and the server's
+        own replies so far."""
+        history: list = []
+        for turn in range(1, turns + 1):
+            index = unit * turns + turn - 1
+            if index >= limit or (turn > 1 and stop.is_set()):
+                return
+            body = request_body(config, model, index, history)
+            record = send(index, body, turn if turns > 1 else 0, scheduled if turn == 1 else None)
+            if turns == 1:
+                return
+            if record.error:          # the rest of this conversation cannot be sent: count it
+                with lock:
+                    for later in range(turn + 1, turns + 1):
+                        if unit * turns + later - 1 < limit:
+                            records.append(StreamRecord(unit * turns + later - 1, turn=later,
+                                                        error=f"conversation stopped: turn {turn} failed"))
+                return
+            history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
+            if stop.wait(config.think_time_s):
+                return
 
     def worker() -> None:
-        while (index := next_index()) is not None:
-            send(index)
+        while (unit := next_unit()) is not None:
+            run_unit(unit)
 
-    def open_loop_send(index: int) -> None:
+    def offsets() -> Iterator[tuple[int, float]]:
+        """(unit, seconds from the start) in send order: the trace's own times, or drawn gaps."""
+        if rows is not None:
+            order = sorted(range(int(limit)), key=lambda i: rows[i][0])
+            yield from ((i, rows[i][0] * config.time_scale) for i in order)
+        elif config.ramp_up:
+            yield from enumerate(arrival_times(-(-int(limit) // turns), rng, None, config.burstiness, config.ramp_up))
+        else:
+            clock, unit = 0.0, 0
+            while True:
+                yield unit, clock
+                unit += 1
+                clock += next_gap(rng, config.rate, config.burstiness)
+
+    def open_loop_send(unit: int, scheduled: float) -> None:
         try:
-            send(index)
+            run_unit(unit, scheduled)
         finally:
             if slots:
                 slots.release()
 
-    def open_loop() -> None:
-        send_at = started
-        while (index := next_index()) is not None:
+    def open_loop_sender() -> None:
+        for unit, offset in offsets():
+            if next_unit() is None:
+                break
+            send_at = started + offset
             delay = send_at - time.perf_counter()
             if delay > 0 and stop.wait(delay):
                 break
             while slots and not slots.acquire(timeout=0.1):
                 if stop.is_set():
                     return
-            t = threading.Thread(target=open_loop_send, args=(index,), daemon=True)
+            t = threading.Thread(target=open_loop_send, args=(unit, send_at), daemon=True)
             t.start()
             threads.append(t)
-            send_at += rng.expovariate(config.rate)
 
     threads: list = []
     stopped: Optional[Stopped] = None
     cpu_before = time.process_time()
     with MetricsSampler(client, config.scrape_interval_s) as sampler:
-        started = time.perf_counter()
-        if config.rate is None:
+        started, started_unix = time.perf_counter(), time.time()
+        if not open_loop:
             threads = [threading.Thread(target=worker, daemon=True) for _ in range(config.concurrency or 1)]
         else:
-            threads = [threading.Thread(target=open_loop, daemon=True)]
+            threads = [threading.Thread(target=open_loop_sender, daemon=True)]
         for t in list(threads):
             t.start()
         try:
@@ -3568,12 +3701,15 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                              f"({refused[0]}); the report has every request sent")
     cpu = time.process_time() - cpu_before
     records.sort(key=lambda r: r.index)
-    result = summarize(records, slos=config.slos)
+    measured = [r for r in records if r.index >= config.warmup]
+    result = summarize(measured, slos=config.slos)
+    if config.warmup:
+        result["warmup_requests"] = len(records) - len(measured)
     result["cost"] = cost_report(config.price_per_hour, result["output_throughput"])
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
         result["server"]["problem"] = sampler.problem
-    result["timings"] = timings_report(records)
+    result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
     short = [r for r in records if r.error is None and config.ignore_eos and r.usage_seen
              and r.output_tokens < config.max_tokens]
@@ -3585,12 +3721,30 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "short_of_max_tokens": len(short),
         "short_finish_reasons": dict(Counter(r.finish_reason for r in short)),
         "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
+        **dispatch_report(records, result),
     }
+    if sizing is not None:
+        asked = [r for r in measured if r.asked_prompt_tokens and r.usage_seen and r.error is None]
+        result["prompt_sizing"] = {**sizing, "requests": len(asked),
+                                   "asked_prompt_tokens_mean": sum(r.asked_prompt_tokens for r in asked) / len(asked)
+                                   if asked else None,
+                                   "received_prompt_tokens_mean": sum(r.prompt_tokens for r in asked) / len(asked)
+                                   if asked else None}
+    timeline = measured_timeline(records, list(zip(sampler.times, sampler.scrapes)), started)
+    gauges = [row["running"] for row in timeline] if any(
+        any(name in scrape for name in RUNNING_GAUGES) for scrape in sampler.scrapes) else None
+    result["steady_state"] = steady_state(measured, gauges or running_each_second(measured), config.slos) \
+        if measured else None
+    if turns > 1:
+        result["turns"] = by_turn(measured)
     generated = result["server"].get("generated_tokens")
     result["server"]["client_output_tokens"] = result["total_output_tokens"]
     result["server"]["client_minus_server_tokens"] = None if generated is None else result["total_output_tokens"] - generated
-    shape = (f"poisson {config.rate:g} req/s" + (f", at most {config.concurrency} in flight" if config.concurrency else "")
-             if config.rate else f"closed loop {config.concurrency or 1} clients")
+    arrivals = RunSpec(rate=config.rate, ramp_up=config.ramp_up, burstiness=config.burstiness,
+                       concurrency=None if open_loop else config.concurrency or 1, turns=turns,
+                       think_time=config.think_time_s,
+                       trace=config.trace).arrivals() if not rows else f"trace arrivals ({config.trace.name})"
+    shape = arrivals + (f", at most {config.concurrency} in flight" if open_loop and config.concurrency else "")
     result["config"] = {
         "title": f"loadgen {model} at {client.url}  {len(records):,} requests  {shape}",
         "url": client.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
@@ -3599,9 +3753,15 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "prefix_words": config.prefix_words, "prompts_file": bool(config.prompts), "seed": config.seed,
         "run_id": config.run_id,
         "timeout_s": config.timeout_s, "request_timeout_s": config.request_timeout_s,
+        "burstiness": config.burstiness, "ramp_up": list(config.ramp_up) if config.ramp_up else None,
+        "trace": config.trace.name if config.trace else None, "time_scale": config.time_scale,
+        "turns": turns, "think_time_s": config.think_time_s, "warmup": config.warmup,
+        # The same moment on the wall clock and on the clock start_times use: merge lines up
+        # reports from several machines with it (their clocks synchronised, e.g. by NTP).
+        "started_unix": started_unix, "started_perf": started,
     }
     if config.timeline:
-        result["timeline"] = measured_timeline(records, list(zip(sampler.times, sampler.scrapes)), started)
+        result["timeline"] = timeline
     if stopped:
         result["stopped"] = stopped.message
     kinds = {error_kind(r.error) for r in records if r.error}
@@ -3609,6 +3769,21 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["hint"] = (f"this does not look like an OpenAI-compatible server: POST {client.url}/v1/chat/completions "
                           f"answered {', '.join(sorted(kinds))}; is --url the server's base address?")
     return result, records, stopped
+
+
+def dispatch_report(records: list[StreamRecord], result: dict) -> dict:
+    """Whether the client kept to its schedule: the rate it meant to offer, the rate completed,
+    and how late each scheduled send left (a thread's wake-up, a full --concurrency cap). Large
+    lags mean the client, not the server, set the pace."""
+    scheduled = sorted((r.scheduled_s, r.sent_s) for r in records if r.scheduled_s is not None and r.sent_s)
+    if len(scheduled) < 2:
+        return {}
+    span = scheduled[-1][0] - scheduled[0][0]
+    lag = distribution([(sent - at) * 1000 for at, sent in scheduled])
+    return {"offered_rate": (len(scheduled) - 1) / span if span > 0 else None,
+            "achieved_rate": result["request_throughput"],
+            "dispatch_lag_ms": {"mean": lag["mean"], "p50": lag["p50"], "p99": lag["p99"],
+                                "max": max((sent - at) * 1000 for at, sent in scheduled)}}
 
 
 # The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
@@ -4510,6 +4685,17 @@ def print_server(result: dict, w) -> None:
       f"finish reasons {client['finish_reasons']}"
       + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
          if client['requests_without_usage'] else "") + "\n")
+    if client.get("dispatch_lag_ms"):
+        lag = client["dispatch_lag_ms"]
+        w(f"{'':<12}offered {number(client['offered_rate'], 2)} req/s, completed {client['achieved_rate']:.2f} req/s; "
+          f"sends left their schedule late by p50 {lag['p50']:.1f} ms, p99 {lag['p99']:.1f} ms, max {lag['max']:.1f} ms\n")
+    sizing = result.get("prompt_sizing")
+    if sizing:
+        w(f"{'prompts':<12}" + (sizing["note"] if sizing.get("note") else
+                                f"{sizing['tokens_per_word']:.2f} tokens a word and {sizing['template_tokens']:.0f} "
+                                f"template tokens, measured by two probe requests")
+          + (f"; asked {number(sizing['asked_prompt_tokens_mean'])}, received {number(sizing['received_prompt_tokens_mean'])} "
+             f"prompt tokens a request" if sizing.get("asked_prompt_tokens_mean") is not None else "") + "\n")
     if client.get("short_of_max_tokens"):
         w(f"{'':<12}--ignore-eos was not honoured: {client['short_of_max_tokens']:,} answers were shorter than "
           f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "
@@ -5182,10 +5368,11 @@ def add_goodput_arg(p) -> None:
                         "(good requests/s) and goodput_share (default: off)")
 
 
-def add_price_arg(p, what: str = "per GPU, in place of the hardware preset's price") -> None:
+def add_price_arg(p, what: str = "per GPU, in place of the hardware preset's price",
+                  default: str = "the preset's on-demand price, see main.py presets") -> None:
     p.add_argument("--price-per-hour", type=real(0, 1e6), metavar="USD",
                    help=f"USD an hour {what}; reports gain $ an hour and $ per million output tokens "
-                        f"(default: the preset's on-demand price, see main.py presets)")
+                        f"(default: {default})")
 
 
 def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
@@ -5372,11 +5559,10 @@ def cmd_simulate(args) -> int:
     spec = spec_from_args(args)
     pictured = bool(args.timeline or args.plot)
     result = run(replace(spec, detailed=spec.detailed or pictured), Progress("simulate"), timeline=pictured)
-    if pictured:
-        write_timeline(args, result["config"]["title"], result.pop("timeline"))
-        if not spec.detailed:
-            for key in detailed_arrays([]):
-                result.pop(key, None)
+    timeline = result.pop("timeline", None)
+    if pictured and not spec.detailed:
+        for key in detailed_arrays([]):
+            result.pop(key, None)
     if result["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
     if args.json or args.detailed:
@@ -5385,6 +5571,8 @@ def cmd_simulate(args) -> int:
         out = io.StringIO()
         print_run(result, out)
         write_text(out.getvalue())
+    if pictured:        # after the report, so a failed write loses nothing
+        write_timeline(args, result["config"]["title"], timeline)
     return failed_exit([result])
 
 
@@ -5587,16 +5775,16 @@ def cmd_sweep(args) -> int:
         code = 143 if isinstance(e, Terminated) else 130
         stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(results)} of "
                                 f"{len(points)} points; the output holds the finished ones")
-    if args.plot and results:
-        where = "" if "hardware" in axes else f" on {spec.hardware.name}"
-        write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
-                                        + " x ".join(sweep_flag(a)[2:] for a in axes), axes, results))
     if args.json:
         write_json(results)
     elif args.csv:
         print_csv(results)
     elif axes == ["kv_link_gbs"] and not stopped and not any(r.get("does_not_fit") for r in results):
         write_text(colocation_verdict(results))
+    if args.plot and results:        # after the report, so a failed write loses nothing
+        where = "" if "hardware" in axes else f" on {spec.hardware.name}"
+        write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
+                                        + " x ".join(sweep_flag(a)[2:] for a in axes), axes, results))
     if stopped:
         raise stopped
     too_small = [r for r in results if r.get("does_not_fit")]
@@ -5659,8 +5847,12 @@ def search_grid(args) -> tuple[list[str], list[dict]]:
     return axes, points
 
 
+def load_text(load: float) -> str:
+    return f"{load:,.0f}" if load >= 1000 else f"{load:.4g}"
+
+
 def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
-    load = ("rate" if by == "rate" else "clients", lambda r: f"{r['load']:.4g}")
+    load = ("rate" if by == "rate" else "clients", lambda r: load_text(r["load"]))
     columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")] if trace and by == "rate" else [])
     columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
     columns += [("out tok/s", lambda r: number(r["output_throughput"])),
@@ -5721,41 +5913,56 @@ def cmd_search(args) -> int:
     ranked = cheapest_first(found) if target is not None else found
     report = {"slo": {name: bound for name, _, bound in slo.bounds}, "by": by, "target": target,
               "tolerance": args.tolerance if target is None else None, "deployments": ranked}
-    if args.plot and ranked:
-        write_file(args.plot, search_svg(report, axes, slo))
+    report["tried"] = f"{len(found)} of {len(points)}" if stopped else None
     chosen = next((item for item in ranked if item["best"]), None)
-    if stopped or not (args.json or args.csv):
-        write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target)))
-    if stopped:
-        raise stopped
-    if args.confirm and chosen:
+    confirmed = None
+    if args.confirm and chosen and not stopped:
+        if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
+            write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target)))
         deployment = sweep_point(spec, points[found.index(chosen)])
-        report["confirm"] = confirm(args, spec, deployment, chosen["best"]["load"], by)
-    elif args.confirm:
+        report["confirm"], confirmed = confirm(args, spec, deployment, chosen["best"]["load"], by)
+    elif args.confirm and not stopped:
         sys.stderr.write("servesim: nothing met the slo, so --confirm has no load to send\n")
     if args.json:
         write_json(report)
     elif args.csv:
         print_csv([{"deployment": item["settings"], "probe": {k: v for k, v in p.items() if k != "misses"},
-                    "verdict": "; ".join(p["misses"]) or "meets"} for item in ranked for p in item["probes"]])
+                    "verdict": "; ".join(p["misses"]) or "meets"} for item in ranked for p in item["probes"]]
+                  + [{"deployment": item["settings"], "verdict": "does not fit: " + item["does_not_fit"]}
+                     for item in ranked if item.get("does_not_fit")])
     elif report.get("confirm"):
         out = io.StringIO()
         done = report["confirm"]
         if done.get("rows"):
             print_compared(done["title"], done["rows"], out.write)
-        else:
-            out.write(f"confirm: stopped early: {done['stopped']}\n")
         write_text(out.getvalue())
-    if report.get("confirm") and (report["confirm"].get("stopped") or report["confirm"]["measured"]["failed"]):
-        return 1
-    if all(item.get("does_not_fit") for item in ranked):
-        return 1
-    return 0
+    elif not (args.confirm and chosen and not stopped):
+        write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target, report["tried"])))
+    if args.plot and ranked:           # after the report, so a failed write loses nothing
+        write_file(args.plot, search_svg(report, axes, slo))
+    if stopped:
+        raise stopped
+    if confirmed:
+        raise confirmed
+    unfit = [item for item in ranked if item.get("does_not_fit")]
+    if unfit:
+        sys.stderr.write(f"servesim: {len(unfit)} of {len(ranked)} deployments do not fit ({unfit[0]['does_not_fit']})\n")
+    if report.get("confirm"):
+        measured = report["confirm"]["measured"]
+        if measured["failed"]:
+            kinds = ", ".join(f"{n:,} x {kind}" for kind, n in Counter(measured["errors_by_kind"]).most_common(3))
+            sys.stderr.write(f"servesim: {measured['failed']:,} of {measured['completed'] + measured['failed']:,} "
+                             f"confirm requests failed ({kinds})\n")
+            return 1
+    return 1 if len(unfit) == len(ranked) else 0
 
 
 def confirm_config(args, spec: RunSpec) -> None:
     """--confirm sends what the search simulated; refuse what loadgen cannot send, before searching."""
-    split_url(args.confirm)
+    try:
+        split_url(args.confirm)
+    except UserError as e:
+        raise UserError(str(e).replace("--url", "--confirm")) from None
     if spec.trace:
         raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
     if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
@@ -5764,29 +5971,29 @@ def confirm_config(args, spec: RunSpec) -> None:
         raise UserError("--confirm sends one shared prefix: drop --num-prefixes")
 
 
-def confirm(args, spec: RunSpec, deployment: RunSpec, load: float, by: str) -> dict:
+def confirm(args, spec: RunSpec, deployment: RunSpec, load: float, by: str) -> tuple[dict, Optional[Stopped]]:
     """One short loadgen at the load the search chose, simulated again on its own send times and
     lengths: measured against predicted."""
     config = LoadConfig(url=args.confirm, requests=args.confirm_requests, rate=load if by == "rate" else None,
                         concurrency=int(load) if by == "concurrency" else None, max_tokens=spec.output_tokens.low,
                         ignore_eos=True, prompt_words=spec.prompt_tokens.low, prefix_words=spec.prefix_tokens,
-                        seed=spec.seed, slos=dict(spec.goodput) or None,
-                        api_key=os.environ.get("OPENAI_API_KEY"))
+                        seed=spec.seed, slos=dict(spec.goodput) or None, size_prompts=True,
+                        timeout_s=args.timeout, api_key=os.environ.get("OPENAI_API_KEY"))
     result, records, stopped = run_load(config, Progress("confirm"))
     found = {"url": redact_url(args.confirm), "load": load, "by": by, "measured": result}
     if stopped:
-        found["stopped"] = str(stopped)
-        return found
+        found["stopped"] = stopped.message
+        return found, stopped
     measured = run_from_report({**result, **detailed_arrays(records)}, "the confirm run")
     predicted = simulate_measured(measured, deployment)
     found["rows"] = side_by_side(result, predicted)
     found["title"] = (f"confirm: {len(records):,} requests to {redact_url(args.confirm)} at {by} {load:g}, "
                       f"measured against servesim on the same send times and lengths")
-    return found
+    return found, None
 
 
 def search_text(spec: RunSpec, args, axes: list[str], found: list[dict], slo: Slo, by: str,
-                target: Optional[float]) -> list[str]:
+                target: Optional[float], tried: Optional[str] = None) -> list[str]:
     workload = (f"trace {args.trace}" if args.trace else
                 f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  output {spec.output_tokens}"
                 + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
@@ -5806,13 +6013,14 @@ def search_text(spec: RunSpec, args, axes: list[str], found: list[dict], slo: Sl
             named = "  ".join(f"{sweep_flag(a)[2:]} {sweep_label(a, best[0]['settings'][a])}" for a in axes)
             price = (f": ${cost['usd_per_hour']:,.2f} an hour, ${number(cost.get('usd_per_million_output_tokens'), 3)} "
                      f"per million output tokens" if cost else " (no price: give --price-per-hour)")
-            lines.append(f"cheapest that meets the slo at {target:g} {unit}: " + (named or "the one tried") + price)
+            among = f" among the {tried} deployments tried before the stop" if tried else ""
+            lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
         return lines
     if len(found) > 1:
-        summary = [(f"highest {by}", lambda r: f"{r['load']:.4g}")] + columns[1 + bool(spec.trace and by == "rate"):-1]
+        summary = [(f"highest {by}", lambda r: load_text(r["load"]))] + columns[1 + bool(spec.trace and by == "rate"):-1]
         lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary, probes=False)
         lines.append("")
     lines += search_table(axes, found, columns, probes=True)
@@ -5835,17 +6043,38 @@ def search_text(spec: RunSpec, args, axes: list[str], found: list[dict], slo: Sl
 def cmd_loadgen(args) -> int:
     if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
         raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
+    if args.trace and (args.prompts or args.prompt_tokens is not None or args.prefix_tokens or args.rate or
+                       args.turns > 1 or args.max_tokens != 64):
+        raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
+                        "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
+    if args.time_scale != 1 and not args.trace:
+        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
+    if args.think_time and args.turns == 1:
+        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if args.turns > 1 and args.prompts:
+        raise UserError("--turns builds the conversation from generated messages; drop --prompts")
+    if args.ramp_up_strategy and args.requests is None:
+        raise UserError("a ramp runs over a number of requests: add --requests N")
+    trace = read_trace(args.trace, args.trace_format) if args.trace else None
+    for note in trace.notes if trace else ():
+        sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
+    arrivals = arrival_spec(args)
+    requests = None if args.duration and args.requests is None else (args.requests or (len(trace.rows) if trace else 64))
+    if args.warmup and requests is not None and args.warmup >= requests:
+        raise UserError(f"--warmup {args.warmup:,} leaves no request to measure: send more --requests")
     config = LoadConfig(
-        url=args.url, model=args.model,
-        requests=None if args.duration and args.requests is None else (args.requests or 64),
-        concurrency=args.concurrency or (None if args.rate else 1), rate=args.rate,
+        url=args.url, model=args.model, requests=requests,
+        concurrency=args.concurrency or (None if args.rate or trace or arrivals["ramp_up"] else 1), rate=args.rate,
         duration_s=args.duration, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
         prompt_words=args.prompt_tokens or 40, prefix_words=args.prefix_tokens,
         prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
         timeout_s=args.timeout, request_timeout_s=args.request_timeout, scrape_interval_s=args.scrape_interval,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
         slos=dict(args.goodput) if args.goodput else None, price_per_hour=args.price_per_hour,
-        timeline=bool(args.timeline or args.plot))
+        timeline=bool(args.timeline or args.plot), trace=trace, time_scale=args.time_scale,
+        turns=args.turns, think_time_s=args.think_time, warmup=args.warmup,
+        size_prompts=not args.no_size_prompts and (args.prompt_tokens is not None or bool(args.prefix_tokens) or bool(trace)),
+        **arrivals)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
             check_writable(path, flag)
@@ -5854,8 +6083,7 @@ def cmd_loadgen(args) -> int:
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
     result, records, stopped = run_load(config, Progress("loadgen"))
-    if config.timeline:
-        write_timeline(args, result["config"]["title"], result.pop("timeline"))
+    timeline = result.pop("timeline", None)
     arrays = detailed_arrays(records)
     if args.simulate and not stopped:
         client = Http(config.url, config.timeout_s, config.api_key)
@@ -5876,6 +6104,8 @@ def cmd_loadgen(args) -> int:
         if result.get("side_by_side"):
             print_side_by_side(result["side_by_side"], out.write)
         write_text(out.getvalue())
+    if timeline is not None:      # after the report, so a failed write loses nothing measured
+        write_timeline(args, result["config"]["title"], timeline)
     if stopped:
         raise stopped
     return failed_exit([result])
@@ -5914,6 +6144,53 @@ def compare_spec(measured: MeasuredRun, args) -> RunSpec:
     return RunSpec(hardware=hardware, model=load_preset("model", model_name, MODELS, ModelSpec),
                    cost_model=args.cost_model, goodput=tuple(args.goodput or ()),
                    price_per_hour=args.price_per_hour, **settings)
+
+
+def cmd_merge(args) -> int:
+    """Several loadgen --detailed reports (one per client machine) as one run: every request on
+    one clock, percentiles recomputed, throughput over the union of the windows."""
+    parts = []
+    for path in args.reports:
+        report = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --detailed reports")
+        if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
+            raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
+        measured = run_from_report(report, path)
+        config, starts = report.get("config") or {}, report.get("start_times") or []
+        number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        anchor = (config["started_unix"] + min(starts) - config["started_perf"]
+                  if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
+        parts.append((path, measured, anchor))
+    on_wall_clock = all(anchor is not None for _, _, anchor in parts)
+    base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
+    if not on_wall_clock:
+        sys.stderr.write("servesim: not every report says when it started on the wall clock (vllm bench results "
+                         "do not); each one's first request is put at 0\n")
+    requests, windows = [], []
+    for path, measured, anchor in parts:
+        shift = anchor - base if on_wall_clock else 0.0
+        for r in measured.requests:
+            request = measured_request(len(requests), r.sent_s + shift,
+                                       None if r.first_token_s is None else r.first_token_s + shift,
+                                       None if r.last_token_s is None else r.last_token_s + shift,
+                                       r.prompt_tokens, r.output_tokens, r.error)
+            request.token_times = [t + shift for t in r.token_times] if r.token_times else None
+            requests.append(request)
+        ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
+        windows.append((shift, shift + max(ends, default=0.0)))
+    if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):
+        sys.stderr.write("servesim: these runs did not all overlap in time; throughput is over the union of their "
+                         "windows\n")
+    result = summarize(requests, slos=dict(args.goodput) if args.goodput else None)
+    result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
+                        "reports": list(args.reports), "requests_each": [len(m.requests) for _, m, _ in parts],
+                        "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
+    if args.json or args.detailed:
+        write_json({**result, **detailed_arrays(requests)} if args.detailed else result)
+    else:
+        out = io.StringIO()
+        print_run(result, out)
+        write_text(out.getvalue())
+    return failed_exit([result])
 
 
 def cmd_compare(args) -> int:
@@ -6143,6 +6420,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "print measured against servesim on the same send times (default: off)")
     g.add_argument("--confirm-requests", type=whole(1, MAX_REQUESTS), default=64, metavar="N",
                    help="requests in the --confirm run (default: %(default)s)")
+    g.add_argument("--timeout", type=real(0, 86400), default=120.0, metavar="SECONDS",
+                   help="in the --confirm run, the longest wait for a stream's next event before the request "
+                        "counts as failed (default: %(default)s)")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.svg",
                      help="draw the probes (load against the first SLO metric) or the deployments (cost against it, "
@@ -6184,10 +6464,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true",
                    help="ask the server to generate exactly --max-tokens tokens (llama.cpp, vLLM and SGLang "
                         "accept ignore_eos) (default: off)")
-    g.add_argument("--prompt-tokens", type=whole(1, 10**6), metavar="WORDS",
-                   help="a distinct prompt of about this many tokens (common words) per request (default: 40)")
-    g.add_argument("--prefix-tokens", type=whole(1, 10**6), default=0, metavar="WORDS",
-                   help="a shared system prompt of about this many tokens, the same for every request (default: none)")
+    g.add_argument("--prompt-tokens", type=whole(1, 10**6), metavar="TOKENS",
+                   help="a distinct prompt of this many tokens per request, in common words sized by the server's "
+                        "own token counts for two probe prompts sent first (default: 40)")
+    g.add_argument("--prefix-tokens", type=whole(1, 10**6), default=0, metavar="TOKENS",
+                   help="a shared system prompt of this many tokens, the same for every request (default: none)")
+    g.add_argument("--no-size-prompts", action="store_true",
+                   help="skip the probe and send one word per token asked (default: probe)")
+    add_arrival_args(g)
+    g.add_argument("--trace", metavar="FILE",
+                   help="replay a trace (any --trace-format): each request at its time (x --time-scale), its "
+                        "prompt built so equal content runs (hash ids, system prompts) are equal text and others "
+                        "differ, max_tokens its output length with ignore_eos (default: off)")
+    g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
+                   help="how to read --trace (default: %(default)s, told from the first line)")
+    g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
+                   help="multiply the trace's send times by X (default: %(default)s)")
+    g.add_argument("--turns", type=whole(1, 10_000), default=1, metavar="N",
+                   help="conversations of N requests: each turn sends the earlier messages and the server's own "
+                        "replies, plus a new --prompt-tokens message; --requests counts requests (default: 1)")
+    g.add_argument("--think-time", type=real(0, 86_400, above_low=False), default=0.0, metavar="S",
+                   help="seconds between a reply's end and the next turn (default: %(default)s)")
+    g.add_argument("--warmup", type=whole(0, MAX_REQUESTS), default=0, metavar="N",
+                   help="the first N requests are sent but left out of the metrics (default: %(default)s)")
     g.add_argument("--prompts", metavar="FILE",
                    help="your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
                         "used in turn (default: generated prompts)")
@@ -6197,11 +6496,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "llama.cpp's slots and context from /props) and print both side by side (default: off)")
     g = p.add_argument_group("SLOs and cost")
     add_goodput_arg(g)
-    add_price_arg(g, "for the server measured, all its GPUs together")
+    add_price_arg(g, "for the server measured, all its GPUs together", default="no cost")
     add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
     add_picture_args(p, "the server (its /metrics gauges, sampled every --scrape-interval, and the client's own "
                         "token events)")
     p.set_defaults(func=cmd_loadgen)
+
+    p = sub.add_parser("merge", help="combine loadgen --detailed reports from several client machines into one",
+                       description="Put every request of several loadgen --detailed reports on one clock (each report "
+                                   "says when it started on the wall clock; keep the machines' clocks synchronised), "
+                                   "recompute the percentiles over all of them, and give throughput over the union "
+                                   "of their windows: a load one machine cannot drive. Exit 1 if any request failed.")
+    p.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --detailed reports (or vllm bench serve "
+                                                                "--save-detailed results, put side by side at 0)")
+    add_goodput_arg(p)
+    add_report_args(p, "one JSON object with vllm bench serve's keys")
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("compare", help="simulate a measured run's exact shape and print both side by side",
                        description="Read a measured run (a directory or requests.jsonl of vLLM's per-request stats with "

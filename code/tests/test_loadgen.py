@@ -265,7 +265,10 @@ class Requests(unittest.TestCase):
     def test_the_request_body_asks_for_a_stream_with_usage_and_ignore_eos(self):
         with FakeServer(paced(tokens=2)) as server:
             loadgen(server, "--requests", 3, "--max-tokens", 7, "--ignore-eos", "--prefix-tokens", 20)
-            bodies = server.bodies
+            probes = [b for b in server.bodies if b["max_tokens"] == 1]
+            bodies = [b for b in server.bodies if b["max_tokens"] != 1]
+        # Two probes first, to size prompts in tokens; this server's usage is constant, so it cannot.
+        self.assertEqual(len(probes), 2)
         body = bodies[0]
         self.assertEqual(body["model"], "fake-model")          # the first id of /v1/models
         self.assertTrue(body["stream"])
