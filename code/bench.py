@@ -8,6 +8,8 @@
 3. A sweep with --jobs 1 and --jobs N.
 4. A 100-deployment search (5 GPUs x TP 1/2 x 5 --max-num-seqs x 2 token budgets) of 2,000-request
    simulations at 20 requests/s, against one of its simulations: the target is under a minute.
+5. loadgen's dispatch lag at 50 requests/s against the scripted test server (code/tests/fake_server.py):
+   how late each send left its schedule; the target is under 5 ms.
 
 Run: python3 code/bench.py   (figures, not a test: they depend on the machine)"""
 import os
@@ -87,4 +89,14 @@ meets = sum(1 for item in found if item["best"])
 print(f"search of {len(points)} deployments x 2,000 requests at 20 req/s, --jobs {jobs}: {search_s:.1f} s "
       f"({search_s / one_s:.0f}x one simulation of {one_s:.2f} s; target under 60 s: "
       f"{'met' if search_s < 60 else 'NOT met'}); {meets} meet the slo")
+
+print()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+from fake_server import FakeServer, paced  # noqa: E402
+with FakeServer(paced(ttft=0.02, gap=0.005, tokens=16)) as server:
+    result, _, _ = main.run_load(main.LoadConfig(url=server.url, rate=50, requests=1000, max_tokens=16))
+lag = result["client"]["dispatch_lag_ms"]
+print(f"loadgen at 50 req/s, 1,000 requests: offered {result['client']['offered_rate']:.1f} req/s, dispatch lag "
+      f"p50 {lag['p50']:.2f} ms, p99 {lag['p99']:.2f} ms, max {lag['max']:.2f} ms (target under 5 ms: "
+      f"{'met' if lag['p99'] < 5 else 'NOT met'} at p99)")
 print(f"python {sys.version.split()[0]}, {jobs} cores")

@@ -5697,6 +5697,7 @@ def settings_line(spec: RunSpec, axes: list[str]) -> str:
     what the title already says (hardware, model, workload)."""
     shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
              "num_prefixes", "detailed", "engine", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
+             "turns", "think_time", "burstiness", "ramp_up",         # the arrivals in the title say these
              *(("batching", "kv_layout") if "compare" in axes else ())}
     shown |= {"rate", "concurrency"}        # the workload in the title says them
     default, words = RunSpec(), []

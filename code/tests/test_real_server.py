@@ -167,5 +167,39 @@ class CalibrateOnARealServer(unittest.TestCase):
         self.assertLess(abs(tpot), 0.25)
 
 
+
+class TraceReplayOnARealServer(unittest.TestCase):
+    def write_trace(self, name, shared):
+        """Eight Mooncake-format requests of two 512-token blocks, a second apart. With `shared`,
+        every one starts with block 0 (a common system prompt); else every block is its own."""
+        path = os.path.join(state["tmp"].name, name)
+        with open(path, "w") as f:
+            for i in range(8):
+                ids = [0, 100 + i] if shared else [200 + 2 * i, 201 + 2 * i]
+                f.write(json.dumps({"timestamp": 1000 * i, "input_length": 700, "output_length": 4,
+                                    "hash_ids": ids}) + "\n")
+        return path
+
+    def test_shared_hash_ids_hit_the_servers_cache_as_they_do_servesims(self):
+        cached, simulated = {}, {}
+        for shared in (True, False):
+            path = self.write_trace(f"trace-{shared}.jsonl", shared)
+            code, out, err = run_cli("loadgen", "--url", state["url"], "--trace", path, "--time-scale", "0.5",
+                                     "--json", timeout=600)
+            self.assertEqual(code, 0, err[-500:])
+            report = json.loads(out)
+            cached[shared] = report["timings"]["cache_n"]
+            code, out, err = run_cli("simulate", "--trace", path, "--prefix-caching", "--hardware", "cpu-4vcpu",
+                                     "--model", "smollm2-135m-q8_0", "--kv-tokens", CONTEXT, "--max-num-seqs",
+                                     SLOTS, "--json")
+            self.assertEqual(code, 0, err[-500:])
+            simulated[shared] = json.loads(out)["engine"]["prefix_hit_rate"]
+        print(f"\n  llama.cpp cached prompt tokens: shared block 0 {cached[True]:,}, none shared {cached[False]:,}; "
+              f"servesim's prefix hit rate {simulated[True]:.1%} vs {simulated[False]:.1%}", file=sys.stderr)
+        # Seven of the eight requests can reuse the first block's ~512 tokens.
+        self.assertGreater(cached[True], cached[False] + 7 * 300)
+        self.assertGreater(simulated[True], simulated[False] + 0.4)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,306 @@
+"""Production-shaped load: arrivals (burstiness, ramps), content-addressed prefixes, multi-turn
+conversations, trace formats, warm-up and steady state, loadgen's replay and merge. Rules are
+checked on cases small enough to work out independently of the simulator."""
+import json
+import math
+import os
+import random
+import statistics
+import tempfile
+import unittest
+
+from helpers import FIXTURES, call_cli, main
+from fake_server import FakeServer, paced
+
+TRACES = os.path.join(FIXTURES, "traces")
+MOONCAKE = os.path.join(TRACES, "mooncake_synthetic_300.jsonl")
+AZURE = os.path.join(TRACES, "azure_conv_2023_300.csv")
+
+
+class Arrivals(unittest.TestCase):
+    def gaps(self, burstiness, rate=10.0, n=20000):
+        times = main.arrival_times(n, random.Random(1), rate, burstiness)
+        return [b - a for a, b in zip(times, times[1:])]
+
+    def test_burstiness_keeps_the_mean_rate_and_sets_the_spread(self):
+        for burstiness in (0.5, 1.0, 4.0):
+            gaps = self.gaps(burstiness)
+            mean = statistics.fmean(gaps)
+            cv = statistics.pstdev(gaps) / mean
+            self.assertAlmostEqual(mean, 0.1, delta=0.003, msg=burstiness)             # 10 requests/s
+            self.assertAlmostEqual(cv, 1 / math.sqrt(burstiness), delta=0.04, msg=burstiness)
+
+    def test_poisson_is_unchanged_by_the_gamma_path(self):
+        # Burstiness 1 draws exponential gaps, as every earlier run did: same seed, same times.
+        rng = random.Random(3)
+        expected, clock = [], 0.0
+        for _ in range(50):
+            expected.append(clock)
+            clock += rng.expovariate(4.0)
+        self.assertEqual(main.arrival_times(50, random.Random(3), 4.0), expected)
+
+    def test_a_linear_ramp_goes_from_start_to_end_rate_by_request(self):
+        times = main.arrival_times(4001, random.Random(2), None, 1.0, ("linear", 2.0, 40.0))
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        # The gap before request i is drawn at 2 + 38 i / 4000 requests/s.
+        self.assertAlmostEqual(statistics.fmean(gaps[-400:]), statistics.fmean(
+            1 / (2 + 38 * i / 4000) for i in range(3601, 4001)), delta=0.003)
+        self.assertAlmostEqual(statistics.fmean(gaps[:400]), statistics.fmean(
+            1 / (2 + 38 * i / 4000) for i in range(1, 401)), delta=0.03)
+
+    def test_bad_arrival_flags_are_one_line(self):
+        cases = [(("simulate", "--burstiness", "0.5"), "add --rate"),
+                 (("simulate", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"), "needs all three"),
+                 (("simulate", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "9", "--ramp-up-end-rps", "2"),
+                  "must not exceed"),
+                 (("simulate", "--rate", "3", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1",
+                   "--ramp-up-end-rps", "2"), "drop --rate"),
+                 (("simulate", "--rate", "3", "--burstiness", "0"), "--burstiness"),
+                 (("simulate", "--think-time", "2"), "add --turns"),
+                 (("simulate", "--requests", "10", "--warmup", "10"), "leaves no request"),
+                 (("simulate", "--trace", MOONCAKE, "--turns", "3"), "brings its own"),
+                 (("loadgen", "--trace", MOONCAKE, "--rate", "3"), "brings its own")]
+        for args, words in cases:
+            code, _, err = call_cli(*args)
+            self.assertEqual(code, 2, args)
+            self.assertIn(words, err, args)
+            self.assertEqual(len(err.strip().splitlines()), 1, args)
+
+
+class ContentAddressedPrefixes(unittest.TestCase):
+    def test_mooncake_hash_ids_hit_as_their_shared_runs_imply(self):
+        # The fixture's requests that share hash ids with an earlier one, and those earlier ones,
+        # spread out so each runs alone in a cache that holds them all: a request hits exactly the
+        # full 16-token blocks of its longest run of hash ids (of equal lengths) shared with an
+        # earlier request, short of its last token.
+        with open(MOONCAKE) as f:
+            every = [json.loads(line) for line in f]
+        rows = [every[i] for i in (1, 3, 15, 42, 49, 57, 58, 61, 74, 87, 90, 104, 121, 123, 137)]
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "t.jsonl")
+            with open(path, "w") as f:
+                for i, row in enumerate(rows):
+                    f.write(json.dumps({**row, "timestamp": i * 600_000, "output_length": 2}) + "\n")
+            trace = main.read_trace(path)
+            result = main.run(main.RunSpec(trace=trace, prefix_caching=True, max_model_len=200_000,
+                                           hardware=main.HARDWARE["h200-141gb"], detailed=True))
+        self.assertEqual(result["engine"]["evictions"], 0)
+        hits = queries = 0
+        for i, row in enumerate(rows):
+            runs = [(h, min(512, row["input_length"] - 512 * k)) for k, h in enumerate(row["hash_ids"])]
+            best = 0
+            for earlier in rows[:i]:
+                theirs = [(h, min(512, earlier["input_length"] - 512 * k)) for k, h in enumerate(earlier["hash_ids"])]
+                shared = 0
+                for (a, la), (b, lb) in zip(runs, theirs):
+                    if a != b:
+                        break
+                    shared += min(la, lb)
+                    if la != lb:
+                        break
+                best = max(best, shared)
+            hits += min(best, row["input_length"] - 1) // 16 * 16
+            queries += row["input_length"]
+        self.assertGreater(hits, 0)
+        self.assertAlmostEqual(result["engine"]["prefix_hit_rate"], hits / queries, places=12)
+
+    def test_a_named_system_prompt_is_one_run_and_keeps_its_results(self):
+        a = main.Request(0, 100, 5, content=(("sys", 64),))
+        b = main.Request(1, 90, 5, content=(("sys", 64),))
+        self.assertEqual([main.block_key(a, i, 16) for i in range(4)], [main.block_key(b, i, 16) for i in range(4)])
+        self.assertNotEqual(main.block_key(a, 4, 16), main.block_key(b, 4, 16))      # past the prompt: their own
+
+
+class Conversations(unittest.TestCase):
+    def test_each_turn_carries_the_history_and_hits_more_of_it(self):
+        result = main.run(main.RunSpec(turns=4, think_time=1.5, rate=1, requests=200, prefix_caching=True,
+                                       prompt_tokens=main.TokenRange(100, 200), output_tokens=main.TokenRange(50, 100),
+                                       detailed=True))
+        turns = result["turns"]
+        self.assertEqual([t["turn"] for t in turns], [1, 2, 3, 4])
+        self.assertEqual(turns[0]["prefix_hit_rate"], 0.0)
+        rates = [t["prefix_hit_rate"] for t in turns]
+        self.assertEqual(rates, sorted(rates))
+        self.assertGreater(rates[3], 0.7)
+        prompts = [t["mean_prompt_tokens"] for t in turns]
+        self.assertEqual(prompts, sorted(prompts))
+
+    def test_the_next_turn_is_sent_think_time_after_the_last_answer(self):
+        spec = main.RunSpec(turns=3, think_time=2.0, rate=0.5, requests=30, prompt_tokens=main.TokenRange(50, 60),
+                            output_tokens=main.TokenRange(10, 20))
+        engines, _ = main.build_engines(spec)
+        requests = main.make_requests(spec)
+        main.simulate(engines, requests, spec.clients())
+        for r in requests:
+            if r.next_turn:
+                self.assertAlmostEqual(r.next_turn.sent_s, r.last_token_s + 2.0, places=9)
+                history = sum(tokens for _, tokens in r.content)
+                self.assertEqual(r.next_turn.prompt_tokens - r.next_turn.content[-2][1], history)
+
+    def test_a_failed_turn_stops_its_conversation_and_says_so(self):
+        result = main.run(main.RunSpec(turns=5, concurrency=2, requests=10, max_model_len=600,
+                                       prompt_tokens=main.TokenRange(150, 150), output_tokens=main.TokenRange(20, 20)))
+        self.assertEqual(result["completed"] + result["failed"], 10)
+        self.assertIn("conversation stopped", result["errors_by_kind"])
+
+
+class TraceFormats(unittest.TestCase):
+    def write(self, name, text):
+        folder = tempfile.mkdtemp()
+        self.addCleanup(lambda: [os.remove(os.path.join(folder, f)) for f in os.listdir(folder)] and os.rmdir(folder))
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_each_format_is_told_and_read(self):
+        mooncake = main.read_trace(MOONCAKE)
+        self.assertEqual((mooncake.format, len(mooncake.rows)), ("mooncake", 300))
+        with open(MOONCAKE) as f:
+            first = json.loads(f.readline())
+        self.assertEqual(mooncake.rows[0][:3], (first["timestamp"] / 1000, first["input_length"], first["output_length"]))
+        azure = main.read_trace(AZURE)
+        self.assertEqual((azure.format, len(azure.rows), azure.rows[0][0]), ("azure", 300, 0.0))
+        # 2023-11-16 18:15:46.6805900 then 18:15:50.9951690: 4.314579 s apart, to the 100 ns tick.
+        self.assertAlmostEqual(azure.rows[1][0], 4.314579, places=6)
+        burst = main.read_trace(self.write("b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,"
+                                                    "Log Type\n5,ChatGPT,472,18,490,Conversation log\n"
+                                                    "45,GPT-4,1087,0,1087,API log\n"))
+        self.assertEqual((burst.format, burst.rows, len(burst.notes)), ("burstgpt", ((5.0, 472, 18, ()),), 1))
+        bailian = main.read_trace(self.write("q.jsonl", json.dumps(
+            {"chat_id": 1, "parent_chat_id": -1, "timestamp": 2.5, "input_length": 40, "output_length": 7,
+             "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}) + "\n"))
+        self.assertEqual(bailian.format, "bailian")
+        self.assertEqual(bailian.rows[0][3], ((("hash", 1), 16), (("hash", 2), 16), (("hash", 3), 8)))
+
+    def test_a_vllm_bench_result_replays_its_starts_and_lengths(self):
+        code, out, err = call_cli("simulate", "--requests", "20", "--rate", "5", "--detailed")
+        report = json.loads(out)
+        trace = main.read_trace(self.write("v.json", json.dumps(report, indent=1)))
+        self.assertEqual(trace.format, "vllm-bench")
+        self.assertEqual([r[1] for r in trace.rows], report["input_lens"])
+        self.assertEqual([round(r[0], 9) for r in trace.rows],
+                         [round(t - min(report["start_times"]), 9) for t in report["start_times"]])
+
+    def test_bad_lines_name_the_file_line_and_field(self):
+        cases = [('{"timestamp": 1, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n', "2 hash_ids? ", "line 1"),
+                 ('{"timestamp": 1, "input_length": 600, "output_length": 2}\n', "'hash_ids'", "line 1"),
+                 ('{"timestamp": -5, "input_length": 6, "output_length": 2, "hash_ids": [1]}\n', "'timestamp'", "line 1"),
+                 ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,5,1\nyesterday,5,1\n", "TIMESTAMP", "line 3"),
+                 ("TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n", "'GeneratedTokens'", "trace"),
+                 ("Timestamp,Model,Request tokens,Response tokens\n5,x,many,3\n", "'Request tokens'", "line 2")]
+        for text, field, where in cases:
+            path = self.write("t.jsonl" if text.startswith("{") else "t.csv", text)
+            code, _, err = call_cli("simulate", "--trace", path)
+            self.assertEqual(code, 2, text)
+            self.assertIn(where, err)
+            self.assertIn(field.split("?")[0].strip(), err) if "?" not in field else self.assertIn("hash_ids", err)
+            self.assertEqual(len(err.strip().splitlines()), 1)
+
+    def test_time_scale_multiplies_the_send_times(self):
+        trace = main.read_trace(AZURE)
+        slow = main.make_requests(main.RunSpec(trace=trace))
+        fast = main.make_requests(main.RunSpec(trace=trace, time_scale=0.25))
+        self.assertEqual([r.sent_s * 0.25 for r in slow], [r.sent_s for r in fast])
+
+
+class WarmupAndSteadyState(unittest.TestCase):
+    def test_warmup_requests_leave_every_figure(self):
+        full = main.run(main.RunSpec(concurrency=8, requests=100))
+        warm = main.run(main.RunSpec(concurrency=8, requests=100, warmup=20))
+        self.assertEqual((warm["completed"], warm["warmup_requests"]), (80, 20))
+        self.assertNotEqual(warm["median_ttft_ms"], full["median_ttft_ms"])
+
+    def test_a_closed_loop_plateaus_at_its_clients(self):
+        steady = main.run(main.RunSpec(concurrency=64, requests=2000))["steady_state"]
+        self.assertEqual(steady["plateau_running"], 64)
+        self.assertLess(steady["start_s"], 3)
+        self.assertGreater(steady["completed"], 1500)
+
+    def test_the_window_is_where_running_is_near_its_plateau(self):
+        running = [1, 2, 10, 10, 9, 10, 11, 10, 10, 3, 1]
+        requests = [main.Request(i, 10, 10, sent_s=float(i)) for i in range(11)]
+        for r in requests:
+            r.first_token_s, r.last_token_s, r.queue_s = r.sent_s + 0.1, r.sent_s + 0.5, 0.0
+        window = main.steady_state(requests, running)
+        self.assertEqual((window["start_s"], window["end_s"], window["plateau_running"]), (2.0, 9.0, 10))
+
+
+class LoadgenReplay(unittest.TestCase):
+    def test_equal_hash_ids_are_equal_text_and_others_differ(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "t.jsonl")
+            with open(path, "w") as f:
+                for i, ids in enumerate(([7, 8], [7, 9], [5, 6])):
+                    f.write(json.dumps({"timestamp": 20 * i, "input_length": 1000, "output_length": 3,
+                                        "hash_ids": ids}) + "\n")
+            with FakeServer(paced(tokens=3)) as server:
+                code, out, err = call_cli("loadgen", "--url", server.url, "--trace", path, "--no-size-prompts", "--json")
+                bodies = [b for b in server.bodies if b["max_tokens"] != 1]
+        self.assertEqual(code, 0, err)
+        texts = [b["messages"][0]["content"].split() for b in sorted(bodies, key=lambda b: len(b["messages"][0]["content"]))]
+        words = {len(t) for t in texts}
+        self.assertEqual(words, {512 + 488})                              # one word a token, without the probe
+        by_first = sorted(texts, key=lambda t: t[0])
+        firsts = [t[:512] for t in texts]
+        self.assertEqual(sum(firsts.count(f) for f in firsts), 3 + 2)     # two share block 7's text, one does not
+        self.assertTrue(all(b["max_tokens"] == 3 and b["ignore_eos"] for b in bodies))
+        self.assertTrue(by_first)
+
+    def test_a_conversation_carries_the_servers_replies(self):
+        with FakeServer(paced(tokens=4)) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--turns", "3", "--requests", "6",
+                                      "--concurrency", "2", "--json")
+            bodies = list(server.bodies)
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        self.assertEqual([t["requests"] for t in report["turns"]], [2, 2, 2])
+        third = [b for b in bodies if len(b["messages"]) == 5]
+        self.assertEqual(len(third), 2)
+        self.assertEqual([m["role"] for m in third[0]["messages"]], ["user", "assistant", "user", "assistant", "user"])
+        self.assertEqual(third[0]["messages"][1]["content"].split(), ["tok"] * 4)    # the fake server's reply
+
+    def test_an_open_loop_reports_its_offered_rate_and_dispatch_lag(self):
+        with FakeServer(paced(ttft=0.01, gap=0.002, tokens=3)) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "50", "--requests", "100",
+                                      "--warmup", "10", "--json")
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        client = report["client"]
+        self.assertAlmostEqual(client["offered_rate"], 50, delta=15)
+        self.assertGreaterEqual(client["dispatch_lag_ms"]["p50"], 0)
+        self.assertEqual((report["completed"], report["warmup_requests"]), (90, 10))
+
+
+class Merge(unittest.TestCase):
+    def test_reports_from_two_clients_become_one_run(self):
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
+            paths = []
+            for seed in (1, 2):
+                code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "20", "--requests", "15",
+                                          "--seed", seed, "--detailed")
+                self.assertEqual(code, 0, err)
+                paths.append(os.path.join(folder, f"{seed}.json"))
+                with open(paths[-1], "w") as f:
+                    f.write(out)
+            code, out, err = call_cli("merge", *paths, "--json")
+            self.assertEqual(code, 0, err)
+            merged = json.loads(out)
+            parts = []
+            for path in paths:
+                with open(path) as f:
+                    parts.append(json.load(f))
+            bad = os.path.join(folder, "bad.json")
+            with open(bad, "w") as f:
+                json.dump({"completed": 3}, f)
+            code2, _, err2 = call_cli("merge", paths[0], bad)
+        self.assertEqual(merged["completed"], 30)
+        self.assertEqual(merged["config"]["clock"], "wall clock")
+        ttfts = sorted(t * 1000 for p in parts for t in p["ttfts"])
+        self.assertAlmostEqual(merged["median_ttft_ms"], ttfts[math.ceil(0.5 * len(ttfts)) - 1], places=6)
+        self.assertEqual(code2, 2)
+        self.assertIn("--detailed", err2)
+
+
+if __name__ == "__main__":
+    unittest.main()
