@@ -5,19 +5,24 @@ Subcommands:
   capacity   the memory plan: weights, KV per token, KV blocks, max concurrency, decode step cost
   simulate   one run of a vLLM-style scheduler on a virtual clock (continuous batching,
              chunked prefill, paged KV cache with prefix sharing and recompute preemption)
-  sweep      the same run at several concurrencies, rates or settings, one table
+  sweep      the same run at every combination of up to two loads or settings, one table
+  search     the highest load within an SLO, or the cheapest deployment that serves a load
   loadgen    the same metrics measured from a real OpenAI-compatible server's stream
+  merge      loadgen reports from several client machines as one run
+  compare    a measured run's exact shape simulated, measured and predicted side by side
   calibrate  fit the cost model's bandwidth, FLOPS and overheads to measured runs
   explain    the tuning runbook's decision table applied to a scrape or a report
   presets    the hardware and model presets
 
 The file reads top to bottom in the order the lesson teaches, core first:
   presets, memory plan, cost model (Roofline), block pool, request, scheduler (the per-step
-  rule), engine and simulate(), workload, metrics;
-then each variation on the core, one section each: the in-flight cap, static batching, slots,
-prefill/decode disaggregation; then speed (the event engine, tested against the per-step rule);
-then the API the command line calls (RunSpec, run, sweep); then the edges: trace files, the load
-generator, calibration, diagnosis, reports and the command line. Standard library only.
+  rule), engine and simulate(), workload (synthetic requests, conversations, arrivals), metrics;
+then each variation on the core, one section each: the kernel cost model, the in-flight cap,
+static batching, slots, prefill/decode disaggregation, tensor parallelism, replicas behind a
+router, experts, speculative decoding; then speed (the event engine, tested against the per-step
+rule); then the API the command line calls (RunSpec, run, sweep points, search); then the edges:
+readers (presets, traces in six formats, reports), the load generator, calibration, comparison
+with measured runs, diagnosis, reports, pictures (SVG) and the command line. Standard library only.
 """
 from __future__ import annotations
 
