@@ -2766,6 +2766,8 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
     """Mooncake and Bailian hash_ids: one id per `block` tokens of the prompt, the last block
     partial; equal ids at equal places are equal content, so they become shared content runs."""
     ids = row.get("hash_ids")
+    if ids is None:
+        raise UserError(f"{where}: missing field 'hash_ids'")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise UserError(f"{where}: field 'hash_ids' must be a list of whole numbers")
     if len(ids) != -(-tokens // block):
@@ -2883,7 +2885,7 @@ def vllm_bench_trace(text: str, path: str) -> tuple[list, list]:
     report = parse_json(text, f"trace {path}", "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
-    measured = run_from_report(report, f"trace {path}")
+    measured = run_from_report(report, path, "trace")
     if any("start_times" in note or "Poisson" in note for note in measured.notes):
         raise UserError(f"trace {path}: no start_times (vLLM records them since January 2026, loadgen --detailed "
                         f"always); without them there are no arrivals to replay")
@@ -3315,7 +3317,7 @@ def request_body(config: LoadConfig, model: str, index: int, history: Optional[l
         words = words_for(config, own) if config.size_prompts else config.prompt_words
         messages = list(history or []) + [{"role": "user", "content": make_prompt(index, words, config.seed,
                                                                                    config.run_id)}]
-        if config.prefix_words:
+        if config.prefix_words and not history:     # a later turn's history starts with it already
             # shared on purpose, across runs too
             system = make_prompt(-1, words_for(config, config.prefix_words) if config.size_prompts else
                                  config.prefix_words, config.seed)
@@ -3623,11 +3625,11 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             record = send(index, body, turn if turns > 1 else 0, scheduled if turn == 1 else None)
             if turns == 1:
                 return
-            if record.error:          # the rest of this conversation cannot be sent: count it
+            if record.error:          # the rest of this conversation cannot be sent: count it, at the stop
                 with lock:
                     for later in range(turn + 1, turns + 1):
                         if unit * turns + later - 1 < limit:
-                            records.append(StreamRecord(unit * turns + later - 1, turn=later,
+                            records.append(StreamRecord(unit * turns + later - 1, turn=later, sent_s=record.sent_s,
                                                         error=f"conversation stopped: turn {turn} failed"))
                 return
             history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
@@ -3996,41 +3998,57 @@ def read_run(path: str) -> MeasuredRun:
     return run_from_report(report, os.path.basename(path))
 
 
-def run_from_report(report: dict, name: str) -> MeasuredRun:
+def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
     columns = {k: report.get(k) for k in keys}
     n = len(columns["input_lens"])
     for k, values in columns.items():
         if values is not None and (not isinstance(values, list) or len(values) != n):
-            raise UserError(f"run {name}: {k} must be a list as long as input_lens ({n})")
+            raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
     notes = []
     starts = columns["start_times"]
     if starts is None:
         rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
         if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
-            raise UserError(f"run {name}: no start_times and no finite request_rate; newer vllm bench serve and "
+            raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
                             f"loadgen --detailed save start_times")
         sends = [Request(i, 1, 1) for i in range(n)]
         poisson_arrivals(sends, rate, random.Random(0))
         starts = [r.sent_s for r in sends]
         notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
+    def count(value, i: int, what: str, low: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
+                not low <= value <= 10**8:
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a whole number from {low} to 100,000,000, "
+                            f"got {str(value)[:40]}")
+        return int(value)
+
+    def seconds(value, i: int, what: str, low: float = 0.0) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= 10**10:
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds, got {str(value)[:40]}")
+        return float(value)
+
+    starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
     first_start = min(starts) if starts else 0.0
+    if starts and max(starts) - first_start > MAX_ARRIVAL_S:
+        raise UserError(f"{kind} {name}: its start_times span more than a year")
     requests = []
     for i in range(n):
-        try:
-            prompt, output = int(columns["input_lens"][i]), int((columns["output_lens"] or [0] * n)[i])
-            sent = float(starts[i]) - first_start
-            error = (columns["errors"] or [""] * n)[i] or None
-            ttft = (columns["ttfts"] or [None] * n)[i]
-            gaps = (columns["itls"] or [None] * n)[i]
-        except (TypeError, ValueError):
-            raise UserError(f"run {name}: request {i} has a non-numeric length or time") from None
-        if error or ttft is None:
+        error = (columns["errors"] or [""] * n)[i] or None
+        ttft = (columns["ttfts"] or [None] * n)[i]
+        failed = bool(error) or ttft is None
+        # A failed request may have sent nothing the server counted: 0 tokens is then its length.
+        prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
+        output = count((columns["output_lens"] or [0] * n)[i], i, "output length", 0)
+        sent = starts[i] - first_start
+        if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
             continue
-        gaps = [float(g) for g in gaps] if isinstance(gaps, list) else []
-        first = sent + float(ttft)
+        gaps = (columns["itls"] or [None] * n)[i]
+        gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
+        first = sent + seconds(ttft, i, "ttft")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
     config = report.get("config") or {}
     settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
@@ -5302,16 +5320,19 @@ def add_workload_args(p: argparse.ArgumentParser, sweep: bool, search: bool = Fa
     arrivals = g.add_mutually_exclusive_group()
     (g if search else arrivals).add_argument(
         "--trace", metavar="FILE",
-        help="JSONL trace, one request per line: arrival (s), prompt_tokens, output_tokens, optional prefix and "
-             "prefix_tokens" + ("; with --rate R its arrivals are scaled to R requests/s" if search else ""))
+        help="requests with their own send times, lengths and shared content, in any --trace-format (servesim "
+             "JSONL: arrival s, prompt_tokens, output_tokens, optional prefix and prefix_tokens)"
+             + ("; with --rate R its arrivals are scaled to R requests/s" if search else "") + " (default: none)")
     if sweep:
         arrivals.add_argument("--concurrency", type=list_of(CLIENTS), metavar="N,N,...",
                               help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
         arrivals.add_argument("--rate", type=list_of(RATE), metavar="R,R,...",
-                              help="open loop: sweep these Poisson arrival rates, requests/s")
+                              help="open loop: sweep these arrival rates, requests/s, Poisson (or gamma with "
+                                   "--burstiness) (default: closed loop)")
     else:
         arrivals.add_argument("--rate", type=RATE, metavar="R",
-                              help="open loop: Poisson arrivals at R requests/s")
+                              help="open loop: arrivals at R requests/s, Poisson (or gamma with --burstiness) "
+                                   "(default: closed loop)")
         arrivals.add_argument("--concurrency", type=CLIENTS, metavar="N",
                               help=f"closed loop: N clients, each sending its next request when the last "
                                    f"ends (the default, with {DEFAULT_CLIENTS} clients)")
@@ -5399,8 +5420,10 @@ def add_arrival_args(g, sweep: bool = False) -> None:
     g.add_argument("--ramp-up-strategy", choices=("linear", "exponential"),
                    help="raise the arrival rate from --ramp-up-start-rps to --ramp-up-end-rps over the run, request "
                         "by request, as vllm bench serve does; instead of --rate (default: off)")
-    g.add_argument("--ramp-up-start-rps", type=real(0.001, 1e6), metavar="R", help="the ramp's first rate, requests/s")
-    g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R", help="the ramp's last rate, requests/s")
+    g.add_argument("--ramp-up-start-rps", type=real(0.001, 1e6), metavar="R",
+                   help="the ramp's first rate, requests/s (default: no ramp)")
+    g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R",
+                   help="the ramp's last rate, requests/s (default: no ramp)")
 
 
 def arrival_spec(args) -> dict:
@@ -5472,6 +5495,9 @@ def spec_from_args(args) -> RunSpec:
     trace = read_trace(args.trace, args.trace_format) if args.trace else None
     for note in trace.notes if trace else ():
         sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
+    if trace and args.warmup and args.warmup >= min(len(trace.rows), args.requests or len(trace.rows)):
+        raise UserError(f"--warmup {args.warmup:,} leaves no request of trace {trace.name} "
+                        f"({len(trace.rows):,} requests) to measure")
     link = one(args.kv_link_gbs)
     quantization = one(args.quantization)
     return RunSpec(
@@ -6066,7 +6092,7 @@ def cmd_loadgen(args) -> int:
         sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
     arrivals = arrival_spec(args)
     requests = None if args.duration and args.requests is None else (args.requests or (len(trace.rows) if trace else 64))
-    if args.warmup and requests is not None and args.warmup >= requests:
+    if args.warmup and requests is not None and args.warmup >= min(requests, len(trace.rows) if trace else requests):
         raise UserError(f"--warmup {args.warmup:,} leaves no request to measure: send more --requests")
     config = LoadConfig(
         url=args.url, model=args.model, requests=requests,
@@ -6152,6 +6178,16 @@ def compare_spec(measured: MeasuredRun, args) -> RunSpec:
                    price_per_hour=args.price_per_hour, **settings)
 
 
+def union_length(windows: list[tuple[float, float]]) -> float:
+    """The seconds covered by at least one of the windows."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(windows):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def cmd_merge(args) -> int:
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows."""
@@ -6165,7 +6201,12 @@ def cmd_merge(args) -> int:
         number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         anchor = (config["started_unix"] + min(starts) - config["started_perf"]
                   if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
-        parts.append((path, measured, anchor))
+        same = [other for other, _, _, run in parts if run is not None and run == (config.get("run_id"), anchor)]
+        if same or path in [other for other, _, _, _ in parts]:
+            raise UserError(f"report {path} is the same run as {same[0] if same else path}: merging it twice would "
+                            f"count its requests twice")
+        parts.append((path, measured, anchor, (config.get("run_id"), anchor) if anchor is not None else None))
+    parts = [part[:3] for part in parts]
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -6187,6 +6228,14 @@ def cmd_merge(args) -> int:
         sys.stderr.write("servesim: these runs did not all overlap in time; throughput is over the union of their "
                          "windows\n")
     result = summarize(requests, slos=dict(args.goodput) if args.goodput else None)
+    busy = union_length(windows)
+    if on_wall_clock and 0 < busy < result["duration"]:      # gaps between the runs measured nothing
+        scale = result["duration"] / busy
+        for key in ("request_throughput", "output_throughput", "total_token_throughput"):
+            result[key] *= scale
+        if result["request_goodput"] is not None:
+            result["request_goodput"] *= scale
+        result["duration"] = busy
     result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
                         "reports": list(args.reports), "requests_each": [len(m.requests) for _, m, _ in parts],
                         "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}

@@ -7,6 +7,7 @@ import os
 import random
 import statistics
 import tempfile
+import time
 import unittest
 
 from helpers import FIXTURES, call_cli, main
@@ -204,6 +205,28 @@ class TraceFormats(unittest.TestCase):
         self.assertEqual([r.sent_s * 0.25 for r in slow], [r.sent_s for r in fast])
 
 
+    def test_a_bad_vllm_bench_result_is_one_line_not_a_hang(self):
+        base = {"input_lens": [10, 10, 10], "output_lens": [5, 5, 5], "ttfts": [0.1, 0.1, 0.1],
+                "itls": [[0.01] * 4] * 3, "start_times": [0.0, 0.5, 1.0], "errors": ["", "", ""]}
+        cases = [({"start_times": [0.0, float("nan"), 1.0]}, "start time"),
+                 ({"start_times": [0.0, None, 1.0]}, "start time"),
+                 ({"itls": [[0.01], ["x"], []]}, "gap between tokens"),
+                 ({"ttfts": [0.1, -3, 0.1]}, "ttft"),
+                 ({"input_lens": [True, 10, 10]}, "input length")]
+        for change, words in cases:
+            path = self.write("v.json", json.dumps({**base, **change}))
+            for command in ("simulate", "merge"):
+                code, _, err = call_cli(command, *(["--trace", path] if command == "simulate" else [path]))
+                self.assertEqual(code, 2, (change, command))
+                self.assertIn(words, err)
+                self.assertEqual(len(err.strip().splitlines()), 1)
+
+    def test_warmup_is_checked_against_the_traces_own_length(self):
+        code, _, err = call_cli("simulate", "--trace", AZURE, "--warmup", "300")
+        self.assertEqual(code, 2)
+        self.assertIn("leaves no request", err)
+
+
 class WarmupAndSteadyState(unittest.TestCase):
     def test_warmup_requests_leave_every_figure(self):
         full = main.run(main.RunSpec(concurrency=8, requests=100))
@@ -260,6 +283,30 @@ class LoadgenReplay(unittest.TestCase):
         self.assertEqual([m["role"] for m in third[0]["messages"]], ["user", "assistant", "user", "assistant", "user"])
         self.assertEqual(third[0]["messages"][1]["content"].split(), ["tok"] * 4)    # the fake server's reply
 
+    def test_a_conversation_sends_its_system_prompt_once(self):
+        with FakeServer(paced(tokens=2)) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--turns", "3", "--requests", "3",
+                                      "--prefix-tokens", "10", "--no-size-prompts", "--json")
+            bodies = list(server.bodies)
+        self.assertEqual(code, 0, err)
+        self.assertEqual([[m["role"] for m in b["messages"]].count("system") for b in bodies], [1, 1, 1])
+
+    def test_a_stopped_conversation_does_not_stretch_the_window(self):
+        def stream(handler, body):
+            if sum(m["role"] == "user" for m in body["messages"]) > 1:
+                handler.reply(500, json.dumps({"error": {"message": "turn two"}}))
+            else:
+                paced(tokens=3)(handler, body)
+        with FakeServer(stream) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--turns", "3", "--requests", "6",
+                                      "--concurrency", "2", "--json")
+        report = json.loads(out)
+        self.assertEqual(code, 1)
+        self.assertEqual((report["completed"], report["failed"]), (2, 4))
+        self.assertIn("conversation stopped", report["errors_by_kind"])
+        self.assertLess(report["duration"], 30)
+        self.assertGreater(report["request_throughput"], 0.05)
+
     def test_an_open_loop_reports_its_offered_rate_and_dispatch_lag(self):
         with FakeServer(paced(ttft=0.01, gap=0.002, tokens=3)) as server:
             code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "50", "--requests", "100",
@@ -300,6 +347,29 @@ class Merge(unittest.TestCase):
         self.assertAlmostEqual(merged["median_ttft_ms"], ttfts[math.ceil(0.5 * len(ttfts)) - 1], places=6)
         self.assertEqual(code2, 2)
         self.assertIn("--detailed", err2)
+
+    def test_a_report_merged_with_itself_is_refused_and_gaps_do_not_count(self):
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
+            paths = []
+            for seed in (1, 2):
+                code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "20", "--requests", "10",
+                                          "--seed", seed, "--detailed")
+                paths.append(os.path.join(folder, f"{seed}.json"))
+                with open(paths[-1], "w") as f:
+                    f.write(out)
+                if seed == 1:
+                    time.sleep(1.5)       # the second run starts after a gap
+            code, out, err = call_cli("merge", paths[0], paths[0])
+            self.assertEqual(code, 2)
+            self.assertIn("same run", err)
+            code, out, err = call_cli("merge", *paths, "--json")
+            merged = json.loads(out)
+            spans = []
+            for path in paths:
+                with open(path) as f:
+                    spans.append(json.load(f)["duration"])
+        self.assertIn("did not all overlap", err)
+        self.assertAlmostEqual(merged["duration"], sum(spans), delta=0.05)
 
 
 if __name__ == "__main__":
