@@ -1005,7 +1005,6 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
             send(request, request.sent_s)
         starts.clear()
     arrival = router.next_event if router else (lambda: math.inf)
-    conversations = any(r.next_turn for r in requests)
     seen = [0] * len(engines)      # how much of each engine's done list has been looked at
     active = next_report = 0       # conversations started and not ended
 
@@ -1043,11 +1042,10 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
         engine.take_deliveries()
         settle()                      # a delivery the engine refused at once has ended
         if engine.has_work():
-            # Until when nothing else can reach this engine: a free client sends now, as does a
-            # turn whose end starts the next one; an arrival or another engine may hand it work
-            # from its next event on.
-            if (concurrency and starts and active < concurrency) or \
-                    (conversations and any(r.next_turn for r in engine.scheduler.running)):
+            # Until when nothing else can reach this engine: a free client sends now; an arrival
+            # or another engine may hand it work from its next event on. (A turn whose end starts
+            # the next one needs nothing here: an engine's advance stops when a request ends.)
+            if concurrency and starts and active < concurrency:
                 until = engine.clock
             elif len(engines) == 1:
                 until = arrival()
@@ -2127,10 +2125,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.warmup:      # the first requests sent warm the cache and fill the batch; not measured
         done = [r for r in done if r.id >= spec.warmup]
         result = summarize(done, None, dict(spec.goodput))        # gaps from the measured requests only
+        result["warmup_requests"] = spec.warmup
     else:
         result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
-    if spec.warmup:
-        result["warmup_requests"] = spec.warmup
     result["steady_state"] = steady_state(done, running_each_second(done), dict(spec.goodput))
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
@@ -2311,8 +2308,6 @@ def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
             spec = replace(spec, disaggregate=value != "colocated", kv_link_gbs=25.0 if value == "colocated" else value)
         elif name == "max_tokens_in_flight":
             spec = replace(spec, max_tokens_in_flight=value or None)     # 0 is no cap
-        elif name == "quantization":
-            spec = replace(spec, quantization=None if value == "none" else value)
         elif name != "trace":
             spec = replace(spec, **{name: value})
     return spec
@@ -2885,10 +2880,10 @@ def vllm_bench_trace(text: str, path: str) -> tuple[list, list]:
     report = parse_json(text, f"trace {path}", "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
-    measured = run_from_report(report, path, "trace")
-    if any("start_times" in note or "Poisson" in note for note in measured.notes):
+    if report.get("start_times") is None:
         raise UserError(f"trace {path}: no start_times (vLLM records them since January 2026, loadgen --detailed "
                         f"always); without them there are no arrivals to replay")
+    measured = run_from_report(report, path, "trace")
     rows = [(r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in measured.requests if r.error is None]
     failed = len(measured.requests) - len(rows)
     return rows, [f"{failed:,} requests failed in the measured run and are not replayed"] if failed else []
@@ -5016,7 +5011,7 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
 
 SHORT_FLAGS = {"tensor_parallel_size": "tp", "data_parallel_size": "dp", "max_num_seqs": "seqs",
                "max_num_batched_tokens": "batched tokens", "gpu_memory_utilization": "gpu mem",
-               "max_tokens_in_flight": "in flight", "scheduler_reserve_full_isl": "reserve isl"}
+               "max_tokens_in_flight": "in flight", "reserve_full_isl": "reserve isl"}
 
 
 def short_flag(axis: str) -> str:
@@ -5207,6 +5202,11 @@ def choice(*names: str) -> Callable[[str], str]:
     return parse
 
 
+def quantization_flag(text: str) -> Optional[str]:
+    """fp8, int4, or none: the model's own dtype (a sweep compares it with the others)."""
+    return None if text == "none" else choice(*WEIGHT_BYTES)(text)
+
+
 def add_plan_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     several = ", or several comma-separated to sweep" if sweep else ""
     g = p.add_argument_group("hardware and memory plan")
@@ -5235,7 +5235,7 @@ def add_plan_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                    metavar="|".join(COST_MODELS),
                    help="how a step is priced: roofline (the lesson's: compute vs memory for the whole step) or "
                         "kernels (GEMMs and attention apart, with tiles and measured efficiencies) (default: %(default)s)")
-    g.add_argument("--quantization", type=many(choice("none", *WEIGHT_BYTES), sweep), metavar="fp8|int4",
+    g.add_argument("--quantization", type=many(quantization_flag, sweep), metavar="fp8|int4",
                    help="fp8: 1 byte per weight, on FP8 tensor cores where the device has them; int4: AWQ/GPTQ "
                         "4-bit weights (0.53 bytes with scales), BF16 compute (default: the model's own dtype)")
     g.add_argument("--kv-cache-dtype", type=many(choice("auto", *KV_BYTES), sweep), default="auto", metavar="auto|fp8",
@@ -5504,7 +5504,7 @@ def spec_from_args(args) -> RunSpec:
         hardware=device(one(args.hardware)), model=load_preset("model", args.model, MODELS, ModelSpec),
         gpu_memory_utilization=one(args.gpu_memory_utilization), block_size=one(args.block_size),
         max_model_len=one(args.max_model_len), kv_tokens=one(args.kv_tokens), num_gpu_blocks=one(args.num_gpu_blocks),
-        quantization=None if quantization == "none" else quantization, kv_cache_dtype=one(args.kv_cache_dtype),
+        quantization=quantization, kv_cache_dtype=one(args.kv_cache_dtype),
         tensor_parallel_size=one(args.tensor_parallel_size), data_parallel_size=one(args.data_parallel_size),
         router=one(args.router), enable_expert_parallel=one(args.enable_expert_parallel),
         cost_model=one(args.cost_model),
@@ -5677,6 +5677,8 @@ def sweep_flag(axis: str) -> str:
 
 
 def sweep_label(axis: str, value) -> str:
+    if value is None:
+        return "none"
     if isinstance(value, Hardware):
         return value.name
     if isinstance(value, bool):

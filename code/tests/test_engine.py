@@ -44,6 +44,10 @@ def random_spec(rng: random.Random) -> main.RunSpec:
         spec.update(max_tokens_in_flight=rng.randint(100, 2000))
     elif variation < 0.32 and not spec["prefix_caching"]:
         spec.update(kv_layout="slots", kv_tokens=rng.randint(500, 5000), max_num_seqs=rng.randint(1, 8))
+    if rng.random() < 0.25:      # conversations: each turn is sent when the one before it ends
+        spec.update(turns=rng.randint(2, 4), think_time=rng.choice([0.0, 0.01, 0.5]))
+    if "rate" in spec and rng.random() < 0.2:
+        spec.update(burstiness=rng.choice([0.3, 4.0]))
     return main.RunSpec(**spec)
 
 
