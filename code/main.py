@@ -1133,12 +1133,6 @@ def next_gap(rng: random.Random, rate: float, burstiness: float = 1.0) -> float:
     return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
 
 
-def poisson_arrivals(requests: list[Request], rate: float, rng: random.Random) -> None:
-    """Send times with exponential gaps at `rate` requests per second, the first at 0."""
-    for request, at in zip(requests, arrival_times(len(requests), rng, rate)):
-        request.sent_s = at
-
-
 # ---------------------------------------------------------------------------------------------
 # Metrics: one definition for simulated and measured requests. TTFT is queue plus prefill;
 # TPOT is the mean gap after the first token; ITL is every gap; percentiles are nearest rank.
@@ -2334,27 +2328,30 @@ def quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
+def map_points(task: Callable, points: list[dict], jobs: int = 1,
                progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
-    """Each point's result, in the order of `points`, as soon as it and those before it are done.
-    With jobs > 1 the points run in that many processes; the results are the same."""
+    """task(settings, progress) for each point, yielded in the order of `points` as soon as it and
+    those before it are done. With jobs > 1 the points run in that many processes (without
+    progress lines); the results are the same."""
     if jobs <= 1 or len(points) <= 1:
         for settings in points:
             label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
-            point = (lambda text, label=label: progress(f"{label}: {text}")) if progress else None
-            yield run_point(spec, settings, point)
+            point = (lambda text, label=label: progress(f"{label}: {text}" if label else text)) if progress else None
+            yield task(settings, point)
         return
     pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
     try:
-        yield from pool.imap(functools.partial(run_point_at, spec), points)
+        yield from pool.imap(task, points)
         pool.close()
     finally:
         pool.terminate()
         pool.join()
 
 
-def run_point_at(spec: RunSpec, settings: dict) -> dict:
-    return run_point(spec, settings)
+def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
+               progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
+    """Each point's run_point result, in order, in `jobs` processes."""
+    return map_points(functools.partial(run_point, spec), points, jobs, progress)
 
 
 def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
@@ -2456,8 +2453,8 @@ def at_load(spec: RunSpec, by: str, load: float) -> dict:
     return {"rate": load, "concurrency": None}
 
 
-def search_point(spec: RunSpec, settings: dict, slo: Slo, by: str, target: Optional[float],
-                 tolerance: float, progress: Optional[Callable[[str], None]] = None) -> dict:
+def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None, *,
+                 slo: Slo, by: str, target: Optional[float], tolerance: float) -> dict:
     """One deployment: its run at the target load, or its highest load within the SLO found by
     highest_passing. Each probe's result is kept, with `load` and `misses` added."""
     point = {k: getattr(v, "name", v) for k, v in settings.items()}
@@ -2496,20 +2493,8 @@ def search_points(spec: RunSpec, points: list[dict], slo: Slo, by: str, target: 
                   tolerance: float = 0.05, jobs: int = 1,
                   progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
     """search_point for each deployment, in order, in `jobs` processes; the results are the same."""
-    if jobs <= 1 or len(points) <= 1:
-        for settings in points:
-            label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
-            point = (lambda text, label=label: progress(f"{label}: {text}" if label else text)) if progress else None
-            yield search_point(spec, settings, slo, by, target, tolerance, point)
-        return
-    pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
-    try:
-        task = functools.partial(search_point, spec, slo=slo, by=by, target=target, tolerance=tolerance)
-        yield from pool.imap(task, points)
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+    task = functools.partial(search_point, spec, slo=slo, by=by, target=target, tolerance=tolerance)
+    return map_points(task, points, jobs, progress)
 
 
 def cheapest_first(found: list[dict]) -> list[dict]:
@@ -2644,9 +2629,10 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     return preset
 
 
-def read_jsonl(path: str, kind: str) -> Iterable[tuple[str, object]]:
-    """(where, parsed line) for each non-blank line; an unreadable file or line is a UserError."""
-    for number, line in enumerate(read_text(path, kind).splitlines(), 1):
+def read_jsonl(path: str, kind: str, text: Optional[str] = None) -> Iterable[tuple[str, object]]:
+    """(where, parsed line) for each non-blank line of the file (or of its `text`, already read);
+    an unreadable file or line is a UserError."""
+    for number, line in enumerate((read_text(path, kind) if text is None else text).splitlines(), 1):
         if line.strip():
             where = f"{kind} {path} line {number}"
             yield where, parse_json(line, where, "each line must be one JSON object")
@@ -2771,14 +2757,12 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
-def jsonl_rows(text: str, path: str, kind: str = "trace") -> Iterator[tuple[str, dict]]:
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            where = f"{kind} {path} line {number}"
-            row = parse_json(line, where, "each line must be one JSON object")
-            if not isinstance(row, dict):
-                raise UserError(f"{where}: expected a JSON object")
-            yield where, row
+def jsonl_rows(text: str, path: str) -> Iterator[tuple[str, dict]]:
+    """A JSONL trace's lines, each a JSON object."""
+    for where, row in read_jsonl(path, "trace", text):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected a JSON object")
+        yield where, row
 
 
 def servesim_trace(text: str, path: str) -> tuple[list, list]:
@@ -4008,9 +3992,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
             raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
                             f"loadgen --detailed save start_times")
-        sends = [Request(i, 1, 1) for i in range(n)]
-        poisson_arrivals(sends, rate, random.Random(0))
-        starts = [r.sent_s for r in sends]
+        starts = arrival_times(n, random.Random(0), rate)
         notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
     def count(value, i: int, what: str, low: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
