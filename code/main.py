@@ -1294,7 +1294,9 @@ class KernelCost(Roofline):
         tied = model.tie_word_embeddings
         self.linear_flops_per_token = 2 * (model.compute_params - embedding - (0 if tied else lm_head))
         self.lm_head_flops_per_seq = 2 * lm_head
-        self.streamed_bytes = model.weight_bytes - (0 if tied else embedding) * model.weight_dtype_bytes
+        # What a step streams: every weight but the embedding table, so the roofline's weights_read
+        # (experts touched, and all the rest) applies to it unchanged.
+        self.weight_bytes = self.streamed_bytes = model.weight_bytes - (0 if tied else embedding) * model.weight_dtype_bytes
         self.gemm_flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.gemm_efficiency
         self.attention_flops_per_pair = 4 * model.layers * model.query_heads * model.head_dim
         self.attention_flops_per_second = hardware.tflops * 1e12 * hardware.attention_efficiency
@@ -1302,19 +1304,14 @@ class KernelCost(Roofline):
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
-        memory = (self.streamed(tokens) + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
+        memory = (self.weights_read(tokens) + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
         return compute, memory
-
-    def streamed(self, tokens: float) -> float:
-        if not self.expert_bytes:
-            return self.streamed_bytes
-        return self.streamed_bytes - self.expert_bytes * self.miss ** (tokens * self.tokens_per_expert_token)
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         tiles = -(-tokens // GEMM_TILE) * GEMM_TILE
         head_tiles = -(-seqs // GEMM_TILE) * GEMM_TILE
         gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
-                   / self.gemm_flops_per_second, self.streamed(tokens) / self.stream_bytes_per_second)
+                   / self.gemm_flops_per_second, self.weights_read(tokens) / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
         overhead = self.step_overhead_ms + seqs * (self.seq_overhead_ms + SERVER_SEQ_OVERHEAD_MS)
