@@ -2127,9 +2127,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
                                "failed": sum(r.error is not None for r in e.scheduler.done),
                                **e.report(result["duration"])} for e in replicas]
-        result["engine"] = combined_report(result["replicas"])
         queries = sum(e.scheduler.prefix_queries for e in replicas)
-        result["engine"]["prefix_hit_rate"] = sum(e.scheduler.prefix_hits for e in replicas) / queries if queries else 0.0
+        hits = sum(e.scheduler.prefix_hits for e in replicas)
+        result["engine"] = combined_report(result["replicas"], hits / queries if queries else 0.0)
     else:
         result["engine"] = decode.report(result["duration"])
     gpus = spec.tensor_parallel_size * spec.data_parallel_size * (2 if link else 1)
@@ -2267,18 +2267,18 @@ def timeline_rows(replicas: list[dict], requests: list, duration: float) -> list
     return rows
 
 
-def combined_report(replicas: list[dict]) -> dict:
-    """The replicas' engine reports as one: counts summed, peaks the highest, means weighted."""
+def combined_report(replicas: list[dict], prefix_hit_rate: float) -> dict:
+    """The replicas' engine reports as one: counts summed, peaks the highest, means weighted (the
+    prefix hit rate by tokens queried, which the reports do not carry, so the caller gives it)."""
     steps = sum(r["steps"] for r in replicas)
     total = lambda key: sum(r[key] for r in replicas)
-    hit_rates = [r["prefix_hit_rate"] for r in replicas]
     return {
         "hardware": replicas[0]["hardware"], "steps": steps,
         "mean_batch": sum(r["mean_batch"] * r["steps"] for r in replicas) / steps if steps else 0.0,
         "kv_peak": max(r["kv_peak"] for r in replicas), "kv_mean": total("kv_mean") / len(replicas),
         "peak_waiting": max(r["peak_waiting"] for r in replicas), "peak_running": max(r["peak_running"] for r in replicas),
         "steps_waiting_at_seq_cap": total("steps_waiting_at_seq_cap"), "preemptions": total("preemptions"),
-        "evictions": total("evictions"), "prefix_hit_rate": sum(hit_rates) / len(hit_rates),
+        "evictions": total("evictions"), "prefix_hit_rate": prefix_hit_rate,
         "num_blocks": total("num_blocks"), "block_size": replicas[0]["block_size"],
         "row_utilisation": None, "wasted_decode_rows": total("wasted_decode_rows"),
         "kv_reserved_peak_tokens": max(r["kv_reserved_peak_tokens"] for r in replicas),
@@ -3531,6 +3531,12 @@ class Stopped(Exception):
         super().__init__(message)
         self.code, self.message = code, message
 
+    @classmethod
+    def by_signal(cls, e: BaseException, what: str) -> "Stopped":
+        """Ctrl-C (130) or SIGTERM (143), with what was kept: "interrupted after ..."."""
+        code = 143 if isinstance(e, Terminated) else 130
+        return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
+
 
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
     """Closed loop: `concurrency` clients, each sending its next request (or conversation) when
@@ -3669,9 +3675,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         except (KeyboardInterrupt, Terminated) as e:
             stop.set()
             sampler.final_scrape = False
-            code = 143 if isinstance(e, Terminated) else 130
-            stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(records):,} "
-                                    f"requests ended; {len(in_flight):,} in flight were stopped")
+            stopped = Stopped.by_signal(e, f"{len(records):,} requests ended; {len(in_flight):,} in flight "
+                                           f"were stopped")
         with lock:
             for record in in_flight.values():
                 record.error = "interrupted: the run was stopped before this request ended"
@@ -5785,9 +5790,7 @@ def cmd_sweep(args) -> int:
             if table:
                 table.row(result)
     except (KeyboardInterrupt, Terminated) as e:
-        code = 143 if isinstance(e, Terminated) else 130
-        stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(results)} of "
-                                f"{len(points)} points; the output holds the finished ones")
+        stopped = Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
     if args.json:
         write_json(results)
     elif args.csv:
@@ -5914,9 +5917,8 @@ def cmd_search(args) -> int:
             found.append(item)
             progress(f"{len(found)}/{len(points)} deployments done")
     except (KeyboardInterrupt, Terminated) as e:
-        code = 143 if isinstance(e, Terminated) else 130
-        stopped = Stopped(code, f"{'terminated' if code == 143 else 'interrupted'} after {len(found)} of "
-                                f"{len(points)} deployments; the output holds the finished ones")
+        stopped = Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the "
+                                       f"finished ones")
     sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
     sources[spec.model.name] = args.model
     for item, settings in zip(found, points):

@@ -50,6 +50,24 @@ def loadgen(url, *args, key="", json_out=True, timeout=20, prefix=()):
     return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started
 
 
+def signal_when(proc, ready, settle, signum, timeout):
+    """Once `ready()` (or after 10 s), wait `settle` seconds, send `signum`, and return the
+    process's (stdout, stderr, seconds it took to end after the signal); kill it if it hangs."""
+    try:
+        end = time.monotonic() + 10
+        while not ready() and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.01)
+        time.sleep(settle)
+        signalled = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def quiet_web_server(directory):
     """Python's own static file server: a web server that is not an LLM server (POST is 501)."""
     class Quiet(SimpleHTTPRequestHandler):
@@ -437,19 +455,8 @@ class Signals(Hostile):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                     env={**os.environ, "OPENAI_API_KEY": ""},
                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-            try:
-                end = time.monotonic() + 10
-                while len(server.log) < 3 and time.monotonic() < end and proc.poll() is None:
-                    time.sleep(0.02)
-                time.sleep(0.15)                      # mid-way through the next requests
-                signalled = time.monotonic()
-                proc.send_signal(signum)
-                out, err = proc.communicate(timeout=10)
-                took = time.monotonic() - signalled
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+            # mid-way through the requests after the third
+            out, err, took = signal_when(proc, lambda: len(server.log) >= 3, 0.15, signum, timeout=10)
         expected = 143 if signum == signal.SIGTERM else 130
         self.assertEqual(proc.returncode, expected, err)
         lines = self.error_lines(err)
@@ -503,19 +510,7 @@ class Signals(Hostile):
                                                 "--scrape-interval", 0.01),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                     env={**os.environ, "OPENAI_API_KEY": ""})
-            try:
-                end = time.monotonic() + 10
-                while len(done) < 6 and time.monotonic() < end and proc.poll() is None:
-                    time.sleep(0.01)
-                time.sleep(0.1)
-                signalled = time.monotonic()
-                proc.send_signal(signal.SIGTERM)
-                out, err = proc.communicate(timeout=15)
-                took = time.monotonic() - signalled
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+            out, err, took = signal_when(proc, lambda: len(done) >= 6, 0.1, signal.SIGTERM, timeout=15)
         return proc.returncode, out, err, took
 
     def test_18c_sigterm_while_requests_in_flight_end_during_a_slow_scrape(self):

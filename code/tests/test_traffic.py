@@ -320,16 +320,23 @@ class LoadgenReplay(unittest.TestCase):
 
 
 class Merge(unittest.TestCase):
+    def record(self, server, folder, requests, gap=0.0):
+        """Two loadgen --detailed reports from one fake server, the second `gap` seconds later."""
+        paths = []
+        for seed in (1, 2):
+            code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "20", "--requests", requests,
+                                      "--seed", seed, "--detailed")
+            self.assertEqual(code, 0, err)
+            paths.append(os.path.join(folder, f"{seed}.json"))
+            with open(paths[-1], "w") as f:
+                f.write(out)
+            if seed == 1:
+                time.sleep(gap)
+        return paths
+
     def test_reports_from_two_clients_become_one_run(self):
         with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
-            paths = []
-            for seed in (1, 2):
-                code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "20", "--requests", "15",
-                                          "--seed", seed, "--detailed")
-                self.assertEqual(code, 0, err)
-                paths.append(os.path.join(folder, f"{seed}.json"))
-                with open(paths[-1], "w") as f:
-                    f.write(out)
+            paths = self.record(server, folder, 15)
             code, out, err = call_cli("merge", *paths, "--json")
             self.assertEqual(code, 0, err)
             merged = json.loads(out)
@@ -350,15 +357,7 @@ class Merge(unittest.TestCase):
 
     def test_a_report_merged_with_itself_is_refused_and_gaps_do_not_count(self):
         with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
-            paths = []
-            for seed in (1, 2):
-                code, out, err = call_cli("loadgen", "--url", server.url, "--rate", "20", "--requests", "10",
-                                          "--seed", seed, "--detailed")
-                paths.append(os.path.join(folder, f"{seed}.json"))
-                with open(paths[-1], "w") as f:
-                    f.write(out)
-                if seed == 1:
-                    time.sleep(1.5)       # the second run starts after a gap
+            paths = self.record(server, folder, 10, gap=1.5)      # the second run starts after a gap
             code, out, err = call_cli("merge", paths[0], paths[0])
             self.assertEqual(code, 2)
             self.assertIn("same run", err)
@@ -370,7 +369,6 @@ class Merge(unittest.TestCase):
                     spans.append(json.load(f)["duration"])
         self.assertIn("did not all overlap", err)
         self.assertAlmostEqual(merged["duration"], sum(spans), delta=0.05)
-
 
 if __name__ == "__main__":
     unittest.main()
