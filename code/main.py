@@ -1895,9 +1895,159 @@ class EventEngine(Engine):
 
 
 # ---------------------------------------------------------------------------------------------
-# API: a run described once, built into engines, simulated and summarised. The command line,
-# the tests and bench.py all go through run(spec) and sweep(spec, axis, values).
+# Settings: every knob of a run described once, as a row of RunSpec: its flag, how its text is
+# read, its help with unit and default, the group it belongs to, and whether sweep and search take
+# several values of it. The command line (every subcommand's flags), the run description built
+# from them, sweep axes and labels, compare's overrides and the rerun commands are all made from
+# these rows. A new knob is its row, the code that acts on it, and its test.
 # ---------------------------------------------------------------------------------------------
+
+def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
+    """A whole number in [low, high]; 1,000 and 1_000 are fine, 1,2 (a list) is not."""
+    def parse(text: str) -> int:
+        one_number(text)
+        try:
+            value = int(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
+        return value
+    parse.__name__ = "whole number"
+    return parse
+
+
+def one_number(text: str) -> None:
+    """Commas may group thousands (10,000); anything else with a comma is a list given to a flag
+    that takes one value, and silently reading 1,2 as 12 would be worse than refusing it."""
+    if "," in text and not re.fullmatch(r"\s*[-+]?\d{1,3}(,\d{3})+(\.\d*)?\s*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value "
+                                         f"(sweep and search take lists of server settings)")
+
+
+def real(low: float, high: float, above_low: bool = True, what: str = "") -> Callable[[str], float]:
+    """A finite number in (low, high] (or [low, high])."""
+    def parse(text: str) -> float:
+        one_number(text)
+        try:
+            value = float(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
+            raise argparse.ArgumentTypeError(f"must be {what or ('above' if above_low else 'at least')} {low:g} "
+                                             f"and at most {high:g}, got {text}" if not what else
+                                             f"must be {what}, got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+fraction = real(0, 1, what="a fraction in (0, 1]")
+TOKENS = whole(1, 10**8)             # more than any model's context
+CLIENTS = whole(1, 10**6)
+RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
+LINK_GBS = real(0.001, 10**6, above_low=False)
+MAX_REQUESTS = 2 * 10**6             # each request is kept, ~1 KB, for exact percentiles
+
+
+def token_range(text: str) -> TokenRange:
+    low, dash, high = text.partition("-")
+    try:
+        if dash and not high.strip():
+            raise argparse.ArgumentTypeError(text)
+        r = TokenRange(TOKENS(low), TOKENS(high if dash else low))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of whole numbers from 1 "
+                                         f"to {10**8:,}, got {text!r}") from None
+    if r.low > r.high:
+        raise argparse.ArgumentTypeError(f"range {text!r} runs backwards; write it low-high")
+    return r
+
+
+def list_of(kind: Callable) -> Callable:
+    def parse(text: str) -> list:
+        parts = text.split(",")
+        if any(not part.strip() for part in parts):
+            raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
+                                             f"like 1,8,32")
+        return [kind(part.strip()) for part in parts]
+    parse.__name__ = f"comma-separated {kind.__name__}s"
+    return parse
+
+
+def choice(*names: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+def on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def quantization_flag(text: str) -> Optional[str]:
+    """fp8, int4, or none: the model's own dtype (a sweep compares it with the others)."""
+    return None if text == "none" else choice(*WEIGHT_BYTES)(text)
+
+
+def tokens_or_none(text: str) -> Optional[int]:
+    """A token cap, where 0 (or none) is no cap."""
+    return None if text.strip() in ("0", "none") else whole(1, 10**12)(text)
+
+
+def goodput_bound(text: str) -> tuple[str, float]:
+    metric, colon, value = text.partition(":")
+    if metric not in GOODPUT_METRICS or not colon:
+        raise argparse.ArgumentTypeError(f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
+    try:
+        bound = float(value)
+    except ValueError:
+        bound = math.nan
+    if not 0 < bound < 1e10:
+        raise argparse.ArgumentTypeError(f"{text!r}: the bound is milliseconds, a positive number")
+    return metric, bound
+
+
+def preset_name(text: str) -> str:
+    """A preset's name or a JSON file's path: read when the run is built, so the path is kept."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a preset name or a JSON file")
+    return text
+
+
+# The groups rows belong to, in the order --help shows them.
+GROUPS = {
+    "plan": "hardware and memory plan", "scheduler": "scheduler",
+    "modes": "batching modes (the reference engine's, side by side)", "replicas": "replicas and experts",
+    "speculative": "speculative decoding (vLLM's --speculative-config)",
+    "disaggregation": "prefill/decode disaggregation", "workload": "workload", "slo": "SLOs and cost",
+    "simulator": "simulator", "server": "server", "load": "load",
+}
+
+
+def setting(default, flag: str, kind: Optional[Callable], help: str, group: str, *, metavar: Optional[str] = None,
+            axis: int = 0, short: str = "", aliases: tuple = (), default_text: Optional[str] = None,
+            switch: bool = False, recorded: bool = False, none_label: str = "none", nargs: Optional[str] = None,
+            exclusive: str = ""):
+    """One row of the settings table, kept in a RunSpec field's metadata.
+    kind: reads the flag's text (raising argparse.ArgumentTypeError); None for a plain on/off flag.
+    axis: its place among the settings sweep and search vary, outermost first (0: one value only).
+    short: its label in pictures; default_text: the default as --help says it (else the value).
+    switch: on|off, the flag alone being on. recorded: a measured run records it, and compare
+    takes the flag to replace the recorded value. nargs: "+" for a flag that takes several words.
+    exclusive: rows with the same tag are alternatives; the command line takes one of them."""
+    return field(default=default, metadata=dict(
+        flag=flag, kind=kind, help=help, group=group, metavar=metavar, axis=axis, short=short, aliases=aliases,
+        default_text=default_text, switch=switch, recorded=recorded, none_label=none_label, nargs=nargs,
+        exclusive=exclusive))
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -1911,63 +2061,175 @@ class Trace:
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
 MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
 DEFAULT_CLIENTS = 32
+COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
 
 
 @dataclass(frozen=True)
 class RunSpec:
+    """A run described once: the deployment, the scheduler's knobs, the workload, and how the
+    simulator prices and reports it. Each field is a row of the settings table."""
     # Hardware and memory plan.
-    hardware: Hardware = HARDWARE["h100-sxm-80gb"]
-    model: ModelSpec = MODELS["llama-3.1-8b"]
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    max_model_len: int = 4096
-    kv_tokens: Optional[int] = None
-    num_gpu_blocks: Optional[int] = None
-    quantization: Optional[str] = None    # "fp8" or "int4" weights
-    kv_cache_dtype: str = "auto"          # or "fp8"
+    hardware: Hardware = setting(
+        HARDWARE["h100-sxm-80gb"], "--hardware", preset_name, "hardware preset name or a JSON file with its fields "
+        "(list: main.py presets)", "plan", axis=1, recorded=True)
+    model: ModelSpec = setting(
+        MODELS["llama-3.1-8b"], "--model", preset_name, "model preset name or a JSON file with its fields", "plan",
+        recorded=True)
+    gpu_memory_utilization: float = setting(
+        0.9, "--gpu-memory-utilization", fraction, "share of device memory for weights plus KV cache, as vLLM's flag",
+        "plan", metavar="F", axis=8, short="gpu mem", recorded=True)
+    block_size: int = setting(
+        16, "--block-size", whole(1, 2**20), "tokens per KV block, as vLLM's --block-size", "plan", metavar="TOKENS",
+        axis=9, recorded=True)
+    max_model_len: int = setting(
+        4096, "--max-model-len", TOKENS, "longest prompt + output a request may have; longer requests fail", "plan",
+        metavar="TOKENS", axis=10, recorded=True)
+    kv_tokens: Optional[int] = setting(
+        None, "--kv-tokens", whole(1, 10**12), "fix the KV cache at this many tokens instead of sizing it from memory, "
+        "as llama.cpp's --ctx-size does", "plan", metavar="TOKENS", axis=11, default_text="from the memory budget",
+        recorded=True, exclusive="kv size")
+    num_gpu_blocks: Optional[int] = setting(
+        None, "--num-gpu-blocks", whole(1, 10**11), "fix the number of KV blocks, as copied from a vLLM startup log",
+        "plan", metavar="BLOCKS", axis=12, default_text="from the memory budget", recorded=True, exclusive="kv size")
+    quantization: Optional[str] = setting(
+        None, "--quantization", quantization_flag, "fp8: 1 byte per weight, on FP8 tensor cores where the device has "
+        "them; int4: AWQ/GPTQ 4-bit weights (0.53 bytes with scales), BF16 compute", "plan", metavar="fp8|int4",
+        axis=5, default_text="the model's own dtype")
+    kv_cache_dtype: str = setting(
+        "auto", "--kv-cache-dtype", choice("auto", *KV_BYTES), "fp8: one byte per KV element, twice the tokens in the "
+        "same memory", "plan", metavar="auto|fp8", axis=6, default_text="auto, the model's dtype")
     # Scheduler.
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    prefix_caching: bool = False
-    reserve_full_isl: bool = False
+    max_num_seqs: int = setting(
+        256, "--max-num-seqs", whole(1, 10**6), "most sequences in one step (vLLM --max-num-seqs, llama.cpp "
+        "--parallel)", "scheduler", metavar="N", axis=13, short="seqs", recorded=True)
+    max_num_batched_tokens: int = setting(
+        8192, "--max-num-batched-tokens", TOKENS, "token budget per step, prefill chunks plus decodes", "scheduler",
+        metavar="TOKENS", axis=14, short="batched tokens", recorded=True)
+    chunked_prefill: bool = setting(
+        True, "--no-chunked-prefill", None, "admit a prompt only if all of it fits the step's budget left",
+        "scheduler", default_text="chunked prefill on")
+    prefix_caching: bool = setting(
+        False, "--prefix-caching", on_off, "share KV blocks of identical prefixes, as vLLM's automatic prefix "
+        "caching", "scheduler", axis=15, switch=True, recorded=True)
+    reserve_full_isl: bool = setting(
+        False, "--scheduler-reserve-full-isl", on_off, "admit a request only if blocks for its whole prompt are free, "
+        "not just its first chunk", "scheduler", axis=16, short="reserve isl", switch=True, recorded=True)
     # Variations.
-    max_tokens_in_flight: Optional[int] = None
-    batching: str = "continuous"          # or "static"
-    kv_layout: str = "paged"              # or "slots"
-    speculative_tokens: int = 0           # proposals verified per decoding sequence per step
-    acceptance_rate: float = 0.7          # the chance each proposal is accepted
-    draft_model: Optional[ModelSpec] = None   # None: n-gram prompt lookup, which costs nothing
-    tensor_parallel_size: int = 1         # devices one engine's weights and KV are split across
-    data_parallel_size: int = 1           # replicas behind a router
-    router: str = "least-loaded"          # or "round-robin", "prefix-aware"
-    enable_expert_parallel: bool = False  # with replicas: experts spread across them
-    disaggregate: bool = False
-    prefill_hardware: Optional[Hardware] = None
-    decode_hardware: Optional[Hardware] = None
-    kv_link_gbs: float = 25.0
+    max_tokens_in_flight: Optional[int] = setting(
+        None, "--max-tokens-in-flight", tokens_or_none, "admit a request only while prompt + output summed over "
+        "running requests stays under this cap, as TGI's --max-batch-total-tokens; 0 is no cap", "scheduler",
+        metavar="TOKENS", axis=17, short="in flight", default_text="no cap", none_label="no cap")
+    batching: str = setting(
+        "continuous", "--batching", choice("continuous", "static"), "continuous: the batch is decided again every "
+        "step; static: take --max-num-seqs requests, left-pad them, run until the slowest is done", "modes",
+        metavar="continuous|static")
+    kv_layout: str = setting(
+        "paged", "--kv-layout", choice("paged", "slots"), "paged: blocks allocated as sequences grow; slots: the "
+        "cache split evenly into --max-num-seqs fixed contexts, as llama.cpp with --parallel", "modes",
+        metavar="paged|slots")
+    speculative_tokens: int = setting(
+        0, "--speculative-tokens", whole(0, 64), "each decoding sequence verifies K proposed tokens per step, as "
+        "num_speculative_tokens", "speculative", metavar="K", axis=19, default_text="off")
+    acceptance_rate: float = setting(
+        0.7, "--acceptance-rate", real(0, 1, above_low=False, what="a fraction in [0, 1]"), "the chance each proposal "
+        "is accepted; a step yields (1 - A^(K+1)) / (1 - A) tokens on average", "speculative", metavar="A", axis=20)
+    draft_model: Optional[ModelSpec] = setting(
+        None, "--draft-model", preset_name, "the draft model proposing them (a preset or JSON), run K times per step "
+        "and kept in memory", "speculative", metavar="MODEL", default_text="n-gram prompt lookup, which costs nothing")
+    tensor_parallel_size: int = setting(
+        1, "--tensor-parallel-size", whole(1, 64), "split each engine's weights and KV heads over N GPUs, as vLLM's "
+        "flag; each step adds two all-reduces per layer on the interconnect", "plan", metavar="N", axis=2, short="tp",
+        aliases=("-tp",), recorded=True)
+    data_parallel_size: int = setting(
+        1, "--data-parallel-size", whole(1, 1024), "N engines, each with its own cache, behind a router on one clock, "
+        "as vLLM's flag", "replicas", metavar="N", axis=3, short="dp", aliases=("-dp", "--replicas"), recorded=True)
+    router: str = setting(
+        "least-loaded", "--router", choice(*ROUTERS), "which replica gets a request when it arrives: in turn, the one "
+        "with the fewest running and waiting, or the one whose cache holds the longest run of its prompt (llm-d's "
+        "and SGLang's prefix-aware routing)", "replicas", metavar="|".join(ROUTERS), axis=4, recorded=True)
+    enable_expert_parallel: bool = setting(
+        False, "--enable-expert-parallel", on_off, "with replicas and a mixture-of-experts model: spread the experts "
+        "over the replicas (attention stays on each), adding an all-to-all per MoE layer", "replicas", axis=18,
+        switch=True, recorded=True)
+    disaggregate: bool = setting(
+        False, "--disaggregate", None, "one engine only prefills, another only decodes; each request's KV crosses a "
+        "link between them", "disaggregation", default_text="off; any flag below turns it on")
+    prefill_hardware: Optional[Hardware] = setting(
+        None, "--prefill-hardware", preset_name, "the prefill engine's hardware", "disaggregation",
+        default_text="--hardware")
+    decode_hardware: Optional[Hardware] = setting(
+        None, "--decode-hardware", preset_name, "the decode engine's hardware", "disaggregation",
+        default_text="--hardware")
+    kv_link_gbs: float = setting(
+        25.0, "--kv-link-gbs", LINK_GBS, "the link's bandwidth in GB/s", "disaggregation", metavar="GBS", axis=21,
+        default_text="25")
     # Workload.
-    trace: Optional[Trace] = None
-    requests: Optional[int] = None        # synthetic requests, or the first N of a trace
-    prompt_tokens: TokenRange = DEFAULT_PROMPT
-    output_tokens: TokenRange = DEFAULT_OUTPUT
-    prefix_tokens: int = 0
-    num_prefixes: int = 1
-    rate: Optional[float] = None
-    concurrency: Optional[int] = None
-    seed: int = 7
-    time_scale: float = 1.0               # a trace's arrival times are multiplied by this
-    burstiness: float = 1.0               # gamma shape of the gaps between arrivals; 1 is Poisson
-    ramp_up: Optional[tuple] = None       # ("linear" | "exponential", start rps, end rps)
-    turns: int = 1                        # requests per conversation
-    think_time: float = 0.0               # seconds between a turn's end and the next turn
-    warmup: int = 0                       # first requests sent, left out of the metrics
+    trace: Optional[Trace] = setting(
+        None, "--trace", None, "requests with their own send times, lengths and shared content, in any "
+        "--trace-format (servesim JSONL: arrival s, prompt_tokens, output_tokens, optional prefix and prefix_tokens)",
+        "workload", metavar="FILE", exclusive="arrivals")
+    requests: Optional[int] = setting(
+        None, "--requests", whole(1, MAX_REQUESTS), "number of synthetic requests, or the first N of a trace",
+        "workload", metavar="N", default_text=f"{DEFAULT_REQUESTS}, or the whole trace")
+    prompt_tokens: TokenRange = setting(
+        DEFAULT_PROMPT, "--prompt-tokens", token_range, "prompt length in tokens after any shared prefix, fixed or "
+        "uniform", "workload", metavar="N|A-B")
+    output_tokens: TokenRange = setting(
+        DEFAULT_OUTPUT, "--output-tokens", token_range, "output length in tokens, fixed or uniform", "workload",
+        metavar="N|A-B")
+    prefix_tokens: int = setting(
+        0, "--prefix-tokens", whole(0, 10**8), "a shared system prompt of this many tokens in front of every prompt",
+        "workload", metavar="TOKENS", default_text="none")
+    num_prefixes: int = setting(
+        1, "--num-prefixes", whole(1, 10**6), "how many distinct shared system prompts, assigned round robin",
+        "workload", metavar="M")
+    rate: Optional[float] = setting(
+        None, "--rate", RATE, "open loop: arrivals at R requests/s, Poisson (or gamma with --burstiness)", "workload",
+        metavar="R", axis=24, default_text="closed loop", exclusive="arrivals")
+    concurrency: Optional[int] = setting(
+        None, "--concurrency", CLIENTS, "closed loop: N clients, each sending its next request when the last ends",
+        "workload", metavar="N", axis=25, default_text=f"closed loop with {DEFAULT_CLIENTS} clients",
+        exclusive="arrivals")
+    seed: int = setting(7, "--seed", int, "random seed for lengths and arrivals", "workload")
+    time_scale: float = setting(
+        1.0, "--time-scale", real(1e-6, 1e6), "multiply a trace's arrival times by X: 0.5 replays it at twice its rate",
+        "workload", metavar="X")
+    burstiness: float = setting(
+        1.0, "--burstiness", real(0.001, 1000), "gaps between arrivals are gamma with shape B at the same mean rate: 1 "
+        "is Poisson, below 1 burstier (coefficient of variation 1/sqrt(B)), above 1 more even; with --rate or a ramp",
+        "workload", metavar="B", axis=23)
+    ramp_up: Optional[tuple] = setting(
+        None, "--ramp-up-strategy", choice("linear", "exponential"), "raise the arrival rate from --ramp-up-start-rps to --ramp-up-end-rps over "
+        "the run, request by request, as vllm bench serve does; instead of --rate", "workload",
+        metavar="linear|exponential", default_text="off")
+    turns: int = setting(
+        1, "--turns", whole(1, 10_000), "conversations of N requests: each turn's prompt is the conversation so far "
+        "(earlier messages and answers) plus a new --prompt-tokens message; --requests counts requests", "workload",
+        metavar="N", default_text="1, no conversations")
+    think_time: float = setting(
+        0.0, "--think-time", real(0, 86_400, above_low=False), "seconds between a turn's last token and the next "
+        "turn's request", "workload", metavar="S")
+    warmup: int = setting(
+        0, "--warmup", whole(0, MAX_REQUESTS), "send N requests first and leave them out of the metrics", "workload",
+        metavar="N")
     # Output, engine and cost model.
-    detailed: bool = False
-    engine: str = "event"                 # or "step": the per-step rule, slower, same results
-    cost_model: str = "roofline"          # or "kernels"
-    goodput: tuple = ()                   # ((metric, ms), ...): the SLOs goodput counts
-    price_per_hour: Optional[float] = None   # per GPU; None: the hardware preset's
+    detailed: bool = False               # keep every token's time, for --detailed arrays
+    engine: str = setting(
+        "event", "--engine", choice("event", "step"), "event: work per event (arrivals, block boundaries, finishes); "
+        "step: the per-step rule the event engine is tested against, slower, same results", "simulator",
+        metavar="event|step")
+    cost_model: str = setting(
+        DEFAULT_COST_MODEL, "--cost-model", choice(*COST_MODELS), "how a step is priced: roofline (the lesson's: "
+        "compute vs memory for the whole step) or kernels (GEMMs and attention apart, with tiles and measured "
+        "efficiencies)", "plan", metavar="|".join(COST_MODELS), axis=7)
+    goodput: tuple = setting(
+        (), "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
+        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
+        "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
+    price_per_hour: Optional[float] = setting(
+        None, "--price-per-hour", real(0, 1e6), "USD an hour per GPU, in place of the hardware preset's price; "
+        "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
+        default_text="the preset's on-demand price, see main.py presets")
 
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
@@ -1989,7 +2251,68 @@ class RunSpec:
         return f"{shape} {self.rate:g} req/s" + chats
 
 
+SETTINGS = {f.name: f for f in fields(RunSpec) if f.metadata}
+SWEPT = sorted((f.name for f in SETTINGS.values() if f.metadata["axis"]), key=lambda n: SETTINGS[n].metadata["axis"])
+
+
+def flag_of(name: str) -> str:
+    """A setting's flag; the pseudo-settings of sweep (--compare) are named as they are."""
+    return SETTINGS[name].metadata["flag"] if name in SETTINGS else "--" + name.replace("_", "-")
+
+
+def short_label(name: str) -> str:
+    return SETTINGS[name].metadata["short"] if name in SETTINGS and SETTINGS[name].metadata["short"] \
+        else flag_of(name)[2:]
+
+
+def value_label(name: str, value) -> str:
+    """A setting's value as a table cell or a picture's label."""
+    if value is None:
+        return SETTINGS[name].metadata["none_label"] if name in SETTINGS else "none"
+    if isinstance(value, (Hardware, ModelSpec)):
+        return value.name
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if name == "trace":
+        return os.path.basename(str(value))
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def check_spec(spec: RunSpec) -> None:
+    """Every rule that spans two settings, so the API refuses what the command line refuses."""
+    default = RunSpec()
+    synthetic = (spec.prompt_tokens, spec.output_tokens, spec.prefix_tokens, spec.num_prefixes) != \
+        (default.prompt_tokens, default.output_tokens, default.prefix_tokens, default.num_prefixes)
+    if spec.trace and synthetic:
+        raise UserError("--prompt-tokens, --output-tokens, --prefix-tokens and --num-prefixes describe synthetic "
+                        "requests; a --trace gives each request's own lengths")
+    if spec.trace and (spec.rate or spec.concurrency):
+        raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
+    if spec.rate and spec.concurrency:
+        raise UserError("--rate (open loop) and --concurrency (closed loop) are two ways to send load: give one")
+    if spec.time_scale != 1 and not spec.trace:
+        raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
+    if spec.turns > 1 and spec.trace:
+        raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
+    if spec.think_time and spec.turns == 1:
+        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if spec.num_prefixes > 1 and not spec.prefix_tokens:
+        raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
+    if spec.ramp_up:
+        strategy, start, end = spec.ramp_up
+        if start > end:
+            raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
+        if spec.rate or spec.concurrency or spec.trace:
+            raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
+    if spec.burstiness != 1 and not (spec.ramp_up or spec.rate):
+        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
+    if spec.warmup:
+        sent = min(len(spec.trace.rows), spec.requests or len(spec.trace.rows)) if spec.trace else \
+            spec.requests or DEFAULT_REQUESTS
+        if spec.warmup >= sent:
+            raise UserError(f"--warmup {spec.warmup:,} leaves no request to measure: send more --requests"
+                            if not spec.trace else f"--warmup {spec.warmup:,} leaves no request of trace "
+                            f"{spec.trace.name} ({len(spec.trace.rows):,} requests) to measure")
     if spec.batching == "static" and (spec.prefix_caching or spec.kv_layout == "slots"):
         raise UserError("--batching static runs its own padded batch: drop --prefix-caching and --kv-layout slots")
     if spec.kv_layout == "slots" and spec.prefix_caching:
@@ -2013,6 +2336,46 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("disaggregation is modelled for continuous batching on a paged cache; "
                         "drop --batching static / --kv-layout slots")
 
+
+def flag_words(f, value) -> list[str]:
+    """A setting's value as the words of its flag, as a command line would give it."""
+    flag = f.metadata["flag"]
+    if flag.startswith("--no-"):
+        return [flag] if not value else []
+    if value is True or (value is False and f.metadata["switch"]):
+        return [flag] if value else [flag, "off"]
+    if f.name == "goodput":
+        return [flag, *(f"{metric}:{bound:g}" for metric, bound in value)]
+    if f.name == "ramp_up":
+        strategy, start, end = value
+        return [flag, strategy, "--ramp-up-start-rps", f"{start:g}", "--ramp-up-end-rps", f"{end:g}"]
+    if isinstance(value, (Hardware, ModelSpec, Trace)):
+        return [flag, value.name]
+    if isinstance(value, float):          # exact, so the command reruns the same run
+        return [flag, f"{value:g}" if float(f"{value:g}") == value else repr(value)]
+    return [flag, str(value)]
+
+
+def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
+    """The simulate command line that runs exactly this spec; `sources` maps a preset's name to
+    the file it was read from."""
+    words, default = ["python3", "code/main.py", "simulate"], RunSpec()
+    for f in SETTINGS.values():
+        value = getattr(spec, f.name)
+        if value == getattr(default, f.name) or f.name == "engine" or \
+                (f.name == "kv_link_gbs" and not spec.disaggregate):
+            continue
+        said = flag_words(f, value)
+        if isinstance(value, (Hardware, ModelSpec)) and sources:
+            said[-1] = sources.get(value.name, value.name)
+        words += said
+    return shlex.join(words)
+
+
+# ---------------------------------------------------------------------------------------------
+# API: a run described once, built into engines, simulated and summarised. The command line,
+# the tests and bench.py all go through run(spec) and sweep(spec, axis, values).
+# ---------------------------------------------------------------------------------------------
 
 def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] = None) -> Scheduler:
     """The core scheduler (per step or per event) with the variations the spec asks for."""
@@ -2041,32 +2404,40 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
     return cls(config, plan.num_blocks, spec.detailed, **options)
 
 
-def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
-    """One engine, or a prefill engine and a decode engine joined by a KvLink."""
-    check_spec(spec)
-
+def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
+    """One GPU's memory plan, and how a step of its engine is priced (its group's communication
+    included): what capacity prints and what each engine of run() is built from."""
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
     tp, ep = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1
     device = expert_shard(tensor_shard(model, tp), ep)      # what each GPU holds and computes
+    draft = spec.draft_model if spec.speculative_tokens else None
+    plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
+                         spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
+    cost = COST_MODELS[spec.cost_model](hardware, device, gemm_tflops(hardware, spec.quantization))
+    if tp > 1 or ep > 1:
+        cost = Parallel(cost, hardware, model, tp, ep)
+    plan.tensor_parallel_size, plan.group_model = tp, model
+    return plan, cost
+
+
+def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
+    """One engine per replica, or a prefill engine and a decode engine joined by a KvLink."""
+    check_spec(spec)
 
     def engine(hardware: Hardware) -> Engine:
+        plan, cost = device_plan(spec, hardware)
         draft = spec.draft_model if spec.speculative_tokens else None
-        plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size,
-                             spec.max_model_len, spec.kv_tokens, spec.num_gpu_blocks,
-                             extra_weight_bytes=draft.weight_bytes if draft else 0.0)
         draft_cost = COST_MODELS[spec.cost_model](hardware, draft) if draft else None
         scheduler = make_scheduler(spec, plan, draft_cost)
-        cost = COST_MODELS[spec.cost_model](hardware, device, gemm_tflops(hardware, spec.quantization))
-        if tp > 1 or ep > 1:
-            cost = Parallel(cost, hardware, model, tp, ep)
-        engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, model, scheduler, cost)
+        engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         engine.plan_note = plan.note
         return engine
 
     if not spec.disaggregate:
         return [engine(spec.hardware) for _ in range(spec.data_parallel_size)], None
     prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
-    link = KvLink(spec.kv_link_gbs, device.kv_bytes_per_token * tp, decode)
+    device = tensor_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.tensor_parallel_size)
+    link = KvLink(spec.kv_link_gbs, device.kv_bytes_per_token * spec.tensor_parallel_size, decode)
     prefill.scheduler.handoff = link.send
     return [prefill, decode], link
 
@@ -2286,9 +2657,6 @@ def combined_report(replicas: list[dict], prefix_hit_rate: float) -> dict:
     }
 
 
-COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
-
-
 def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
     """The spec of one sweep point: each RunSpec field in `settings` set to its value."""
     for name, value in settings.items():
@@ -2503,6 +2871,86 @@ def cheapest_first(found: list[dict]) -> list[dict]:
         rank = 0 if best else 1 if item["probes"] else 2
         return (rank, cost.get("usd_per_hour") or math.inf, cost.get("usd_per_million_output_tokens") or math.inf)
     return sorted(found, key=key)
+
+
+# Grids: the points a sweep runs and the deployments a search tries, from the settings given
+# several values.
+
+DEFAULT_SWEEP = [1, 8, 32, 128, 256]
+COMPARE_AXIS = 22        # sweep --compare's place among the axes: after the link, before the load
+AXES = sorted([*SWEPT, "compare"], key=lambda n: SETTINGS[n].metadata["axis"] if n in SETTINGS else COMPARE_AXIS)
+
+
+def sweep_grid(given: dict, gpus: Optional[int] = None, trace: Optional[str] = None) -> tuple[list[str], list[dict]]:
+    """The settings a sweep varies (at most two) and its points, the grid of their values. `given`
+    maps each setting given as a list to its values; a list of one is a fixed setting, not an axis."""
+    given = {axis: given[axis] for axis in AXES if axis in given}
+    axes = [axis for axis, values in given.items() if len(values) > 1 or axis in ("compare", "kv_link_gbs")]
+    if len(axes) > 2:
+        raise UserError(f"sweep varies at most two settings at a time: {', '.join(flag_of(a) for a in axes)} "
+                        f"each have several values; give all but two of them one value")
+    if gpus:
+        return gpu_split_points(gpus, given, axes)
+    if not axes and trace:
+        return ["trace"], [{"trace": trace}]
+    if not axes:
+        axes = ["rate" if given.get("rate") else "concurrency"]
+    values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
+    if "kv_link_gbs" in values:
+        values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
+    return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+
+
+def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
+    """--gpus N: the same N GPUs split each way -tp lists (or the ways -dp lists), the rest replicas
+    (or tensor parallel), so the rows compare TP against replicas at equal cost."""
+    split = [a for a in ("tensor_parallel_size", "data_parallel_size") if a in given]
+    if len(split) != 1:
+        raise UserError(f"--gpus {gpus} splits the GPUs by the -tp values or by the -dp values: give one of "
+                        f"them, e.g. -tp 1,2,4,8")
+    by, other = split[0], ({"tensor_parallel_size", "data_parallel_size"} - set(split)).pop()
+    odd = [v for v in given[by] if gpus % v]
+    if odd:
+        raise UserError(f"--gpus {gpus}: {flag_of(by)} {odd[0]} does not divide {gpus} GPUs evenly")
+    rest = [a for a in axes if a != by]
+    if not rest:
+        rest = ["rate"] if given.get("rate") else ["concurrency"]
+    if len(rest) > 1:
+        raise UserError(f"--gpus {gpus} varies {flag_of(by)} and one more setting; "
+                        f"{' and '.join(flag_of(a) for a in rest)} both have several values")
+    loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
+    points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
+              for v in given[by] for combination in itertools.product(*loads.values())]
+    return [by, other, *rest], points
+
+
+SEARCH_EXCLUDED = ("kv_link_gbs", "compare", "rate", "concurrency")
+MAX_DEPLOYMENTS = 100_000
+
+
+def search_grid(given: dict) -> tuple[list[str], list[dict]]:
+    """The deployments a search tries: every combination of the server settings given as lists."""
+    if len(given.get("kv_link_gbs") or []) > 1:
+        raise UserError("search tries deployments; --kv-link-gbs takes one value here (sweep it instead)")
+    axes = [axis for axis in AXES if axis not in SEARCH_EXCLUDED and len(given.get(axis) or []) > 1]
+    points = [dict(zip(axes, combination)) for combination in itertools.product(*(given[a] for a in axes))]
+    if len(points) > MAX_DEPLOYMENTS:
+        raise UserError(f"search grid of {len(points):,} deployments; narrow the lists to at most {MAX_DEPLOYMENTS:,}")
+    return axes, points
+
+
+def search_report(spec: RunSpec, points: list[dict], found: list[dict], slo: Slo, by: str, target: Optional[float],
+                  tolerance: float, sources: Optional[dict] = None, stopped: bool = False) -> dict:
+    """What a search found, as one report: each probe with the simulate command that reruns it,
+    the deployments ranked cheapest first when they were all run at one load."""
+    for item, settings in zip(found, points):
+        deployment = sweep_point(spec, settings)
+        for probe in item["probes"]:
+            probe["rerun"] = simulate_command(sweep_point(deployment, at_load(deployment, by, probe["load"])), sources)
+    ranked = cheapest_first(found) if target is not None else found
+    return {"slo": {name: bound for name, _, bound in slo.bounds}, "by": by, "target": target,
+            "tolerance": tolerance if target is None else None, "deployments": ranked,
+            "tried": f"{len(found)} of {len(points)}" if stopped else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2934,36 +3382,127 @@ class StreamRecord:
 
 @dataclass
 class LoadConfig:
-    url: str
-    model: Optional[str] = None
-    requests: Optional[int] = 64
-    concurrency: Optional[int] = None
-    rate: Optional[float] = None
-    duration_s: Optional[float] = None
-    max_tokens: int = 64
-    ignore_eos: bool = False
-    prompt_words: int = 40
-    prefix_words: int = 0
-    prompts: Optional[list] = None      # messages lists from --prompts FILE
-    seed: int = 7
-    timeout_s: float = 120.0
-    request_timeout_s: Optional[float] = None
-    scrape_interval_s: float = 1.0
-    api_key: Optional[str] = None
-    slos: Optional[dict] = None          # --goodput bounds, ms
+    """A load run described once; each field with a flag is a row of loadgen's settings table."""
+    url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address", "server")
+    model: Optional[str] = setting(None, "--model", str, "model id to request", "server",
+                                   default_text="the first id from GET /v1/models")
+    api_key: Optional[str] = setting(None, "--api-key", str, "sent as a Bearer token, never printed", "server",
+                                     default_text="$OPENAI_API_KEY if set")
+    timeout_s: float = setting(
+        120.0, "--timeout", real(0, 86400), "longest wait for the next event of a stream (or for the answer to "
+        "start) before the request counts as failed; comments and keep-alives do not reset it", "server",
+        metavar="SECONDS")
+    request_timeout_s: Optional[float] = setting(
+        None, "--request-timeout", real(0, 7 * 86400), "longest a whole request may take before it counts as failed",
+        "server", metavar="SECONDS", default_text="no limit")
+    scrape_interval_s: float = setting(
+        1.0, "--scrape-interval", real(0.01, 3600, above_low=False), "how often /metrics is read during the run",
+        "server", metavar="SECONDS")
+    concurrency: Optional[int] = setting(
+        None, "--concurrency", whole(1, 10000), "closed loop: N clients; with --rate, the most requests in flight",
+        "load", metavar="N", default_text="1; with --rate, no cap")
+    rate: Optional[float] = setting(
+        None, "--rate", real(0.001, 100000, above_low=False), "open loop: Poisson arrivals at R requests/s, 0.001 to "
+        "100,000", "load", metavar="R", default_text="closed loop")
+    requests: Optional[int] = setting(
+        64, "--requests", whole(1, MAX_REQUESTS), "requests to send", "load", metavar="N",
+        default_text="64, or no count limit when --duration is given")
+    duration_s: Optional[float] = setting(
+        None, "--duration", real(0, 7 * 86400), "stop sending after this long; requests in flight finish", "load",
+        metavar="SECONDS", default_text="no time limit")
+    max_tokens: int = setting(64, "--max-tokens", whole(1, 10**7), "max_tokens of each request", "load",
+                              metavar="TOKENS")
+    ignore_eos: bool = setting(
+        False, "--ignore-eos", None, "ask the server to generate exactly --max-tokens tokens (llama.cpp, vLLM and "
+        "SGLang accept ignore_eos)", "load", default_text="off")
+    prompt_words: int = setting(
+        40, "--prompt-tokens", whole(1, 10**6), "a distinct prompt of this many tokens per request, in common words "
+        "sized by the server's own token counts for two probe prompts sent first", "load", metavar="TOKENS")
+    prefix_words: int = setting(
+        0, "--prefix-tokens", whole(1, 10**6), "a shared system prompt of this many tokens, the same for every request",
+        "load", metavar="TOKENS", default_text="none")
+    prompts: Optional[list] = setting(
+        None, "--prompts", None, "your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
+        "used in turn", "load", metavar="FILE", default_text="generated prompts")
+    seed: int = setting(7, "--seed", int, "seed for prompts and arrivals", "load")
+    slos: Optional[dict] = setting(
+        None, "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
+        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
+        "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
     timeline: bool = False               # per-second rows for --timeline and --plot
-    burstiness: float = 1.0              # gamma shape of the gaps between arrivals (vllm bench's)
-    ramp_up: Optional[tuple] = None      # ("linear" | "exponential", start rps, end rps)
-    trace: Optional[Trace] = None        # replay: its send times, lengths and shared content
-    time_scale: float = 1.0
-    turns: int = 1                       # requests per conversation, each carrying the real replies
-    think_time_s: float = 0.0
-    warmup: int = 0                      # first requests sent, left out of the metrics
-    size_prompts: bool = False           # measure tokens per word with a probe and size prompts in tokens
+    burstiness: float = setting(
+        1.0, "--burstiness", real(0.001, 1000), "gaps between arrivals are gamma with shape B at the same mean rate: 1 "
+        "is Poisson, below 1 burstier (coefficient of variation 1/sqrt(B)), above 1 more even; with --rate or a ramp",
+        "load", metavar="B")
+    ramp_up: Optional[tuple] = setting(
+        None, "--ramp-up-strategy", choice("linear", "exponential"), "raise the arrival rate from --ramp-up-start-rps "
+        "to --ramp-up-end-rps over the run, request by request, as vllm bench serve does; instead of --rate", "load",
+        metavar="linear|exponential", default_text="off")
+    trace: Optional[Trace] = setting(
+        None, "--trace", None, "replay a trace (any --trace-format): each request at its time (x --time-scale), its "
+        "prompt built so equal content runs (hash ids, system prompts) are equal text and others differ, max_tokens "
+        "its output length with ignore_eos", "load", metavar="FILE", default_text="off")
+    time_scale: float = setting(1.0, "--time-scale", real(1e-6, 1e6), "multiply the trace's send times by X", "load",
+                                metavar="X")
+    turns: int = setting(
+        1, "--turns", whole(1, 10_000), "conversations of N requests: each turn sends the earlier messages and the "
+        "server's own replies, plus a new --prompt-tokens message; --requests counts requests", "load", metavar="N")
+    think_time_s: float = setting(
+        0.0, "--think-time", real(0, 86_400, above_low=False), "seconds between a reply's end and the next turn",
+        "load", metavar="S")
+    warmup: int = setting(0, "--warmup", whole(0, MAX_REQUESTS), "the first N requests are sent but left out of the "
+                          "metrics", "load", metavar="N")
+    size_prompts: bool = setting(
+        False, "--no-size-prompts", None, "skip the probe and send one word per token asked", "load",
+        default_text="probe")
+    price_per_hour: Optional[float] = setting(
+        None, "--price-per-hour", real(0, 1e6), "USD an hour for the server measured, all its GPUs together; reports "
+        "gain $ an hour and $ per million output tokens", "slo", metavar="USD", default_text="no cost")
     words_per_token: float = 1.0         # set by the probe
     template_tokens: float = 0.0         # the chat template's own tokens, set by the probe
-    price_per_hour: Optional[float] = None
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
+
+
+def load_from_args(args) -> LoadConfig:
+    """The load run the flags describe, with loadgen's rules across flags."""
+    given = settings_from_args(LoadConfig, args)
+    trace = given.get("trace")
+    if given.get("prompts") and ("prompt_words" in given or "prefix_words" in given):
+        raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
+    if trace and ({"prompts", "prompt_words", "prefix_words", "rate", "max_tokens"} & set(given)
+                  or given.get("turns", 1) > 1):
+        raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
+                        "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
+    if "time_scale" in given and not trace:
+        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
+    if given.get("think_time_s") and given.get("turns", 1) == 1:
+        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if given.get("turns", 1) > 1 and given.get("prompts"):
+        raise UserError("--turns builds the conversation from generated messages; drop --prompts")
+    if given.get("ramp_up") and "requests" not in given:
+        raise UserError("a ramp runs over a number of requests: add --requests N")
+    if given.get("ramp_up") and (given.get("rate") or given.get("concurrency") or trace):
+        raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
+    if given.get("ramp_up") and given["ramp_up"][1] > given["ramp_up"][2]:
+        raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
+    if given.get("burstiness", 1) != 1 and not (given.get("ramp_up") or given.get("rate")):
+        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
+    if "requests" not in given:
+        given["requests"] = None if "duration_s" in given else len(trace.rows) if trace else 64
+    if given.get("warmup") and given["requests"] is not None and \
+            given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
+        raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
+    sized = "prompt_words" in given or bool(given.get("prefix_words")) or bool(trace)
+    given["size_prompts"] = given.get("size_prompts", True) and sized
+    if given.get("prompts"):
+        given["prompts"] = read_prompts(given["prompts"])
+    if "slos" in given:
+        given["slos"] = dict(given["slos"])
+    if "concurrency" not in given and not (given.get("rate") or trace or given.get("ramp_up")):
+        given["concurrency"] = 1
+    given["api_key"] = given.get("api_key") or os.environ.get("OPENAI_API_KEY")
+    given["timeline"] = bool(args.timeline or args.plot)
+    return LoadConfig(**given)
 
 
 class ServerUnreachable(CapacityError):
@@ -4111,8 +4650,9 @@ def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = Fal
     requests = measured.requests
     trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    spec = replace(spec, trace=trace, requests=None, concurrency=None, rate=None, detailed=timeline or spec.detailed,
-                   max_model_len=max(spec.max_model_len, longest))
+    workload = {name: f.default for name, f in SETTINGS.items() if f.metadata["group"] == "workload" and name != "seed"}
+    workload.update(trace=trace, detailed=timeline or spec.detailed, max_model_len=max(spec.max_model_len, longest))
+    spec = replace(spec, **workload)
     return run(spec, timeline=timeline)
 
 
@@ -4126,7 +4666,7 @@ COMPARED = (   # label, key in a summarize() result, digits
 )
 
 
-def compare_rows(measured: dict, simulated: dict, timeline: list) -> dict:
+def compared_rows(measured: dict, simulated: dict, timeline: list = ()) -> dict:
     """Each figure measured and simulated, with its error (simulated / measured - 1)."""
     rows = {label: (measured.get(key), simulated.get(key)) for label, key, _ in COMPARED}
     engine = simulated.get("engine") or {}
@@ -4137,7 +4677,11 @@ def compare_rows(measured: dict, simulated: dict, timeline: list) -> dict:
         logged = max(t.get("kv_cache_pct", 0) for t in timeline)
         rows["peak kv use %"] = (logged or None, 100 * engine.get("kv_peak", 0))    # all zeros: not logged
     elif server.get("server"):
-        rows["mean batch"] = (server.get("mean_batch_per_decode") or server.get("peak_running"), engine.get("mean_batch"))
+        # llama.cpp reports its mean batch; vLLM and SGLang only gauges, whose peaks stand beside the simulated ones.
+        if server.get("mean_batch_per_decode") is not None:
+            rows["mean batch"] = (server["mean_batch_per_decode"], engine.get("mean_batch"))
+        else:
+            rows["peak running"] = (server.get("peak_running"), engine.get("peak_running"))
         rows["peak waiting"] = (server.get("peak_requests_deferred", server.get("peak_waiting")), engine.get("peak_waiting"))
         if server.get("preemptions") is not None:
             rows["preemptions"] = (server["preemptions"], engine.get("preemptions"))
@@ -4163,6 +4707,174 @@ def server_shape(client: Http) -> tuple[dict, str]:
             or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
         return {}, f"/props reports {slots!r} slots of {context!r} tokens, not a server shape: simulator defaults"
     return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
+
+
+def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
+    """The engine the run recorded, with the `given` settings on top. Changing the deployment
+    (its device, parallelism, block size or memory share) drops the recorded KV block count,
+    which was that deployment's."""
+    found = measured.settings
+    settings = {k: v for k, v in found.items() if k in SETTINGS and SETTINGS[k].metadata["recorded"]}
+    if "model" not in given:
+        name = KNOWN_MODELS.get(found.get("model_name", ""))
+        if not name:
+            raise UserError(f"run {measured.name}: model {found.get('model_name') or 'not recorded'} has no preset; "
+                            f"pass --model (a preset or a JSON file)")
+        settings["model"] = MODELS[name]
+    if "hardware" not in given:
+        name = KNOWN_DEVICES.get(found.get("device_name", ""))
+        if not name:
+            raise UserError(f"run {measured.name}: device {found.get('device_name') or 'not recorded'} has no preset; "
+                            f"pass --hardware (a preset or a JSON file)")
+        settings["hardware"] = HARDWARE[name]
+        if found.get("device_bytes"):        # what the run's device reported
+            settings["hardware"] = replace(settings["hardware"], memory_gib=found["device_bytes"] / GIB)
+    changed = [k for k in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "block_size",
+                           "gpu_memory_utilization") if k in given and given[k] != found.get(k)]
+    settings.update(given)
+    if "kv_tokens" in given or ((changed or "hardware" in given) and "num_gpu_blocks" not in given):
+        settings.pop("num_gpu_blocks", None)
+    if found.get("enable_expert_parallel") and settings.get("tensor_parallel_size", 1) > 1 and \
+            "enable_expert_parallel" not in given:
+        raise UserError(f"run {measured.name} recorded --enable-expert-parallel, which servesim models with -tp 1; "
+                        f"add --enable-expert-parallel off to try tensor parallelism instead")
+    spec = RunSpec(**settings)
+    check_spec(spec)
+    return spec
+
+
+def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
+    """A measured run beside its simulation: a title naming what was simulated, the rows of
+    figures with their errors, and both reports."""
+    simulated = simulate_measured(measured, spec, timeline=timeline)
+    actual = summarize(measured.requests, slos=dict(spec.goodput))
+    title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
+             f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
+             f"{simulated['config']['kv_tokens']:,} KV tokens{' a replica' if spec.data_parallel_size > 1 else ''}, "
+             f"max-num-seqs {spec.max_num_seqs}, "
+             f"max-num-batched-tokens {spec.max_num_batched_tokens}"
+             + (", prefix caching" if spec.prefix_caching else "")
+             + (", reserve full isl" if spec.reserve_full_isl else "")
+             + (f", tensor parallel {spec.tensor_parallel_size}" if spec.tensor_parallel_size > 1 else "")
+             + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
+             + (", expert parallel" if spec.enable_expert_parallel else ""))
+    return {"title": title, "rows": compared_rows(actual, simulated, measured.timeline), "measured": actual,
+            "servesim": simulated}
+
+
+def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: ModelSpec) -> dict:
+    """loadgen --simulate: the run just measured (its send times and lengths, the server's own
+    shape where /props gives it) simulated, each figure beside the measured one."""
+    client = Http(config.url, config.timeout_s, config.api_key)
+    shape, note = server_shape(client)
+    spec = RunSpec(hardware=hardware, model=model, **shape)
+    title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
+    try:
+        predicted = simulate_measured(run_from_report(report, "this run"), spec)
+    except (CapacityError, UserError) as e:
+        return {"title": title, "problem": f"servesim could not simulate this run: {e}"}
+    title += f", {predicted['config']['kv_tokens']:,} kv tokens"
+    return {"title": title, "rows": compared_rows(report, predicted), "servesim": predicted}
+
+
+def confirm_check(url: str, spec: RunSpec) -> None:
+    """search --confirm sends what the search simulated; refuse what loadgen cannot send, before
+    searching."""
+    try:
+        split_url(url)
+    except UserError as e:
+        raise UserError(str(e).replace("--url", "--confirm")) from None
+    if spec.trace:
+        raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
+    if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
+        raise UserError("--confirm sends fixed lengths: give --prompt-tokens N and --output-tokens N, one value each")
+    if spec.prefix_tokens and spec.num_prefixes > 1:
+        raise UserError("--confirm sends one shared prefix: drop --num-prefixes")
+
+
+def confirm(url: str, deployment: RunSpec, load: float, by: str, requests: int, timeout_s: float,
+            progress: Optional[Callable[[str], None]] = None) -> tuple[dict, Optional[Stopped]]:
+    """One short loadgen at the load a search chose, simulated again on its own send times and
+    lengths: measured against predicted."""
+    config = LoadConfig(url=url, requests=requests, rate=load if by == "rate" else None,
+                        concurrency=int(load) if by == "concurrency" else None,
+                        max_tokens=deployment.output_tokens.low, ignore_eos=True,
+                        prompt_words=deployment.prompt_tokens.low, prefix_words=deployment.prefix_tokens,
+                        seed=deployment.seed, slos=dict(deployment.goodput) or None, size_prompts=True,
+                        timeout_s=timeout_s, api_key=os.environ.get("OPENAI_API_KEY"))
+    result, records, stopped = run_load(config, progress)
+    found = {"url": redact_url(url), "load": load, "by": by, "measured": result}
+    if stopped:
+        found["stopped"] = stopped.message
+        return found, stopped
+    measured = run_from_report({**result, **detailed_arrays(records)}, "the confirm run")
+    found["rows"] = compared_rows(result, simulate_measured(measured, deployment))
+    found["title"] = (f"confirm: {len(records):,} requests to {redact_url(url)} at {by} {load:g}, "
+                      f"measured against servesim on the same send times and lengths")
+    return found, None
+
+
+def union_length(windows: list[tuple[float, float]]) -> float:
+    """The seconds covered by at least one of the windows."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(windows):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) -> tuple[dict, list, list[str]]:
+    """Several loadgen --detailed reports (one per client machine) as one run: every request on
+    one clock, percentiles recomputed, throughput over the union of the windows. Returns the
+    report, its requests, and what had to be assumed."""
+    parts, notes = [], []
+    for path, report in reports:
+        if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
+            raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
+        measured = run_from_report(report, path)
+        config, starts = report.get("config") or {}, report.get("start_times") or []
+        number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        anchor = (config["started_unix"] + min(starts) - config["started_perf"]
+                  if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
+        same = [other for other, _, _, run in parts if run is not None and run == (config.get("run_id"), anchor)]
+        if same or path in [other for other, _, _, _ in parts]:
+            raise UserError(f"report {path} is the same run as {same[0] if same else path}: merging it twice would "
+                            f"count its requests twice")
+        parts.append((path, measured, anchor, (config.get("run_id"), anchor) if anchor is not None else None))
+    parts = [part[:3] for part in parts]
+    on_wall_clock = all(anchor is not None for _, _, anchor in parts)
+    base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
+    if not on_wall_clock:
+        notes.append("not every report says when it started on the wall clock (vllm bench results do not); each "
+                     "one's first request is put at 0")
+    requests, windows = [], []
+    for path, measured, anchor in parts:
+        shift = anchor - base if on_wall_clock else 0.0
+        for r in measured.requests:
+            request = measured_request(len(requests), r.sent_s + shift,
+                                       None if r.first_token_s is None else r.first_token_s + shift,
+                                       None if r.last_token_s is None else r.last_token_s + shift,
+                                       r.prompt_tokens, r.output_tokens, r.error)
+            request.token_times = [t + shift for t in r.token_times] if r.token_times else None
+            requests.append(request)
+        ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
+        windows.append((shift, shift + max(ends, default=0.0)))
+    if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):
+        notes.append("these runs did not all overlap in time; throughput is over the union of their windows")
+    result = summarize(requests, slos=slos)
+    busy = union_length(windows)
+    if on_wall_clock and 0 < busy < result["duration"]:      # gaps between the runs measured nothing
+        scale = result["duration"] / busy
+        for key in ("request_throughput", "output_throughput", "total_token_throughput"):
+            result[key] *= scale
+        if result["request_goodput"] is not None:
+            result["request_goodput"] *= scale
+        result["duration"] = busy
+    result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
+                        "reports": [path for path, _ in reports], "requests_each": [len(m.requests) for _, m, _ in parts],
+                        "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
+    return result, requests, notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4707,42 +5419,12 @@ def print_server(result: dict, w) -> None:
       f"event) / (usage completion_tokens - 1); itl: every gap between content events; nearest-rank percentiles\n")
 
 
-SIDE_BY_SIDE = (
-    ("out tok/s", lambda r: r["output_throughput"]),
-    ("ttft p50 ms", lambda r: r["median_ttft_ms"]), ("ttft p95 ms", lambda r: r["p95_ttft_ms"]),
-    ("tpot p50 ms", lambda r: r["median_tpot_ms"]), ("tpot p95 ms", lambda r: r["p95_tpot_ms"]),
-    ("itl p50 ms", lambda r: r["median_itl_ms"]), ("e2e p50 ms", lambda r: r["median_e2el_ms"]),
-    ("mean batch", lambda r: (r.get("server") or {}).get("mean_batch_per_decode") or (r.get("engine") or {}).get("mean_batch")),
-    ("peak waiting", lambda r: (r.get("server") or {}).get("peak_requests_deferred", (r.get("server") or {}).get("peak_waiting"))
-     if "server" in r else r["engine"]["peak_waiting"]),
-)
-
-
-def side_by_side(measured: dict, predicted: dict) -> dict:
-    rows = {}
-    for name, value in SIDE_BY_SIDE:
-        m, p = value(measured), value(predicted)
-        rows[name] = {"measured": m, "servesim": p,
-                      "error": p / m - 1 if m and p is not None else None}
-    return rows
-
-
 def print_compared(title: str, rows: dict, w) -> None:
     w(f"{title}\n")
     w(f"{'':<18}{'measured':>12}{'servesim':>12}{'error':>9}\n")
     for name, row in rows.items():
         error = "" if row["error"] is None else f"{row['error']:+.1%}"
         w(f"{name:<18}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
-
-
-def print_side_by_side(compared: dict, w) -> None:
-    if compared.get("problem"):
-        w(f"{'side by side':<14}{compared['problem']}\n")
-        return
-    w(f"{'side by side':<14}{'measured':>12}{'servesim':>12}{'error':>9}   {compared['title']}\n")
-    for name, row in compared["rows"].items():
-        error = "" if row["error"] is None else f"{row['error']:+.0%}"
-        w(f"{name:<14}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
 
 
 SWEEP_COLUMNS = (
@@ -4764,8 +5446,8 @@ class SweepTable:
 
     def __init__(self, title: str, axes: list[str], points: list[dict], columns=SWEEP_COLUMNS, out=None):
         self.title, self.columns, self.out = title, columns, out or sys.stdout
-        self.headers = [sweep_flag(axis)[2:] if axis != "trace" else axis for axis in axes]
-        self.labels = [[sweep_label(axis, point[axis]) for axis in axes] for point in points]
+        self.headers = [flag_of(axis)[2:] for axis in axes]
+        self.labels = [[value_label(axis, point[axis]) for axis in axes] for point in points]
         self.width = ([max(len(h), 6, *(len(row[i]) for row in self.labels)) for i, h in enumerate(self.headers)]
                       + [max(len(name), 7) for name, _ in columns])
         self.printed = 0
@@ -4806,6 +5488,165 @@ def print_csv(results: list[dict], out=None) -> None:
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
+
+
+def timeline_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+SWEEP_TABLES = {
+    "compare": (("out tok/s", lambda r: number(r["output_throughput"])),
+                ("ttft p50", lambda r: number(r["median_ttft_ms"])),
+                ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
+                ("tpot p50", lambda r: number(r["median_tpot_ms"])),
+                ("row util", lambda r: "-" if r["engine"]["row_utilisation"] is None else f"{r['engine']['row_utilisation']:.1%}"),
+                ("wasted rows", lambda r: f"{r['engine']['wasted_decode_rows']:,}"),
+                ("kv reserved", lambda r: f"{r['engine']['kv_reserved_peak_tokens']:,}"),
+                ("kv used", lambda r: f"{r['engine']['kv_used_of_reserved']:.1%}"),
+                ("failed", lambda r: f"{r['failed']:,}")),
+    "kv_link_gbs": (("out tok/s", lambda r: number(r["output_throughput"])),
+                    ("ttft p50", lambda r: number(r["median_ttft_ms"])),
+                    ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
+                    ("tpot p50", lambda r: number(r["median_tpot_ms"])),
+                    ("itl p99", lambda r: number(r["p99_itl_ms"])),
+                    ("link wait", lambda r: number((r.get("link") or {}).get("mean_wait_ms"))),
+                    ("failed", lambda r: f"{r['failed']:,}")),
+}
+
+
+def colocation_verdict(results: list[dict]) -> str:
+    """The link bandwidth below which the colocated engine wins on TTFT p95."""
+    colocated = results[0]["p95_ttft_ms"]
+    points = sorted((r["config"]["kv_link_gbs"], r["p95_ttft_ms"]) for r in results[1:])
+    wins = [gbs for gbs, p95 in points if p95 < colocated]
+    losses = [gbs for gbs, p95 in points if p95 >= colocated]
+    if not wins:
+        return f"the colocated engine wins on ttft p95 at every link bandwidth tried (up to {points[-1][0]:g} GB/s)"
+    if not losses:
+        return f"disaggregation wins on ttft p95 at every link bandwidth tried (down to {points[0][0]:g} GB/s)"
+    below = [gbs for gbs in losses if gbs < min(wins)]
+    return (f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s (colocated {number(colocated)} ms"
+            + (f"; disaggregated loses at {max(below):g} GB/s" if below else "") + ")")
+
+
+def settings_line(spec: RunSpec, axes: list[str]) -> str:
+    """Every setting the flags changed from its default, as the flags, except the swept axes and
+    what the title already says (hardware, model, workload)."""
+    shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
+             "num_prefixes", "engine", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
+             "turns", "think_time", "burstiness", "ramp_up",         # the arrivals in the title say these
+             "rate", "concurrency", *(("batching", "kv_layout") if "compare" in axes else ())}
+    default, words = RunSpec(), []
+    for f in SETTINGS.values():
+        value = getattr(spec, f.name)
+        if f.name not in shown and value != getattr(default, f.name):
+            words.append(" ".join(flag_words(f, value)))
+    if spec.disaggregate and "kv_link_gbs" not in axes:
+        words.append(f"--disaggregate ({spec.kv_link_gbs:g} GB/s)")
+    return "  ".join(words)
+
+
+def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
+    if "compare" in axes:
+        return SWEEP_TABLES["compare"]
+    if "kv_link_gbs" in axes:
+        return SWEEP_TABLES["kv_link_gbs"]
+    columns = SWEEP_COLUMNS
+    if {"tensor_parallel_size", "data_parallel_size"} & set(axes):      # so rows compare per GPU
+        columns = (("gpus", lambda r: f"{r['config']['gpus']}"), columns[0],
+                   ("per gpu", lambda r: number(r["output_throughput"] / r["config"]["gpus"]))) + columns[1:]
+    if {"hardware", "tensor_parallel_size", "data_parallel_size", "quantization"} & set(axes):
+        columns = columns[:-1] + (("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
+                                  columns[-1])
+    if spec.goodput:
+        columns = columns[:-1] + (("goodput", lambda r: f"{r['request_goodput']:.2f}/s"), columns[-1])
+    if "burstiness" in axes:       # bursts show in the tail of TTFT
+        columns = columns[:2] + (("ttft p99", lambda r: number(r["p99_ttft_ms"])),) + columns[2:]
+    if spec.prefix_caching or "prefix_caching" in axes:
+        columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
+    return columns
+
+
+def load_text(load: float) -> str:
+    return f"{load:,.0f}" if load >= 1000 else f"{load:.4g}"
+
+
+def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
+    load = ("rate" if by == "rate" else "clients", lambda r: load_text(r["load"]))
+    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")] if trace and by == "rate" else [])
+    columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
+    columns += [("out tok/s", lambda r: number(r["output_throughput"])),
+                ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
+                ("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
+                ("verdict", lambda r: "meets" if not r["misses"] else "misses: " + "; ".join(r["misses"]))]
+    return columns
+
+
+def search_table(axes: list[str], found: list[dict], columns, probes: bool) -> list[str]:
+    """One row per deployment (its best probe, else its last), or per probe. The last column (a
+    verdict) is left-aligned after the others, so a long reason does not widen the table."""
+    cells = [[flag_of(a)[2:] for a in axes] + [name for name, _ in columns]]
+    for item in found:
+        labels = [value_label(a, item["settings"][a]) for a in axes]
+        if item.get("does_not_fit"):
+            cells.append(labels + ["-"] * (len(columns) - 1) + ["does not fit: " + item["does_not_fit"]])
+            continue
+        for result in (item["probes"] if probes else [item["best"] or item["probes"][-1]]):
+            cells.append(labels + [cell(result) for _, cell in columns])
+    aligned = table([[""] + row[:-1] for row in cells])      # an empty first column: every cell right-aligned
+    return [f"{line[2:]}  {row[-1]}" for line, row in zip(aligned, cells)]
+
+
+def search_text(spec: RunSpec, trace: Optional[str], tolerance: float, axes: list[str], found: list[dict], slo: Slo,
+                by: str, target: Optional[float], tried: Optional[str] = None) -> list[str]:
+    workload = (f"trace {trace}" if trace else
+                f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  output {spec.output_tokens}"
+                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
+    unit = "req/s" if by == "rate" else "clients"
+    load = (f"at {target:g} {unit}" if target is not None else
+            f"highest {by} within {tolerance:.0%}" if by == "rate" else "highest concurrency")
+    where = "" if "hardware" in axes else f" on {spec.hardware.name}"
+    settings = settings_line(spec, axes)
+    lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else "")]
+    columns = probe_columns(slo, by, bool(spec.trace))
+    if target is not None:
+        columns = [("gpus", lambda r: f"{r['config']['gpus']}")] + columns[1:]
+        lines += search_table(axes, found, columns, probes=False)
+        best = [item for item in found if item["best"]]
+        if best:
+            cost = best[0]["best"]["cost"] or {}
+            named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, best[0]['settings'][a])}" for a in axes)
+            price = (f": ${cost['usd_per_hour']:,.2f} an hour, ${number(cost.get('usd_per_million_output_tokens'), 3)} "
+                     f"per million output tokens" if cost else " (no price: give --price-per-hour)")
+            among = f" among the {tried} deployments tried before the stop" if tried else ""
+            lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
+            lines.append(f"rerun it: {best[0]['best']['rerun']}")
+        else:
+            lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
+        return lines
+    if len(found) > 1:
+        summary = [(f"highest {by}", lambda r: load_text(r["load"]))] + columns[1 + bool(spec.trace and by == "rate"):-1]
+        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary, probes=False)
+        lines.append("")
+    lines += search_table(axes, found, columns, probes=True)
+    for item in found:
+        named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+        prefix = f"{named}: " if named else ""
+        if item.get("does_not_fit"):
+            continue
+        low, high = item["highest_load"], item["lowest_missing_load"]
+        if low is None:
+            lines.append(f"{prefix}the slo is missed even at {high:.4g} {unit}")
+        elif high is None:
+            lines.append(f"{prefix}the slo holds up to the highest {by} tried, {low:g} {unit}")
+        else:
+            lines.append(f"{prefix}highest {by} meeting the slo: {low:.4g} {unit} (missed at {high:.4g})")
+            lines.append(f"  rerun it: {item['best']['rerun']}")
+    return lines
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
@@ -4993,15 +5834,6 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
     return out
 
 
-SHORT_FLAGS = {"tensor_parallel_size": "tp", "data_parallel_size": "dp", "max_num_seqs": "seqs",
-               "max_num_batched_tokens": "batched tokens", "gpu_memory_utilization": "gpu mem",
-               "max_tokens_in_flight": "in flight", "reserve_full_isl": "reserve isl"}
-
-
-def short_flag(axis: str) -> str:
-    return SHORT_FLAGS.get(axis, sweep_flag(axis)[2:])
-
-
 def knee(results: list[dict]) -> Optional[int]:
     """The last point before which more load still bought at least 10% more output throughput:
     past it, load mostly buys latency."""
@@ -5019,19 +5851,19 @@ def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
     groups: dict = {}
     for r in results:
         if not r.get("does_not_fit"):
-            key = "  ".join(f"{short_flag(a)} {sweep_label(a, r['config']['sweep_point'][a])}" for a in other)
+            key = "  ".join(f"{short_label(a)} {value_label(a, r['config']['sweep_point'][a])}" for a in other)
             groups.setdefault(key, []).append(r)
     panels = [Panel("TTFT against throughput", "output tokens/s", "TTFT (ms)"),
               Panel("TPOT against throughput", "output tokens/s", "TPOT (ms)")]
     for color, (key, rows) in enumerate(groups.items()):
-        name = key or short_flag(load)
+        name = key or short_label(load)
         for panel, metric in zip(panels, ("ttft", "tpot")):
             for stat, label, style in (("p95", "p95", "line"), ("median", "p50", "dashed")):
                 panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"]) for r in rows],
                           style if load else "points", color)
             at = knee(rows) if load else None
             if at is not None:
-                label = f"knee: {short_flag(load)} {sweep_label(load, rows[at]['config']['sweep_point'][load])}"
+                label = f"knee: {short_label(load)} {value_label(load, rows[at]['config']['sweep_point'][load])}"
                 panel.marks.append((rows[at]["output_throughput"], rows[at][f"p95_{metric}_ms"], label))
     return svg_figure(title, panels, width=640)
 
@@ -5056,7 +5888,7 @@ def search_svg(report: dict, axes: list[str], slo: Slo) -> str:
     name, key, bound = slo.bounds[0]
     label = name.replace("_", " ") + " (ms)"
     unit = "requests/s" if report["by"] == "rate" else "clients"
-    named = lambda item: "  ".join(f"{short_flag(a)} {sweep_label(a, item['settings'][a])}" for a in axes)
+    named = lambda item: "  ".join(f"{short_label(a)} {value_label(a, item['settings'][a])}" for a in axes)
     if report["target"] is None:
         panel = Panel(f"{name.replace('_', ' ')} against load", unit, label)
         for item in report["deployments"]:
@@ -5098,335 +5930,119 @@ class OneLineParser(argparse.ArgumentParser):
         write_text(self.format_help(), file)     # argparse's own printer hides a failed write
 
 
-def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
-    """A whole number in [low, high]; 1,000 and 1_000 are fine, 1,2 (a list) is not."""
-    def parse(text: str) -> int:
-        one_number(text)
-        try:
-            value = int(text.replace(",", "").replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
-        return value
-    parse.__name__ = "whole number"
-    return parse
+def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool = False, overrides: bool = False,
+                 owner=None) -> None:
+    """The flags of these settings (rows of `owner`, RunSpec unless given), each in its group, made
+    from the settings table. lists: sweep and search take comma-separated values of every setting
+    with an axis. overrides: compare's flags, which replace what a measured run recorded."""
+    rows = {f.name: f for f in fields(owner or RunSpec) if f.metadata}
+    chosen = [rows[name] for name in rows if name in set(names)]
+    groups = {}
+    for group in dict.fromkeys([*GROUPS, *(f.metadata["group"] for f in chosen)]):
+        members = [f for f in chosen if f.metadata["group"] == group]
+        if members:
+            title = GROUPS.get(group, group)
+            if overrides:
+                title = "the engine: each flag replaces what the run recorded (default: the recorded value, else " \
+                        "servesim's simulate default)" if group != "slo" else title
+            groups[group] = (p.add_argument_group(title) if group not in groups else groups[group], members)
+    exclusive = {}
+    for group, (g, members) in groups.items():
+        for f in members:
+            add_setting(g, f, lists and f.metadata["axis"] > 0, overrides, exclusive)
 
 
-def one_number(text: str) -> None:
-    """Commas may group thousands (10,000); anything else with a comma is a list given to a flag
-    that takes one value, and silently reading 1,2 as 12 would be worse than refusing it."""
-    if "," in text and not re.fullmatch(r"\s*[-+]?\d{1,3}(,\d{3})+(\.\d*)?\s*", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value "
-                                         f"(sweep and search take lists of server settings)")
-
-
-def real(low: float, high: float, above_low: bool = True, what: str = "") -> Callable[[str], float]:
-    """A finite number in (low, high] (or [low, high])."""
-    def parse(text: str) -> float:
-        one_number(text)
-        try:
-            value = float(text.replace(",", "").replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
-            raise argparse.ArgumentTypeError(f"must be {what or ('above' if above_low else 'at least')} {low:g} "
-                                             f"and at most {high:g}, got {text}" if not what else
-                                             f"must be {what}, got {text}")
-        return value
-    parse.__name__ = "number"
-    return parse
-
-
-positive_int = whole(1)
-fraction = real(0, 1, what="a fraction in (0, 1]")
-TOKENS = whole(1, 10**8)             # more than any model's context
-CLIENTS = whole(1, 10**6)
-RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
-LINK_GBS = real(0.001, 10**6, above_low=False)
-MAX_REQUESTS = 2 * 10**6             # each request is kept, ~1 KB, for exact percentiles
-
-
-def token_range(text: str) -> TokenRange:
-    low, dash, high = text.partition("-")
-    try:
-        if dash and not high.strip():
-            raise argparse.ArgumentTypeError(text)
-        r = TokenRange(TOKENS(low), TOKENS(high if dash else low))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a token count N or a range A-B of whole numbers from 1 "
-                                         f"to {10**8:,}, got {text!r}") from None
-    if r.low > r.high:
-        raise argparse.ArgumentTypeError(f"range {text!r} runs backwards; write it low-high")
-    return r
-
-
-def list_of(kind: Callable) -> Callable:
-    def parse(text: str) -> list:
-        parts = text.split(",")
-        if any(not part.strip() for part in parts):
-            raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
-                                             f"like 1,8,32")
-        return [kind(part.strip()) for part in parts]
-    parse.__name__ = f"comma-separated {kind.__name__}s"
-    return parse
-
-
-def many(kind: Callable, sweep: bool) -> Callable:
-    """A sweep takes every server setting as a comma-separated list; the other commands one value."""
-    return list_of(kind) if sweep else kind
-
-
-def choice(*names: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in names:
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(names)}")
-        return text
-    parse.__name__ = "choice"
-    return parse
-
-
-def quantization_flag(text: str) -> Optional[str]:
-    """fp8, int4, or none: the model's own dtype (a sweep compares it with the others)."""
-    return None if text == "none" else choice(*WEIGHT_BYTES)(text)
-
-
-def add_plan_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
-    several = ", or several comma-separated to sweep" if sweep else ""
-    g = p.add_argument_group("hardware and memory plan")
-    g.add_argument("--hardware", default="h100-sxm-80gb", type=many(str, sweep),
-                   help=f"hardware preset name or a JSON file with its fields{several} (default: %(default)s; "
-                        f"list: main.py presets)")
-    g.add_argument("--model", default="llama-3.1-8b",
-                   help="model preset name or a JSON file with its fields (default: %(default)s)")
-    g.add_argument("--gpu-memory-utilization", type=many(fraction, sweep), default=0.9, metavar="F",
-                   help="share of device memory for weights plus KV cache, as vLLM's flag (default: %(default)s)")
-    g.add_argument("--block-size", type=many(whole(1, 2**20), sweep), default=16, metavar="TOKENS",
-                   help="tokens per KV block, as vLLM's --block-size (default: %(default)s)")
-    g.add_argument("--max-model-len", type=many(TOKENS, sweep), default=4096, metavar="TOKENS",
-                   help="longest prompt + output a request may have; longer requests fail (default: %(default)s)")
-    size = g.add_mutually_exclusive_group()
-    size.add_argument("--kv-tokens", type=many(whole(1, 10**12), sweep), metavar="TOKENS",
-                      help="fix the KV cache at this many tokens instead of sizing it from memory, as "
-                           "llama.cpp's --ctx-size does (default: from the memory budget)")
-    size.add_argument("--num-gpu-blocks", type=many(whole(1, 10**11), sweep), metavar="BLOCKS",
-                      help="fix the number of KV blocks, as copied from a vLLM startup log "
-                           "(default: from the memory budget)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=many(whole(1, 64), sweep), default=1, metavar="N",
-                   help="split each engine's weights and KV heads over N GPUs, as vLLM's flag; each step adds two "
-                        "all-reduces per layer on the interconnect (default: %(default)s)")
-    g.add_argument("--cost-model", type=many(choice(*COST_MODELS), sweep), default=DEFAULT_COST_MODEL,
-                   metavar="|".join(COST_MODELS),
-                   help="how a step is priced: roofline (the lesson's: compute vs memory for the whole step) or "
-                        "kernels (GEMMs and attention apart, with tiles and measured efficiencies) (default: %(default)s)")
-    g.add_argument("--quantization", type=many(quantization_flag, sweep), metavar="fp8|int4",
-                   help="fp8: 1 byte per weight, on FP8 tensor cores where the device has them; int4: AWQ/GPTQ "
-                        "4-bit weights (0.53 bytes with scales), BF16 compute (default: the model's own dtype)")
-    g.add_argument("--kv-cache-dtype", type=many(choice("auto", *KV_BYTES), sweep), default="auto", metavar="auto|fp8",
-                   help="fp8: one byte per KV element, twice the tokens in the same memory (default: %(default)s, "
-                        "the model's dtype)")
-
-
-def on_off(text: str) -> bool:
-    if text.lower() in ("on", "true", "yes", "1"):
-        return True
-    if text.lower() in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-
-
-def non_negative_int(text: str) -> int:
-    return 0 if text.strip() in ("0", "none") else whole(1, 10**12)(text)
-
-
-def add_engine_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
-    add_plan_args(p, sweep)
-    switch = dict(nargs="?", const=[True] if sweep else True, default=False, type=many(on_off, sweep), metavar="on|off")
-    g = p.add_argument_group("scheduler")
-    g.add_argument("--max-num-seqs", type=many(whole(1, 10**6), sweep), default=256, metavar="N",
-                   help="most sequences in one step (vLLM --max-num-seqs, llama.cpp --parallel) (default: %(default)s)")
-    g.add_argument("--max-num-batched-tokens", type=many(TOKENS, sweep), default=8192, metavar="TOKENS",
-                   help="token budget per step, prefill chunks plus decodes (default: %(default)s)")
-    g.add_argument("--no-chunked-prefill", action="store_true",
-                   help="admit a prompt only if all of it fits the step's budget left (default: chunked prefill on)")
-    g.add_argument("--prefix-caching", **switch,
-                   help="share KV blocks of identical prefixes, as vLLM's automatic prefix caching; the flag alone "
-                        "is on" + (", on,off sweeps both" if sweep else "") + " (default: off)")
-    g.add_argument("--scheduler-reserve-full-isl", **switch,
-                   help="admit a request only if blocks for its whole prompt are free, not just its first "
-                        "chunk (default: off)")
-    g.add_argument("--max-tokens-in-flight", type=many(non_negative_int, sweep), metavar="TOKENS",
-                   help="admit a request only while prompt + output summed over running requests stays under "
-                        "this cap, as TGI's --max-batch-total-tokens; 0 is no cap (default: no cap)")
-    g = p.add_argument_group("batching modes (the reference engine's, side by side)")
-    g.add_argument("--batching", choices=("continuous", "static"), default="continuous",
-                   help="continuous: the batch is decided again every step; static: take --max-num-seqs "
-                        "requests, left-pad them, run until the slowest is done (default: %(default)s)")
-    g.add_argument("--kv-layout", choices=("paged", "slots"), default="paged",
-                   help="paged: blocks allocated as sequences grow; slots: the cache split evenly into "
-                        "--max-num-seqs fixed contexts, as llama.cpp with --parallel (default: %(default)s)")
-    g = p.add_argument_group("replicas and experts")
-    g.add_argument("--data-parallel-size", "-dp", "--replicas", type=many(whole(1, 1024), sweep), default=1, metavar="N",
-                   help="N engines, each with its own cache, behind a router on one clock, as vLLM's flag "
-                        "(default: %(default)s)")
-    g.add_argument("--router", type=many(choice(*ROUTERS), sweep), default="least-loaded", metavar="|".join(ROUTERS),
-                   help="which replica gets a request when it arrives: in turn, the one with the fewest running "
-                        "and waiting, or the one whose cache holds the longest run of its prompt (llm-d's and "
-                        "SGLang's prefix-aware routing) (default: %(default)s)")
-    g.add_argument("--enable-expert-parallel", **switch,
-                   help="with replicas and a mixture-of-experts model: spread the experts over the replicas "
-                        "(attention stays on each), adding an all-to-all per MoE layer; the flag alone is on "
-                        "(default: off)")
-    g = p.add_argument_group("speculative decoding (vLLM's --speculative-config)")
-    g.add_argument("--speculative-tokens", type=many(whole(0, 64), sweep), metavar="K", default=0,
-                   help="each decoding sequence verifies K proposed tokens per step, as num_speculative_tokens "
-                        "(default: off)")
-    g.add_argument("--acceptance-rate", type=many(real(0, 1, above_low=False, what="a fraction in [0, 1]"), sweep),
-                   default=0.7, metavar="A",
-                   help="the chance each proposal is accepted; a step yields (1 - A^(K+1)) / (1 - A) tokens on "
-                        "average (default: %(default)s)")
-    g.add_argument("--draft-model", metavar="MODEL",
-                   help="the draft model proposing them (a preset or JSON), run K times per step and kept in "
-                        "memory (default: n-gram prompt lookup, which costs nothing)")
-    g = p.add_argument_group("prefill/decode disaggregation")
-    g.add_argument("--disaggregate", action="store_true",
-                   help="one engine only prefills, another only decodes; each request's KV crosses a link "
-                        "between them (default: off; any flag below turns it on)")
-    g.add_argument("--prefill-hardware", help="the prefill engine's hardware (default: --hardware)")
-    g.add_argument("--decode-hardware", help="the decode engine's hardware (default: --hardware)")
-    g.add_argument("--kv-link-gbs", type=many(LINK_GBS, sweep), metavar="GBS",
-                   help="the link's bandwidth in GB/s" + (", several to sweep beside the colocated engine" if sweep else "")
-                        + " (default: 25)")
-
-
-def add_workload_args(p: argparse.ArgumentParser, sweep: bool, search: bool = False) -> None:
-    g = p.add_argument_group("workload")
-    arrivals = g.add_mutually_exclusive_group()
-    (g if search else arrivals).add_argument(
-        "--trace", metavar="FILE",
-        help="requests with their own send times, lengths and shared content, in any --trace-format (servesim "
-             "JSONL: arrival s, prompt_tokens, output_tokens, optional prefix and prefix_tokens)"
-             + ("; with --rate R its arrivals are scaled to R requests/s" if search else "") + " (default: none)")
-    if sweep:
-        arrivals.add_argument("--concurrency", type=list_of(CLIENTS), metavar="N,N,...",
-                              help="closed loop: sweep these numbers of clients (default: 1,8,32,128,256)")
-        arrivals.add_argument("--rate", type=list_of(RATE), metavar="R,R,...",
-                              help="open loop: sweep these arrival rates, requests/s, Poisson (or gamma with "
-                                   "--burstiness) (default: closed loop)")
+def add_setting(g, f, several: bool, overrides: bool, exclusive: dict) -> None:
+    """One row's flag. Every flag defaults to None, "not given", so the table's default (or, for
+    compare, the value the run recorded) stands; --help shows what that is."""
+    m = f.metadata
+    flags, kind = (m["flag"], *m["aliases"]), m["kind"]
+    if m["switch"]:
+        text = "; the flag alone is on" + (", on,off sweeps both" if several else "")
+        options = dict(nargs="?", const=[True] if several else True, type=list_of(on_off) if several else on_off,
+                       metavar="on|off")
+    elif kind is None:           # a plain flag, or a file read when the run is built
+        text, options = "", (dict(metavar=m["metavar"]) if m["metavar"] else dict(action="store_true"))
     else:
-        arrivals.add_argument("--rate", type=RATE, metavar="R",
-                              help="open loop: arrivals at R requests/s, Poisson (or gamma with --burstiness) "
-                                   "(default: closed loop)")
-        arrivals.add_argument("--concurrency", type=CLIENTS, metavar="N",
-                              help=f"closed loop: N clients, each sending its next request when the last "
-                                   f"ends (the default, with {DEFAULT_CLIENTS} clients)")
-    g.add_argument("--requests", type=whole(1, MAX_REQUESTS), metavar="N",
-                   help=f"number of synthetic requests, or the first N of a trace (default: {DEFAULT_REQUESTS}, "
-                        f"or the whole trace)")
-    g.add_argument("--prompt-tokens", type=token_range, metavar="N|A-B",
-                   help=f"prompt length in tokens after any shared prefix, fixed or uniform (default: {DEFAULT_PROMPT})")
-    g.add_argument("--output-tokens", type=token_range, metavar="N|A-B",
-                   help=f"output length in tokens, fixed or uniform (default: {DEFAULT_OUTPUT})")
-    g.add_argument("--prefix-tokens", type=TOKENS, default=0, metavar="TOKENS",
-                   help="a shared system prompt of this many tokens in front of every prompt (default: none)")
-    g.add_argument("--num-prefixes", type=whole(1, 10**6), default=None, metavar="M",
-                   help="how many distinct shared system prompts, assigned round robin (default: 1)")
-    g.add_argument("--seed", type=int, default=7, help="random seed for lengths and arrivals (default: %(default)s)")
-    g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
-                   help="how to read --trace: servesim JSONL; Mooncake JSONL (timestamp ms, input_length, "
-                        "output_length, hash_ids per 512 tokens); Alibaba Bailian JSONL (timestamp s, hash_ids per "
-                        "16 tokens); Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); BurstGPT "
-                        "CSV (Timestamp, Request tokens, Response tokens); a vllm bench serve --save-detailed "
-                        "result (default: %(default)s, told from the first line)")
-    g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
-                   help="multiply a trace's arrival times by X: 0.5 replays it at twice its rate (default: %(default)s)")
-    add_arrival_args(g, sweep)
-    g.add_argument("--turns", type=whole(1, 10_000), default=1, metavar="N",
-                   help="conversations of N requests: each turn's prompt is the conversation so far (earlier "
-                        "messages and answers) plus a new --prompt-tokens message; --requests counts requests "
-                        "(default: %(default)s, no conversations)")
-    g.add_argument("--think-time", type=real(0, 86_400, above_low=False), default=0.0, metavar="S",
-                   help="seconds between a turn's last token and the next turn's request (default: %(default)s)")
-    g.add_argument("--warmup", type=whole(0, MAX_REQUESTS), default=0, metavar="N",
-                   help="send N requests first and leave them out of the metrics (default: %(default)s)")
-    g = p.add_argument_group("SLOs and cost")
-    add_goodput_arg(g)
-    add_price_arg(g)
-    g = p.add_argument_group("simulator")
-    g.add_argument("--engine", choices=("event", "step"), default="event",
-                   help="event: work per event (arrivals, block boundaries, finishes); step: the per-step rule "
-                        "the event engine is tested against, slower, same results (default: %(default)s)")
+        text = ", or several comma-separated to sweep" if several else ""
+        options = dict(type=list_of(kind) if several else kind, metavar=m["metavar"], nargs=m["nargs"])
+    shown = m['default_text'] or value_label(f.name, f.default)
+    shown = f" (default: {'the value the run recorded, else ' if overrides else ''}{shown})"
+    if m["exclusive"]:
+        if m["exclusive"] not in exclusive:
+            exclusive[m["exclusive"]] = g.add_mutually_exclusive_group()
+        g = exclusive[m["exclusive"]]
+    g.add_argument(*flags, dest=dest_of(f), help=(m["help"] + text + shown).replace("%", "%%"), **options)
+    if f.name == "trace":
+        g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
+                       help="how to read --trace: servesim JSONL; Mooncake JSONL (timestamp ms, input_length, "
+                            "output_length, hash_ids per 512 tokens); Alibaba Bailian JSONL (timestamp s, hash_ids "
+                            "per 16 tokens); Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); "
+                            "BurstGPT CSV (Timestamp, Request tokens, Response tokens); a vllm bench serve "
+                            "--save-detailed result (default: %(default)s, told from the first line)")
+    if f.name == "ramp_up":
+        g.add_argument("--ramp-up-start-rps", type=real(0.001, 1e6), metavar="R",
+                       help="the ramp's first rate, requests/s (default: no ramp)")
+        g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R",
+                       help="the ramp's last rate, requests/s (default: no ramp)")
 
 
-def goodput_bound(text: str) -> tuple[str, float]:
-    metric, colon, value = text.partition(":")
-    if metric not in GOODPUT_METRICS or not colon:
-        raise argparse.ArgumentTypeError(f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
-    try:
-        bound = float(value)
-    except ValueError:
-        bound = math.nan
-    if not 0 < bound < 1e10:
-        raise argparse.ArgumentTypeError(f"{text!r}: the bound is milliseconds, a positive number")
-    return metric, bound
+def dest_of(f) -> str:
+    """Where argparse keeps a row's flag: a --no-X flag (the setting on by default) keeps no_X."""
+    return "no_" + f.name if f.metadata["flag"].startswith("--no-") else f.name
 
 
-def add_goodput_arg(p) -> None:
-    p.add_argument("--goodput", nargs="+", type=goodput_bound, metavar="KEY:MS",
-                   help="count the requests that meet every bound, as vllm bench serve's flag: ttft:MS, tpot:MS "
-                        "(per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
-                        "(good requests/s) and goodput_share (default: off)")
+def one(value):
+    """A flag that sweep takes as a list holds one value outside the swept axis."""
+    return value[0] if isinstance(value, list) else value
 
 
-def add_price_arg(p, what: str = "per GPU, in place of the hardware preset's price",
-                  default: str = "the preset's on-demand price, see main.py presets") -> None:
-    p.add_argument("--price-per-hour", type=real(0, 1e6), metavar="USD",
-                   help=f"USD an hour {what}; reports gain $ an hour and $ per million output tokens "
-                        f"(default: {default})")
-
-
-def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
-    g = p.add_argument_group("pictures")
-    g.add_argument("--timeline", metavar="FILE.csv",
-                   help=f"write {what}'s per-second stats as CSV in the shape vLLM logs them: t, prompt_throughput, "
-                        f"gen_throughput (tokens/s), running, waiting, kv_cache_pct (default: off)")
-    g.add_argument("--plot", metavar="FILE.svg",
-                   help="draw the same seconds as SVG: running and waiting requests, KV use, token throughput "
-                        "(default: off)")
-
-
-def add_arrival_args(g, sweep: bool = False) -> None:
-    """vllm bench serve's arrival flags, shared by simulate, sweep, search and loadgen."""
-    g.add_argument("--burstiness", type=many(real(0.001, 1000), sweep), default=1.0, metavar="B",
-                   help="gaps between arrivals are gamma with shape B at the same mean rate: 1 is Poisson, below 1 "
-                        "burstier (coefficient of variation 1/sqrt(B)), above 1 more even; with --rate or a ramp "
-                        + ("(several to sweep) " if sweep else "") + "(default: %(default)s)")
-    g.add_argument("--ramp-up-strategy", choices=("linear", "exponential"),
-                   help="raise the arrival rate from --ramp-up-start-rps to --ramp-up-end-rps over the run, request "
-                        "by request, as vllm bench serve does; instead of --rate (default: off)")
-    g.add_argument("--ramp-up-start-rps", type=real(0.001, 1e6), metavar="R",
-                   help="the ramp's first rate, requests/s (default: no ramp)")
-    g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R",
-                   help="the ramp's last rate, requests/s (default: no ramp)")
-
-
-def arrival_spec(args) -> dict:
-    """The arrival settings, checked as vllm bench serve checks them."""
-    ramp = None
-    given = [args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps]
-    if any(v is not None for v in given):
-        if any(v is None for v in given):
+def read_setting(args, f):
+    """A setting's value from the flags (None: not given): the text read by its row's kind,
+    presets and traces read from their files, sweep's lists cut to their first value."""
+    if dest_of(f) != f.name:
+        return False if getattr(args, dest_of(f)) else None
+    value = getattr(args, f.name) if f.metadata["nargs"] else one(getattr(args, f.name))
+    if f.metadata["kind"] is preset_name and value is not None:
+        return load_preset("hardware", value, HARDWARE, Hardware) if f.name.endswith("hardware") else \
+            load_preset("model", value, MODELS, ModelSpec)
+    if f.name == "trace" and value:
+        trace = read_trace(value, args.trace_format)
+        for note in trace.notes:
+            sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
+        return trace
+    if f.name == "ramp_up":
+        given = [args.ramp_up, args.ramp_up_start_rps, args.ramp_up_end_rps]
+        if any(v is not None for v in given) and any(v is None for v in given):
             raise UserError("a ramp needs all three: --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps")
-        if args.ramp_up_start_rps > args.ramp_up_end_rps:
-            raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
-        if one(getattr(args, "rate", None)) or getattr(args, "concurrency", None) or getattr(args, "trace", None):
-            raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
-        ramp = (args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
-    burstiness = args.burstiness
-    if (burstiness != 1 if not isinstance(burstiness, list) else burstiness != [1.0]) and \
-            not (ramp or one(getattr(args, "rate", None))):
-        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
-    return {"ramp_up": ramp, "burstiness": one(burstiness)}
+        return tuple(given) if args.ramp_up else None
+    if f.metadata["nargs"] and value is not None:
+        return tuple(value)
+    return value
+
+
+def settings_from_args(cls, args) -> dict:
+    """The fields of `cls` (RunSpec, LoadConfig) whose flags were given."""
+    values = {}
+    for f in fields(cls):
+        if f.metadata and hasattr(args, dest_of(f)):
+            value = read_setting(args, f)
+            if value is not None:
+                values[f.name] = value
+    return values
+
+
+def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
+    """The run the flags describe, checked: each flag given replaces `base`'s value (the
+    defaults; for compare, what the measured run recorded)."""
+    values = settings_from_args(RunSpec, args)
+    if any(getattr(args, name, None) is not None for name in ("kv_link_gbs", "prefill_hardware", "decode_hardware")):
+        values["disaggregate"] = True          # a flag of the link, or of either engine, turns it on
+    if getattr(args, "detailed", False):
+        values["detailed"] = True
+    spec = replace(base or RunSpec(), **values)
+    check_spec(spec)
+    return spec
 
 
 def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
@@ -5438,76 +6054,14 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
-def plan_from_args(args) -> tuple[CapacityPlan, Roofline]:
-    """The memory plan of one GPU, and how its steps are priced (with the group's all-reduces)."""
-    hardware = load_preset("hardware", args.hardware, HARDWARE, Hardware)
-    model = quantized(load_preset("model", args.model, MODELS, ModelSpec), args.quantization, args.kv_cache_dtype)
-    device = tensor_shard(model, args.tensor_parallel_size)
-    plan = plan_capacity(hardware, device, args.gpu_memory_utilization, args.block_size,
-                         args.max_model_len, args.kv_tokens, args.num_gpu_blocks)
-    cost = COST_MODELS[args.cost_model](hardware, device, gemm_tflops(hardware, args.quantization))
-    if args.tensor_parallel_size > 1:
-        cost = Parallel(cost, hardware, model, args.tensor_parallel_size)
-    plan.tensor_parallel_size, plan.group_model = args.tensor_parallel_size, model
-    return plan, cost
-
-
-def one(value):
-    """A flag that sweep takes as a list holds one value outside the swept axis."""
-    return value[0] if isinstance(value, list) else value
-
-
-def spec_from_args(args) -> RunSpec:
-    """The run the flags describe. Sweep's list flags contribute their first value here."""
-    if args.trace and (args.prompt_tokens or args.output_tokens or args.prefix_tokens or args.num_prefixes):
-        raise UserError("--prompt-tokens, --output-tokens, --prefix-tokens and --num-prefixes describe synthetic "
-                        "requests; a --trace gives each request's own lengths")
-    if args.time_scale != 1 and not args.trace:
-        raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
-    if args.turns > 1 and args.trace:
-        raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
-    if args.think_time and args.turns == 1:
-        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
-    if args.warmup and args.warmup >= (args.requests or (0 if args.trace else DEFAULT_REQUESTS)) > 0:
-        raise UserError(f"--warmup {args.warmup:,} leaves no request to measure: send more --requests")
-    if args.price_per_hour and len(getattr(args, "hardware", None) or []) > 1 and isinstance(args.hardware, list):
-        raise UserError("--price-per-hour is one price for one device: with several --hardware, put each price_per_hour "
-                        "in its hardware JSON")
-    if args.num_prefixes and not args.prefix_tokens:
-        raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
-    device = lambda name: load_preset("hardware", name, HARDWARE, Hardware) if name else None
-    trace = read_trace(args.trace, args.trace_format) if args.trace else None
-    for note in trace.notes if trace else ():
-        sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
-    if trace and args.warmup and args.warmup >= min(len(trace.rows), args.requests or len(trace.rows)):
-        raise UserError(f"--warmup {args.warmup:,} leaves no request of trace {trace.name} "
-                        f"({len(trace.rows):,} requests) to measure")
-    link = one(args.kv_link_gbs)
-    quantization = one(args.quantization)
-    return RunSpec(
-        hardware=device(one(args.hardware)), model=load_preset("model", args.model, MODELS, ModelSpec),
-        gpu_memory_utilization=one(args.gpu_memory_utilization), block_size=one(args.block_size),
-        max_model_len=one(args.max_model_len), kv_tokens=one(args.kv_tokens), num_gpu_blocks=one(args.num_gpu_blocks),
-        quantization=quantization, kv_cache_dtype=one(args.kv_cache_dtype),
-        tensor_parallel_size=one(args.tensor_parallel_size), data_parallel_size=one(args.data_parallel_size),
-        router=one(args.router), enable_expert_parallel=one(args.enable_expert_parallel),
-        cost_model=one(args.cost_model),
-        speculative_tokens=one(args.speculative_tokens), acceptance_rate=one(args.acceptance_rate),
-        draft_model=load_preset("model", args.draft_model, MODELS, ModelSpec) if args.draft_model else None,
-        max_num_seqs=one(args.max_num_seqs), max_num_batched_tokens=one(args.max_num_batched_tokens),
-        chunked_prefill=not args.no_chunked_prefill, prefix_caching=one(args.prefix_caching),
-        reserve_full_isl=one(args.scheduler_reserve_full_isl),
-        max_tokens_in_flight=one(args.max_tokens_in_flight) or None, batching=args.batching, kv_layout=args.kv_layout,
-        disaggregate=bool(args.disaggregate or link or args.prefill_hardware or args.decode_hardware),
-        prefill_hardware=device(args.prefill_hardware), decode_hardware=device(args.decode_hardware),
-        kv_link_gbs=link or 25.0,
-        trace=trace, requests=args.requests,
-        prompt_tokens=args.prompt_tokens or DEFAULT_PROMPT, output_tokens=args.output_tokens or DEFAULT_OUTPUT,
-        prefix_tokens=args.prefix_tokens, num_prefixes=args.num_prefixes or 1,
-        rate=one(args.rate), concurrency=one(args.concurrency), seed=args.seed, time_scale=args.time_scale,
-        turns=args.turns, think_time=args.think_time, warmup=args.warmup, **arrival_spec(args),
-        goodput=tuple(args.goodput or ()), price_per_hour=args.price_per_hour,
-        detailed=getattr(args, "detailed", False), engine=args.engine)
+def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_argument_group("pictures")
+    g.add_argument("--timeline", metavar="FILE.csv",
+                   help=f"write {what}'s per-second stats as CSV in the shape vLLM logs them: t, prompt_throughput, "
+                        f"gen_throughput (tokens/s), running, waiting, kv_cache_pct (default: off)")
+    g.add_argument("--plot", metavar="FILE.svg",
+                   help="draw the same seconds as SVG: running and waiting requests, KV use, token throughput "
+                        "(default: off)")
 
 
 class Progress:
@@ -5525,7 +6079,8 @@ class Progress:
 
 
 def cmd_capacity(args) -> int:
-    plan, cost = plan_from_args(args)
+    spec = spec_from_args(args)
+    plan, cost = device_plan(spec, spec.hardware)
     if plan.note:
         sys.stderr.write(f"servesim: {plan.note}\n")
     if args.json:
@@ -5549,14 +6104,6 @@ def failed_exit(results: list[dict]) -> int:
     shown = ", ".join(f"{n:,} x {kind}" for kind, n in kinds.most_common(3))
     sys.stderr.write(f"servesim: {failed:,} of {total:,} requests failed ({shown}); the report has each one's reason\n")
     return 1
-
-
-def timeline_csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=TIMELINE_COLUMNS, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
 
 
 def write_timeline(args, title: str, rows: list[dict]) -> None:
@@ -5591,174 +6138,26 @@ def cmd_simulate(args) -> int:
     return failed_exit([result])
 
 
-def compare_mode(text: str) -> str:
-    if text not in COMPARE_MODES:
-        raise argparse.ArgumentTypeError(f"unknown mode {text!r}: use static, slots or paged")
-    return text
+def listed(args, exclude: tuple = ()) -> dict:
+    """The settings sweep and search were given several values of, presets read."""
+    given = {}
+    for name in AXES:
+        values = getattr(args, name, None)
+        if isinstance(values, list) and name not in exclude:
+            given[name] = [load_preset("hardware", v, HARDWARE, Hardware) for v in values] \
+                if name == "hardware" else values
+    if args.price_per_hour and len(given.get("hardware") or []) > 1:
+        raise UserError("--price-per-hour is one price for one device: with several --hardware, put each "
+                        "price_per_hour in its hardware JSON")
+    return given
 
 
-# The settings a sweep can vary, outermost first: the deployment, then the engine's knobs, then
-# the load, so each block of rows reads as one deployment under rising load.
-SWEEP_KNOBS = ("hardware", "tensor_parallel_size", "data_parallel_size", "router", "quantization", "kv_cache_dtype",
-               "cost_model", "gpu_memory_utilization", "block_size", "max_model_len", "kv_tokens", "num_gpu_blocks",
-               "max_num_seqs", "max_num_batched_tokens", "prefix_caching", "scheduler_reserve_full_isl",
-               "max_tokens_in_flight", "enable_expert_parallel", "speculative_tokens", "acceptance_rate",
-               "kv_link_gbs", "compare", "burstiness",
-               "rate", "concurrency")
-FIELD_OF_FLAG = {"scheduler_reserve_full_isl": "reserve_full_isl"}
-FLAG_OF = {"reserve_full_isl": "--scheduler-reserve-full-isl", "prefix_caching": "--prefix-caching"}
-DEFAULT_SWEEP = [1, 8, 32, 128, 256]
-
-
-def sweep_points(args) -> tuple[list[str], list[dict]]:
-    """The settings a sweep varies (at most two, as RunSpec fields) and its points, the grid of
-    their values. A list flag with one value is a fixed setting, not an axis."""
-    given = {FIELD_OF_FLAG.get(knob, knob): getattr(args, knob) for knob in SWEEP_KNOBS
-             if isinstance(getattr(args, knob), list)}
-    axes = [axis for axis, values in given.items() if len(values) > 1 or axis in ("compare", "kv_link_gbs")]
-    if len(axes) > 2:
-        raise UserError(f"sweep varies at most two settings at a time: {', '.join(sweep_flag(a) for a in axes)} "
-                        f"each have several values; give all but two of them one value")
-    if "hardware" in given:
-        given["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in given["hardware"]]
-    if args.gpus:
-        return gpu_split_points(args.gpus, given, axes)
-    if not axes and args.trace:
-        return ["trace"], [{"trace": args.trace}]
-    if not axes:
-        axes = ["rate" if args.rate else "concurrency"]
-    values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
-    if "kv_link_gbs" in values:
-        values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
-    return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
-
-
-def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
-    """--gpus N: the same N GPUs split each way -tp lists (or the ways -dp lists), the rest replicas
-    (or tensor parallel), so the rows compare TP against replicas at equal cost."""
-    split = [a for a in ("tensor_parallel_size", "data_parallel_size") if a in given]
-    if len(split) != 1:
-        raise UserError(f"--gpus {gpus} splits the GPUs by the -tp values or by the -dp values: give one of "
-                        f"them, e.g. -tp 1,2,4,8")
-    by, other = split[0], ({"tensor_parallel_size", "data_parallel_size"} - set(split)).pop()
-    odd = [v for v in given[by] if gpus % v]
-    if odd:
-        raise UserError(f"--gpus {gpus}: {sweep_flag(by)} {odd[0]} does not divide {gpus} GPUs evenly")
-    rest = [a for a in axes if a != by]
-    if not rest:
-        rest = ["rate"] if given.get("rate") else ["concurrency"]
-    if len(rest) > 1:
-        raise UserError(f"--gpus {gpus} varies {sweep_flag(by)} and one more setting; "
-                        f"{' and '.join(sweep_flag(a) for a in rest)} both have several values")
-    loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
-    points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
-              for v in given[by] for combination in itertools.product(*loads.values())]
-    return [by, other, *rest], points
-
-
-def sweep_flag(axis: str) -> str:
-    return FLAG_OF.get(axis, "--" + axis.replace("_", "-"))
-
-
-def sweep_label(axis: str, value) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, Hardware):
-        return value.name
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if axis == "max_tokens_in_flight" and not value:
-        return "no cap"
-    if axis == "trace":
-        return os.path.basename(str(value))
-    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
-
-
-SWEEP_TABLES = {
-    "compare": (("out tok/s", lambda r: number(r["output_throughput"])),
-                ("ttft p50", lambda r: number(r["median_ttft_ms"])),
-                ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
-                ("tpot p50", lambda r: number(r["median_tpot_ms"])),
-                ("row util", lambda r: "-" if r["engine"]["row_utilisation"] is None else f"{r['engine']['row_utilisation']:.1%}"),
-                ("wasted rows", lambda r: f"{r['engine']['wasted_decode_rows']:,}"),
-                ("kv reserved", lambda r: f"{r['engine']['kv_reserved_peak_tokens']:,}"),
-                ("kv used", lambda r: f"{r['engine']['kv_used_of_reserved']:.1%}"),
-                ("failed", lambda r: f"{r['failed']:,}")),
-    "kv_link_gbs": (("out tok/s", lambda r: number(r["output_throughput"])),
-                    ("ttft p50", lambda r: number(r["median_ttft_ms"])),
-                    ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
-                    ("tpot p50", lambda r: number(r["median_tpot_ms"])),
-                    ("itl p99", lambda r: number(r["p99_itl_ms"])),
-                    ("link wait", lambda r: number((r.get("link") or {}).get("mean_wait_ms"))),
-                    ("failed", lambda r: f"{r['failed']:,}")),
-}
-
-
-def colocation_verdict(results: list[dict]) -> str:
-    """The link bandwidth below which the colocated engine wins on TTFT p95."""
-    colocated = results[0]["p95_ttft_ms"]
-    points = sorted((r["config"]["kv_link_gbs"], r["p95_ttft_ms"]) for r in results[1:])
-    wins = [gbs for gbs, p95 in points if p95 < colocated]
-    losses = [gbs for gbs, p95 in points if p95 >= colocated]
-    if not wins:
-        return f"the colocated engine wins on ttft p95 at every link bandwidth tried (up to {points[-1][0]:g} GB/s)"
-    if not losses:
-        return f"disaggregation wins on ttft p95 at every link bandwidth tried (down to {points[0][0]:g} GB/s)"
-    below = [gbs for gbs in losses if gbs < min(wins)]
-    return (f"the colocated engine wins on ttft p95 below {min(wins):g} GB/s (colocated {number(colocated)} ms"
-            + (f"; disaggregated loses at {max(below):g} GB/s" if below else "") + ")")
-
-
-def settings_line(spec: RunSpec, axes: list[str]) -> str:
-    """Every setting the flags changed from its default, as the flags, except the swept axes and
-    what the title already says (hardware, model, workload)."""
-    shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
-             "num_prefixes", "detailed", "engine", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
-             "turns", "think_time", "burstiness", "ramp_up",         # the arrivals in the title say these
-             *(("batching", "kv_layout") if "compare" in axes else ())}
-    shown |= {"rate", "concurrency"}        # the workload in the title says them
-    default, words = RunSpec(), []
-    for f in fields(RunSpec):
-        value = getattr(spec, f.name)
-        if f.name in shown or value == getattr(default, f.name):
-            continue
-        flag = sweep_flag(f.name)
-        if f.name == "goodput":
-            value = " ".join(f"{metric}:{bound:g}" for metric, bound in value)
-        words.append(flag if value is True else f"{flag} off" if value is False and f.name in FLAG_OF else
-                     "--no-chunked-prefill" if f.name == "chunked_prefill" else
-                     f"{flag} {value.name}" if isinstance(value, ModelSpec) else
-                     f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
-    if spec.disaggregate and "kv_link_gbs" not in axes:
-        words.append(f"--disaggregate ({spec.kv_link_gbs:g} GB/s)")
-    return "  ".join(words)
-
-
-def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
-    if "compare" in axes:
-        return SWEEP_TABLES["compare"]
-    if "kv_link_gbs" in axes:
-        return SWEEP_TABLES["kv_link_gbs"]
-    columns = SWEEP_COLUMNS
-    if {"tensor_parallel_size", "data_parallel_size"} & set(axes):      # so rows compare per GPU
-        columns = (("gpus", lambda r: f"{r['config']['gpus']}"), columns[0],
-                   ("per gpu", lambda r: number(r["output_throughput"] / r["config"]["gpus"]))) + columns[1:]
-    if {"hardware", "tensor_parallel_size", "data_parallel_size", "quantization"} & set(axes):
-        columns = columns[:-1] + (("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
-                                  columns[-1])
-    if spec.goodput:
-        columns = columns[:-1] + (("goodput", lambda r: f"{r['request_goodput']:.2f}/s"), columns[-1])
-    if "burstiness" in axes:       # bursts show in the tail of TTFT
-        columns = columns[:2] + (("ttft p99", lambda r: number(r["p99_ttft_ms"])),) + columns[2:]
-    if spec.prefix_caching or "prefix_caching" in axes:
-        columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
-    return columns
+def point_text(point: dict) -> str:
+    return "  ".join(f"{flag_of(k)[2:]} {v}" for k, v in point.items())
 
 
 def cmd_sweep(args) -> int:
-    if args.trace and (args.concurrency or args.rate):
-        raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
-    axes, points = sweep_points(args)
+    axes, points = sweep_grid(listed(args), args.gpus, args.trace)
     spec = spec_from_args(args)
     for point in points:       # a bad combination is refused before any point runs
         with contextlib.suppress(CapacityError):
@@ -5785,8 +6184,7 @@ def cmd_sweep(args) -> int:
         for result in iter_sweep(spec, points, args.jobs, progress):
             result["config"]["sweep_points"] = len(points)
             results.append(result)
-            where = "  ".join(f"{sweep_flag(k)[2:]} {v}" for k, v in result["config"]["sweep_point"].items())
-            progress(f"{where} done ({len(results)}/{len(points)})")
+            progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
             if table:
                 table.row(result)
     except (KeyboardInterrupt, Terminated) as e:
@@ -5800,13 +6198,12 @@ def cmd_sweep(args) -> int:
     if args.plot and results:        # after the report, so a failed write loses nothing
         where = "" if "hardware" in axes else f" on {spec.hardware.name}"
         write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
-                                        + " x ".join(sweep_flag(a)[2:] for a in axes), axes, results))
+                                        + " x ".join(flag_of(a)[2:] for a in axes), axes, results))
     if stopped:
         raise stopped
     too_small = [r for r in results if r.get("does_not_fit")]
     if too_small:
-        names = ", ".join("  ".join(f"{sweep_flag(k)[2:]} {v}" for k, v in r["config"]["sweep_point"].items())
-                          for r in too_small[:3])
+        names = ", ".join(point_text(r["config"]["sweep_point"]) for r in too_small[:3])
         sys.stderr.write(f"servesim: {len(too_small)} of {len(results)} points do not fit ({names}"
                          f"{', ...' if len(too_small) > 3 else ''})\n")
         if len(too_small) == len(results):
@@ -5814,100 +6211,23 @@ def cmd_sweep(args) -> int:
     return failed_exit([r for r in results if not r.get("does_not_fit")])
 
 
-def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
-    """The simulate command line that runs exactly this spec; `sources` maps a preset's name to
-    the file it was read from."""
-    sources = sources or {}
-    words, default = ["python3", "code/main.py", "simulate"], RunSpec()
-    for f in fields(RunSpec):
-        value = getattr(spec, f.name)
-        if value == getattr(default, f.name) or f.name in ("detailed", "engine") or \
-                (f.name == "kv_link_gbs" and not spec.disaggregate):
-            continue
-        if f.name == "chunked_prefill":
-            words.append("--no-chunked-prefill")
-        elif value is True:
-            words.append(sweep_flag(f.name))
-        elif f.name == "goodput":
-            words += ["--goodput", *(f"{metric}:{bound:g}" for metric, bound in value)]
-        else:
-            if isinstance(value, (Hardware, ModelSpec)):
-                shown = sources.get(value.name, value.name)
-            elif isinstance(value, Trace):
-                shown = value.name
-            elif isinstance(value, float):          # exact, so the command reruns the same run
-                shown = f"{value:g}" if float(f"{value:g}") == value else repr(value)
-            else:
-                shown = "off" if value is False else str(value)
-            words += [sweep_flag(f.name), shown]
-    return shlex.join(words)
-
-
-SEARCH_EXCLUDED = ("kv_link_gbs", "compare", "rate", "concurrency")
-
-
-def search_grid(args) -> tuple[list[str], list[dict]]:
-    """The deployments a search tries: every combination of the server flags given as lists."""
-    given = {FIELD_OF_FLAG.get(knob, knob): getattr(args, knob) for knob in SWEEP_KNOBS
-             if knob not in SEARCH_EXCLUDED and isinstance(getattr(args, knob), list)}
-    for knob in ("kv_link_gbs",):
-        if len(getattr(args, knob) or []) > 1:
-            raise UserError(f"search tries deployments; {sweep_flag(knob)} takes one value here (sweep it instead)")
-    axes = [axis for axis, values in given.items() if len(values) > 1]
-    values = {axis: given[axis] for axis in axes}
-    if "hardware" in values:
-        values["hardware"] = [load_preset("hardware", name, HARDWARE, Hardware) for name in values["hardware"]]
-    points = [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
-    if len(points) > 100_000:
-        raise UserError(f"search grid of {len(points):,} deployments; narrow the lists to at most 100,000")
-    return axes, points
-
-
-def load_text(load: float) -> str:
-    return f"{load:,.0f}" if load >= 1000 else f"{load:.4g}"
-
-
-def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
-    load = ("rate" if by == "rate" else "clients", lambda r: load_text(r["load"]))
-    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")] if trace and by == "rate" else [])
-    columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
-    columns += [("out tok/s", lambda r: number(r["output_throughput"])),
-                ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
-                ("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
-                ("verdict", lambda r: "meets" if not r["misses"] else "misses: " + "; ".join(r["misses"]))]
-    return columns
-
-
-def search_table(axes: list[str], found: list[dict], columns, probes: bool) -> list[str]:
-    """One row per deployment (its best probe, else its last), or per probe. The last column (a
-    verdict) is left-aligned after the others, so a long reason does not widen the table."""
-    cells = [[sweep_flag(a)[2:] for a in axes] + [name for name, _ in columns]]
-    for item in found:
-        labels = [sweep_label(a, item["settings"][a]) for a in axes]
-        if item.get("does_not_fit"):
-            cells.append(labels + ["-"] * (len(columns) - 1) + ["does not fit: " + item["does_not_fit"]])
-            continue
-        for result in (item["probes"] if probes else [item["best"] or item["probes"][-1]]):
-            cells.append(labels + [cell(result) for _, cell in columns])
-    aligned = table([[""] + row[:-1] for row in cells])      # an empty first column: every cell right-aligned
-    return [f"{line[2:]}  {row[-1]}" for line, row in zip(aligned, cells)]
-
-
 def cmd_search(args) -> int:
     slo = parse_slo(args.slo)
-    axes, points = search_grid(args)
-    spec = spec_from_args(args)
-    by, target = ("rate", args.rate) if args.rate else ("concurrency", args.concurrency) if args.concurrency else \
-        (args.load, None)
-    if spec.trace and (by == "concurrency" or args.time_scale != 1):
+    given = listed(args, exclude=("rate", "concurrency"))
+    axes, points = search_grid(given)
+    by, target = ("rate", args.target_rate) if args.target_rate else \
+        ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load, None)
+    if args.trace and (by == "concurrency" or args.time_scale is not None):
         raise UserError("search scales a --trace's arrivals itself: give --rate R (or nothing, to find the highest "
                         "rate), not --concurrency, --load concurrency or --time-scale")
-    spec = replace(spec, rate=None) if spec.trace else spec
+    # Checked as each probe runs, with the load the search puts on it; kept without one.
+    spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
+    spec = replace(spec, rate=None, concurrency=None)
     for point in points:       # a bad combination is refused before anything runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
     if args.confirm:
-        confirm_config(args, spec)
+        confirm_check(args.confirm, spec)
     if args.plot:
         check_writable(args.plot, "--plot")
     progress = Progress("search")
@@ -5920,22 +6240,17 @@ def cmd_search(args) -> int:
         stopped = Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the "
                                        f"finished ones")
     sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
-    sources[spec.model.name] = args.model
-    for item, settings in zip(found, points):
-        deployment = sweep_point(spec, settings)
-        for probe in item["probes"]:
-            probe["rerun"] = simulate_command(sweep_point(deployment, at_load(deployment, by, probe["load"])), sources)
-    ranked = cheapest_first(found) if target is not None else found
-    report = {"slo": {name: bound for name, _, bound in slo.bounds}, "by": by, "target": target,
-              "tolerance": args.tolerance if target is None else None, "deployments": ranked}
-    report["tried"] = f"{len(found)} of {len(points)}" if stopped else None
+    sources[spec.model.name] = args.model or spec.model.name
+    report = search_report(spec, points, found, slo, by, target, args.tolerance, sources, bool(stopped))
+    ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
     confirmed = None
     if args.confirm and chosen and not stopped:
         if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
-            write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target)))
+            write_text("\n".join(search_text(spec, args.trace, args.tolerance, axes, ranked, slo, by, target)))
         deployment = sweep_point(spec, points[found.index(chosen)])
-        report["confirm"], confirmed = confirm(args, spec, deployment, chosen["best"]["load"], by)
+        report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
+                                               args.confirm_requests, args.timeout, Progress("confirm"))
     elif args.confirm and not stopped:
         sys.stderr.write("servesim: nothing met the slo, so --confirm has no load to send\n")
     if args.json:
@@ -5952,7 +6267,8 @@ def cmd_search(args) -> int:
             print_compared(done["title"], done["rows"], out.write)
         write_text(out.getvalue())
     elif not (args.confirm and chosen and not stopped):
-        write_text("\n".join(search_text(spec, args, axes, ranked, slo, by, target, report["tried"])))
+        write_text("\n".join(search_text(spec, args.trace, args.tolerance, axes, ranked, slo, by, target,
+                                         report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing
         write_file(args.plot, search_svg(report, axes, slo))
     if stopped:
@@ -5972,124 +6288,8 @@ def cmd_search(args) -> int:
     return 1 if len(unfit) == len(ranked) else 0
 
 
-def confirm_config(args, spec: RunSpec) -> None:
-    """--confirm sends what the search simulated; refuse what loadgen cannot send, before searching."""
-    try:
-        split_url(args.confirm)
-    except UserError as e:
-        raise UserError(str(e).replace("--url", "--confirm")) from None
-    if spec.trace:
-        raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
-    if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
-        raise UserError("--confirm sends fixed lengths: give --prompt-tokens N and --output-tokens N, one value each")
-    if spec.prefix_tokens and spec.num_prefixes > 1:
-        raise UserError("--confirm sends one shared prefix: drop --num-prefixes")
-
-
-def confirm(args, spec: RunSpec, deployment: RunSpec, load: float, by: str) -> tuple[dict, Optional[Stopped]]:
-    """One short loadgen at the load the search chose, simulated again on its own send times and
-    lengths: measured against predicted."""
-    config = LoadConfig(url=args.confirm, requests=args.confirm_requests, rate=load if by == "rate" else None,
-                        concurrency=int(load) if by == "concurrency" else None, max_tokens=spec.output_tokens.low,
-                        ignore_eos=True, prompt_words=spec.prompt_tokens.low, prefix_words=spec.prefix_tokens,
-                        seed=spec.seed, slos=dict(spec.goodput) or None, size_prompts=True,
-                        timeout_s=args.timeout, api_key=os.environ.get("OPENAI_API_KEY"))
-    result, records, stopped = run_load(config, Progress("confirm"))
-    found = {"url": redact_url(args.confirm), "load": load, "by": by, "measured": result}
-    if stopped:
-        found["stopped"] = stopped.message
-        return found, stopped
-    measured = run_from_report({**result, **detailed_arrays(records)}, "the confirm run")
-    predicted = simulate_measured(measured, deployment)
-    found["rows"] = side_by_side(result, predicted)
-    found["title"] = (f"confirm: {len(records):,} requests to {redact_url(args.confirm)} at {by} {load:g}, "
-                      f"measured against servesim on the same send times and lengths")
-    return found, None
-
-
-def search_text(spec: RunSpec, args, axes: list[str], found: list[dict], slo: Slo, by: str,
-                target: Optional[float], tried: Optional[str] = None) -> list[str]:
-    workload = (f"trace {args.trace}" if args.trace else
-                f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  output {spec.output_tokens}"
-                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
-    unit = "req/s" if by == "rate" else "clients"
-    load = (f"at {target:g} {unit}" if target is not None else
-            f"highest {by} within {args.tolerance:.0%}" if by == "rate" else "highest concurrency")
-    where = "" if "hardware" in axes else f" on {spec.hardware.name}"
-    settings = settings_line(spec, axes)
-    lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else "")]
-    columns = probe_columns(slo, by, bool(spec.trace))
-    if target is not None:
-        columns = [("gpus", lambda r: f"{r['config']['gpus']}")] + columns[1:]
-        lines += search_table(axes, found, columns, probes=False)
-        best = [item for item in found if item["best"]]
-        if best:
-            cost = best[0]["best"]["cost"] or {}
-            named = "  ".join(f"{sweep_flag(a)[2:]} {sweep_label(a, best[0]['settings'][a])}" for a in axes)
-            price = (f": ${cost['usd_per_hour']:,.2f} an hour, ${number(cost.get('usd_per_million_output_tokens'), 3)} "
-                     f"per million output tokens" if cost else " (no price: give --price-per-hour)")
-            among = f" among the {tried} deployments tried before the stop" if tried else ""
-            lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
-            lines.append(f"rerun it: {best[0]['best']['rerun']}")
-        else:
-            lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
-        return lines
-    if len(found) > 1:
-        summary = [(f"highest {by}", lambda r: load_text(r["load"]))] + columns[1 + bool(spec.trace and by == "rate"):-1]
-        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary, probes=False)
-        lines.append("")
-    lines += search_table(axes, found, columns, probes=True)
-    for item in found:
-        named = "  ".join(f"{sweep_flag(a)[2:]} {sweep_label(a, item['settings'][a])}" for a in axes)
-        prefix = f"{named}: " if named else ""
-        if item.get("does_not_fit"):
-            continue
-        low, high = item["highest_load"], item["lowest_missing_load"]
-        if low is None:
-            lines.append(f"{prefix}the slo is missed even at {high:.4g} {unit}")
-        elif high is None:
-            lines.append(f"{prefix}the slo holds up to the highest {by} tried, {low:g} {unit}")
-        else:
-            lines.append(f"{prefix}highest {by} meeting the slo: {low:.4g} {unit} (missed at {high:.4g})")
-            lines.append(f"  rerun it: {item['best']['rerun']}")
-    return lines
-
-
 def cmd_loadgen(args) -> int:
-    if args.prompts and (args.prompt_tokens is not None or args.prefix_tokens):
-        raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
-    if args.trace and (args.prompts or args.prompt_tokens is not None or args.prefix_tokens or args.rate or
-                       args.turns > 1 or args.max_tokens != 64):
-        raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
-                        "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
-    if args.time_scale != 1 and not args.trace:
-        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
-    if args.think_time and args.turns == 1:
-        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
-    if args.turns > 1 and args.prompts:
-        raise UserError("--turns builds the conversation from generated messages; drop --prompts")
-    if args.ramp_up_strategy and args.requests is None:
-        raise UserError("a ramp runs over a number of requests: add --requests N")
-    trace = read_trace(args.trace, args.trace_format) if args.trace else None
-    for note in trace.notes if trace else ():
-        sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
-    arrivals = arrival_spec(args)
-    requests = None if args.duration and args.requests is None else (args.requests or (len(trace.rows) if trace else 64))
-    if args.warmup and requests is not None and args.warmup >= min(requests, len(trace.rows) if trace else requests):
-        raise UserError(f"--warmup {args.warmup:,} leaves no request to measure: send more --requests")
-    config = LoadConfig(
-        url=args.url, model=args.model, requests=requests,
-        concurrency=args.concurrency or (None if args.rate or trace or arrivals["ramp_up"] else 1), rate=args.rate,
-        duration_s=args.duration, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-        prompt_words=args.prompt_tokens or 40, prefix_words=args.prefix_tokens,
-        prompts=read_prompts(args.prompts) if args.prompts else None, seed=args.seed,
-        timeout_s=args.timeout, request_timeout_s=args.request_timeout, scrape_interval_s=args.scrape_interval,
-        api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-        slos=dict(args.goodput) if args.goodput else None, price_per_hour=args.price_per_hour,
-        timeline=bool(args.timeline or args.plot), trace=trace, time_scale=args.time_scale,
-        turns=args.turns, think_time_s=args.think_time, warmup=args.warmup,
-        size_prompts=not args.no_size_prompts and (args.prompt_tokens is not None or bool(args.prefix_tokens) or bool(trace)),
-        **arrivals)
+    config = load_from_args(args)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
             check_writable(path, flag)
@@ -6101,23 +6301,17 @@ def cmd_loadgen(args) -> int:
     timeline = result.pop("timeline", None)
     arrays = detailed_arrays(records)
     if args.simulate and not stopped:
-        client = Http(config.url, config.timeout_s, config.api_key)
-        shape, note = server_shape(client)
-        spec = RunSpec(hardware=hardware, model=model, **shape)
-        title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
-        try:
-            predicted = simulate_measured(run_from_report({**result, **arrays}, "this run"), spec)
-            title += f", {predicted['config']['kv_tokens']:,} kv tokens"
-            result["side_by_side"] = {"title": title, "rows": side_by_side(result, predicted), "servesim": predicted}
-        except (CapacityError, UserError) as e:
-            result["side_by_side"] = {"title": title, "problem": f"servesim could not simulate this run: {e}"}
+        result["side_by_side"] = beside_the_run(config, {**result, **arrays}, hardware, model)
     if args.json or args.detailed:
         write_json({**result, **arrays} if args.detailed else result)
     else:
         out = io.StringIO()
         print_run(result, out)
-        if result.get("side_by_side"):
-            print_side_by_side(result["side_by_side"], out.write)
+        beside = result.get("side_by_side")
+        if beside and beside.get("problem"):
+            out.write(f"{'side by side':<14}{beside['problem']}\n")
+        elif beside:
+            print_compared(beside["title"], beside["rows"], out.write)
         write_text(out.getvalue())
     if timeline is not None:      # after the report, so a failed write loses nothing measured
         write_timeline(args, result["config"]["title"], timeline)
@@ -6126,102 +6320,12 @@ def cmd_loadgen(args) -> int:
     return failed_exit([result])
 
 
-def compare_spec(measured: MeasuredRun, args) -> RunSpec:
-    """The engine the run recorded, with the command line's flags on top."""
-    found = measured.settings
-    model_name = args.model or KNOWN_MODELS.get(found.get("model_name", ""))
-    if not model_name:
-        raise UserError(f"run {measured.name}: model {found.get('model_name') or 'not recorded'} has no preset; "
-                        f"pass --model (a preset or a JSON file)")
-    hardware_name = args.hardware or KNOWN_DEVICES.get(found.get("device_name", ""))
-    if not hardware_name:
-        raise UserError(f"run {measured.name}: device {found.get('device_name') or 'not recorded'} has no preset; "
-                        f"pass --hardware (a preset or a JSON file)")
-    hardware = load_preset("hardware", hardware_name, HARDWARE, Hardware)
-    if not args.hardware and found.get("device_bytes"):
-        hardware = replace(hardware, memory_gib=found["device_bytes"] / GIB)   # what the run's device reported
-    fields_ = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-               "max_model_len": args.max_model_len, "num_gpu_blocks": args.num_gpu_blocks, "kv_tokens": args.kv_tokens,
-               "block_size": args.block_size, "gpu_memory_utilization": args.gpu_memory_utilization,
-               "prefix_caching": args.prefix_caching, "reserve_full_isl": args.scheduler_reserve_full_isl,
-               "tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size,
-               "enable_expert_parallel": args.enable_expert_parallel, "router": args.router}
-    settings = {k: v for k, v in found.items() if k in fields_}
-    changed = [k for k in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "block_size",
-                           "gpu_memory_utilization") if fields_[k] is not None and fields_[k] != found.get(k)]
-    settings.update({k: v for k, v in fields_.items() if v is not None})
-    if args.kv_tokens or ((changed or args.hardware) and not args.num_gpu_blocks and "num_gpu_blocks" in settings):
-        settings.pop("num_gpu_blocks", None)      # it was the recorded deployment's, not this one's
-    if found.get("enable_expert_parallel") and settings.get("tensor_parallel_size", 1) > 1 and \
-            args.enable_expert_parallel is None:
-        raise UserError(f"run {measured.name} recorded --enable-expert-parallel, which servesim models with -tp 1; "
-                        f"add --enable-expert-parallel off to try tensor parallelism instead")
-    return RunSpec(hardware=hardware, model=load_preset("model", model_name, MODELS, ModelSpec),
-                   cost_model=args.cost_model, goodput=tuple(args.goodput or ()),
-                   price_per_hour=args.price_per_hour, **settings)
-
-
-def union_length(windows: list[tuple[float, float]]) -> float:
-    """The seconds covered by at least one of the windows."""
-    total, reach = 0.0, -math.inf
-    for start, end in sorted(windows):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
 def cmd_merge(args) -> int:
-    """Several loadgen --detailed reports (one per client machine) as one run: every request on
-    one clock, percentiles recomputed, throughput over the union of the windows."""
-    parts = []
-    for path in args.reports:
-        report = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --detailed reports")
-        if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
-            raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
-        measured = run_from_report(report, path)
-        config, starts = report.get("config") or {}, report.get("start_times") or []
-        number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        anchor = (config["started_unix"] + min(starts) - config["started_perf"]
-                  if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
-        same = [other for other, _, _, run in parts if run is not None and run == (config.get("run_id"), anchor)]
-        if same or path in [other for other, _, _, _ in parts]:
-            raise UserError(f"report {path} is the same run as {same[0] if same else path}: merging it twice would "
-                            f"count its requests twice")
-        parts.append((path, measured, anchor, (config.get("run_id"), anchor) if anchor is not None else None))
-    parts = [part[:3] for part in parts]
-    on_wall_clock = all(anchor is not None for _, _, anchor in parts)
-    base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
-    if not on_wall_clock:
-        sys.stderr.write("servesim: not every report says when it started on the wall clock (vllm bench results "
-                         "do not); each one's first request is put at 0\n")
-    requests, windows = [], []
-    for path, measured, anchor in parts:
-        shift = anchor - base if on_wall_clock else 0.0
-        for r in measured.requests:
-            request = measured_request(len(requests), r.sent_s + shift,
-                                       None if r.first_token_s is None else r.first_token_s + shift,
-                                       None if r.last_token_s is None else r.last_token_s + shift,
-                                       r.prompt_tokens, r.output_tokens, r.error)
-            request.token_times = [t + shift for t in r.token_times] if r.token_times else None
-            requests.append(request)
-        ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
-        windows.append((shift, shift + max(ends, default=0.0)))
-    if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):
-        sys.stderr.write("servesim: these runs did not all overlap in time; throughput is over the union of their "
-                         "windows\n")
-    result = summarize(requests, slos=dict(args.goodput) if args.goodput else None)
-    busy = union_length(windows)
-    if on_wall_clock and 0 < busy < result["duration"]:      # gaps between the runs measured nothing
-        scale = result["duration"] / busy
-        for key in ("request_throughput", "output_throughput", "total_token_throughput"):
-            result[key] *= scale
-        if result["request_goodput"] is not None:
-            result["request_goodput"] *= scale
-        result["duration"] = busy
-    result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
-                        "reports": list(args.reports), "requests_each": [len(m.requests) for _, m, _ in parts],
-                        "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
+    reports = [(path, parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --detailed reports"))
+               for path in args.reports]
+    result, requests, notes = merge_reports(reports, dict(args.goodput) if args.goodput else None)
+    for note in notes:
+        sys.stderr.write(f"servesim: {note}\n")
     if args.json or args.detailed:
         write_json({**result, **detailed_arrays(requests)} if args.detailed else result)
     else:
@@ -6233,36 +6337,31 @@ def cmd_merge(args) -> int:
 
 def cmd_compare(args) -> int:
     measured = read_run(args.run)
-    spec = compare_spec(measured, args)
+    spec = recorded_spec(measured, settings_from_args(RunSpec, args))
     if args.timeline:
         check_writable(args.timeline, "--timeline")
-    simulated = simulate_measured(measured, spec, timeline=bool(args.timeline))
+    compared = compare_run(measured, spec, timeline=bool(args.timeline))
+    simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
     for note in measured.notes:
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
-    actual = summarize(measured.requests, slos=dict(spec.goodput))
-    rows = compare_rows(actual, simulated, measured.timeline)
-    title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
-             f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
-             f"{simulated['config']['kv_tokens']:,} KV tokens{' a replica' if spec.data_parallel_size > 1 else ''}, "
-             f"max-num-seqs {spec.max_num_seqs}, "
-             f"max-num-batched-tokens {spec.max_num_batched_tokens}"
-             + (", prefix caching" if spec.prefix_caching else "")
-             + (", reserve full isl" if spec.reserve_full_isl else "")
-             + (f", tensor parallel {spec.tensor_parallel_size}" if spec.tensor_parallel_size > 1 else "")
-             + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
-             + (", expert parallel" if spec.enable_expert_parallel else ""))
+    timeline = simulated.pop("timeline", None)
     if args.timeline:
-        write_file(args.timeline, timeline_csv(simulated["timeline"]))
+        write_file(args.timeline, timeline_csv(timeline))
     if args.json:
-        write_json({"title": title, "rows": rows, "measured": actual,
-                    "servesim": {k: v for k, v in simulated.items() if k != "timeline"}})
+        write_json(compared)
     else:
         out = io.StringIO()
-        print_compared(title, rows, out.write)
+        print_compared(compared["title"], compared["rows"], out.write)
         write_text(out.getvalue())
     return 0
+
+
+def compare_mode(text: str) -> str:
+    if text not in COMPARE_MODES:
+        raise argparse.ArgumentTypeError(f"unknown mode {text!r}: use static, slots or paged")
+    return text
 
 
 def cmd_calibrate(args) -> int:
@@ -6385,7 +6484,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the memory plan: weights, KV bytes per token, memory budget, KV blocks, "
                                    "max concurrency, the decode step at batch 1 and the batch where compute "
                                    "catches up with the weight read, plus vLLM's startup line for the same plan.")
-    add_plan_args(p)
+    add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["group"] == "plan"])
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=cmd_capacity)
 
@@ -6393,8 +6492,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate a vLLM-style server on a virtual clock and report TTFT, TPOT, ITL, "
                                    "queue time, throughput, batch size, KV use, preemptions and prefix hits. "
                                    "Exit 1 if any request failed.")
-    add_engine_args(p, sweep=False)
-    add_workload_args(p, sweep=False)
+    add_settings(p, SETTINGS)
     add_report_args(p, "one JSON object with vllm bench serve's keys")
     add_picture_args(p, "the simulated server")
     p.set_defaults(func=cmd_simulate)
@@ -6409,8 +6507,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "colocated engine as the baseline and says below which bandwidth it wins on "
                                    "TTFT p95; --compare runs batching modes side by side. A point whose model "
                                    "does not fit is a row saying so. Exit 1 if any request failed or no point fits.")
-    add_engine_args(p, sweep=True)
-    add_workload_args(p, sweep=True)
+    add_settings(p, SETTINGS, lists=True)
     p.add_argument("--compare", type=list_of(compare_mode), metavar="MODE,...",
                    help="run the same workload through each of static, slots, paged (continuous batching "
                         "over a paged cache) and print one table with row utilisation and KV reserved "
@@ -6439,9 +6536,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--max-num-seqs, --quantization, ...) at that load and rank the ones that meet "
                                    "the SLO by cost; a deployment that does not fit is listed with the reason. Exit "
                                    "1 if no deployment fits or a --confirm request failed.")
-    add_engine_args(p, sweep=True)
-    add_workload_args(p, sweep=False, search=True)
+    add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency")], lists=True)
     g = p.add_argument_group("search")
+    g.add_argument("--rate", type=RATE, metavar="R", dest="target_rate",
+                   help="rank every deployment at R requests/s (with a --trace, its arrivals scaled to R) "
+                        "(default: find each one's highest rate)")
+    g.add_argument("--concurrency", type=CLIENTS, metavar="N", dest="target_concurrency",
+                   help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el or "
                         "queue; STAT is mean, p50, p90, p95 or p99; e.g. ttft_p95:500,tpot_p95:50 (required)")
@@ -6476,65 +6577,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "TPOT, ITL and throughput with the simulator's definitions, beside the "
                                    "server's own /metrics for the same window. Exit 1 if the server is "
                                    "unreachable or any request failed.")
-    g = p.add_argument_group("server")
-    g.add_argument("--url", default="http://127.0.0.1:8080",
-                   help="the server's base address (default: %(default)s)")
-    g.add_argument("--model", help="model id to request (default: the first id from GET /v1/models)")
-    g.add_argument("--api-key", help="sent as a Bearer token, never printed (default: $OPENAI_API_KEY if set)")
-    g.add_argument("--timeout", type=real(0, 86400), default=120.0, metavar="SECONDS",
-                   help="longest wait for the next event of a stream (or for the answer to start) before the "
-                        "request counts as failed; comments and keep-alives do not reset it (default: %(default)s)")
-    g.add_argument("--request-timeout", type=real(0, 7 * 86400), metavar="SECONDS",
-                   help="longest a whole request may take before it counts as failed (default: no limit)")
-    g.add_argument("--scrape-interval", type=real(0.01, 3600, above_low=False), default=1.0, metavar="SECONDS",
-                   help="how often /metrics is read during the run (default: %(default)s)")
-    g = p.add_argument_group("load")
-    g.add_argument("--concurrency", type=whole(1, 10000), metavar="N",
-                   help="closed loop: N clients (default: 1); with --rate, the most requests in flight (default: no cap)")
-    g.add_argument("--rate", type=real(0.001, 100000, above_low=False), metavar="R",
-                   help="open loop: Poisson arrivals at R requests/s, 0.001 to 100,000 (default: closed loop)")
-    g.add_argument("--requests", type=whole(1, MAX_REQUESTS), metavar="N",
-                   help="requests to send (default: 64, or no count limit when --duration is given)")
-    g.add_argument("--duration", type=real(0, 7 * 86400), metavar="SECONDS",
-                   help="stop sending after this long; requests in flight finish (default: no time limit)")
-    g.add_argument("--max-tokens", type=whole(1, 10**7), default=64, metavar="TOKENS",
-                   help="max_tokens of each request (default: %(default)s)")
-    g.add_argument("--ignore-eos", action="store_true",
-                   help="ask the server to generate exactly --max-tokens tokens (llama.cpp, vLLM and SGLang "
-                        "accept ignore_eos) (default: off)")
-    g.add_argument("--prompt-tokens", type=whole(1, 10**6), metavar="TOKENS",
-                   help="a distinct prompt of this many tokens per request, in common words sized by the server's "
-                        "own token counts for two probe prompts sent first (default: 40)")
-    g.add_argument("--prefix-tokens", type=whole(1, 10**6), default=0, metavar="TOKENS",
-                   help="a shared system prompt of this many tokens, the same for every request (default: none)")
-    g.add_argument("--no-size-prompts", action="store_true",
-                   help="skip the probe and send one word per token asked (default: probe)")
-    add_arrival_args(g)
-    g.add_argument("--trace", metavar="FILE",
-                   help="replay a trace (any --trace-format): each request at its time (x --time-scale), its "
-                        "prompt built so equal content runs (hash ids, system prompts) are equal text and others "
-                        "differ, max_tokens its output length with ignore_eos (default: off)")
-    g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
-                   help="how to read --trace (default: %(default)s, told from the first line)")
-    g.add_argument("--time-scale", type=real(1e-6, 1e6), default=1.0, metavar="X",
-                   help="multiply the trace's send times by X (default: %(default)s)")
-    g.add_argument("--turns", type=whole(1, 10_000), default=1, metavar="N",
-                   help="conversations of N requests: each turn sends the earlier messages and the server's own "
-                        "replies, plus a new --prompt-tokens message; --requests counts requests (default: 1)")
-    g.add_argument("--think-time", type=real(0, 86_400, above_low=False), default=0.0, metavar="S",
-                   help="seconds between a reply's end and the next turn (default: %(default)s)")
-    g.add_argument("--warmup", type=whole(0, MAX_REQUESTS), default=0, metavar="N",
-                   help="the first N requests are sent but left out of the metrics (default: %(default)s)")
-    g.add_argument("--prompts", metavar="FILE",
-                   help="your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
-                        "used in turn (default: generated prompts)")
-    g.add_argument("--seed", type=int, default=7, help="seed for prompts and arrivals (default: %(default)s)")
-    g.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
+    add_settings(p, [f.name for f in fields(LoadConfig) if f.metadata], owner=LoadConfig)
+    p.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
                    help="after the run, simulate the same shape (clients, each request's measured lengths, "
                         "llama.cpp's slots and context from /props) and print both side by side (default: off)")
-    g = p.add_argument_group("SLOs and cost")
-    add_goodput_arg(g)
-    add_price_arg(g, "for the server measured, all its GPUs together", default="no cost")
     add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
     add_picture_args(p, "the server (its /metrics gauges, sampled every --scrape-interval, and the client's own "
                         "token events)")
@@ -6547,7 +6593,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "of their windows: a load one machine cannot drive. Exit 1 if any request failed.")
     p.add_argument("reports", nargs="+", metavar="REPORT", help="loadgen --detailed reports (or vllm bench serve "
                                                                 "--save-detailed results, put side by side at 0)")
-    add_goodput_arg(p)
+    add_settings(p, ["goodput"])
     add_report_args(p, "one JSON object with vllm bench serve's keys")
     p.set_defaults(func=cmd_merge)
 
@@ -6559,43 +6605,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "throughput, TTFT, TPOT, ITL and E2E percentiles, running, waiting and KV use, each "
                                    "with its error.")
     p.add_argument("run", metavar="RUN", help="the measured run: a directory, a .jsonl or a .json report")
-    p.add_argument("--hardware", help="hardware preset or JSON (default: the device the run recorded, if it has a preset)")
-    p.add_argument("--model", help="model preset or JSON (default: the model the run recorded, if it has a preset)")
-    p.add_argument("--cost-model", choices=tuple(COST_MODELS), default=DEFAULT_COST_MODEL,
-                   help="how a step is priced: roofline (the lesson's) or kernels (per kernel, with attention, "
-                        "tiles and measured efficiencies) (default: %(default)s)")
-    g = p.add_argument_group("the engine: each flag replaces what the run recorded (default: the recorded "
-                             "value, else servesim's simulate default)")
-    recorded = "; changing the deployment drops the recorded KV block count"
-    g.add_argument("--max-num-seqs", type=whole(1, 10**6), metavar="N", help="most sequences in one step")
-    g.add_argument("--max-num-batched-tokens", type=TOKENS, metavar="TOKENS", help="token budget per step")
-    g.add_argument("--max-model-len", type=TOKENS, metavar="TOKENS",
-                   help="longest request (default: at least the run's longest prompt + output)")
-    g.add_argument("--block-size", type=whole(1, 2**20), metavar="TOKENS", help="tokens per KV block" + recorded)
-    g.add_argument("--gpu-memory-utilization", type=fraction, metavar="F",
-                   help="share of device memory for weights plus KV cache" + recorded)
-    size = g.add_mutually_exclusive_group()
-    size.add_argument("--num-gpu-blocks", type=whole(1, 10**11), metavar="BLOCKS",
-                      help="KV blocks, as vLLM's startup log gives them")
-    size.add_argument("--kv-tokens", type=whole(1, 10**12), metavar="TOKENS", help="the KV cache in tokens")
-    switch = dict(nargs="?", const=True, type=on_off, metavar="on|off")
-    g.add_argument("--prefix-caching", **switch, help="automatic prefix caching; the flag alone is on")
-    g.add_argument("--scheduler-reserve-full-isl", **switch,
-                   help="admit a request only if blocks for its whole prompt are free; the flag alone is on")
-    g.add_argument("--tensor-parallel-size", "-tp", type=whole(1, 64), metavar="N",
-                   help="GPUs each engine is split over" + recorded)
-    g.add_argument("--data-parallel-size", "-dp", type=whole(1, 1024), metavar="N",
-                   help="replicas behind the router" + recorded)
-    g.add_argument("--enable-expert-parallel", **switch,
-                   help="spread a MoE's experts over the replicas; the flag alone is on" + recorded)
-    g.add_argument("--router", choices=ROUTERS,
-                   help="how vLLM's data-parallel front end spreads requests (default: least-loaded, as its "
-                        "balancer picks the engine with the fewest waiting and running)")
-    add_goodput_arg(p)
-    add_price_arg(p)
+    add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["recorded"]], overrides=True)
+    add_settings(p, ["cost_model", "goodput", "price_per_hour"])
     p.add_argument("--timeline", metavar="FILE",
                    help="write the simulated run's per-second stats as CSV in the shape vLLM logs them (t, "
-                        "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one")
+                        "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one "
+                        "(default: off)")
     p.add_argument("--json", action="store_true", help="one JSON object: rows, measured and servesim reports")
     p.set_defaults(func=cmd_compare)
 
