@@ -425,6 +425,7 @@ class BlockPool:
         self.holders: dict[int, int] = {}    # keyed blocks in use -> how many requests hold them
         self.extra_holds = 0                 # holders beyond the first, summed over those blocks
         self.evictions = 0
+        self.prefix_queries = self.prefix_hits = 0   # prompt tokens looked up, and found cached
 
     def free_count(self) -> int:
         return self.num_blocks - self.in_use
@@ -531,6 +532,41 @@ class BlockPool:
         """How many of these cached blocks sit on the free list (idle)."""
         return sum(1 for block in blocks if block not in self.holders)
 
+    # Prefix caching: a request's blocks keyed by what they hold, found again by the next
+    # request whose prompt starts the same way.
+    def cached_prefix(self, request, block_size: int) -> list[int]:
+        """The blocks, cached now, that hold the request's leading full blocks. Its last token
+        is always computed: the model needs its logits to sample."""
+        full = (request.length - 1) // block_size
+        return self.lookup(block_key(request, i, block_size) for i in range(full))
+
+    def key_filled(self, request, tokens: int, block_size: int) -> None:
+        """Key the blocks a request fills up to `tokens` (this step's included), where it was not
+        keyed yet."""
+        full = tokens // block_size
+        for index in range(request.registered, full):
+            self.register(request.blocks[index], block_key(request, index, block_size))
+        request.registered = max(request.registered, full)
+
+    def count_lookup(self, request, cached: int) -> None:
+        """A request's first admission: its prompt tokens looked up, `cached` of them found."""
+        self.prefix_queries += request.length
+        self.prefix_hits += cached
+        request.cached_tokens = cached
+
+
+def block_key(request, index: int, block_size: int) -> tuple:
+    """What a full KV block holds, for prefix caching. vLLM hashes a block's token ids chained
+    with the previous block's hash, so a block matches only when everything before it matches
+    too. Here the tokens are content runs: a block ending at token e inside run k is keyed by the
+    chain of runs 1..k and e; a block past the content, by the request's own id."""
+    end = (index + 1) * block_size
+    run = bisect.bisect_left(request.content_ends, end)
+    if run == len(request.content_ends):
+        return (request.id, index)
+    return (request.content_chain[run], end)
+
+
 
 # ---------------------------------------------------------------------------------------------
 # Request: its prompt plus what it has generated, and how many of those tokens have KV.
@@ -568,6 +604,7 @@ class Request:
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
     cached_tokens: int = 0       # prompt tokens found in the prefix cache at first admission
+    measured: bool = True        # False for a warm-up request: sent, but left out of every figure
     content_ends: tuple = ()     # where each content run ends, and the hash of the runs up to it
     content_chain: tuple = ()
 
@@ -607,18 +644,6 @@ class Request:
         if self.token_times is not None:
             self.token_times.append(now)
         return gap
-
-
-def block_key(request: Request, index: int, block_size: int) -> tuple:
-    """What a full KV block holds, for prefix caching. vLLM hashes a block's token ids chained
-    with the previous block's hash, so a block matches only when everything before it matches
-    too. Here the tokens are content runs: a block ending at token e inside run k is keyed by the
-    chain of runs 1..k and e; a block past the content, by the request's own id."""
-    end = (index + 1) * block_size
-    run = bisect.bisect_left(request.content_ends, end)
-    if run == len(request.content_ends):
-        return (request.id, index)
-    return (request.content_chain[run], end)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -683,9 +708,10 @@ class Scheduler:
         self.running: list[Request] = []         # in order of latest admission
         self.done: list[Request] = []            # completed and failed, in the order they ended
         self.itl: Counter = Counter()            # every gap between two tokens of a request -> count
+        self.sampled = 0                         # tokens sampled after a request's first (measured ones)
         self.handoff: Optional[Callable[[Request, float], None]] = None   # see Disaggregation
         self.admissions = itertools.count()
-        self.preemptions = self.prefix_queries = self.prefix_hits = 0
+        self.preemptions = 0
 
     def add(self, request: Request) -> None:
         if self.detailed and request.token_times is None:
@@ -775,9 +801,7 @@ class Scheduler:
         if request.queue_s is None:
             request.queue_s = now - request.sent_s
             if self.config.prefix_caching:
-                self.prefix_queries += request.length
-                self.prefix_hits += start
-                request.cached_tokens = start
+                self.pool.count_lookup(request, start)
         self.running.append(request)
 
     def make_room(self, request: Request, need: int) -> bool:
@@ -801,26 +825,35 @@ class Scheduler:
         if need > 0:
             request.blocks.extend(self.pool.allocate(need))
         if self.config.prefix_caching:
-            full = (request.computed + tokens) // self.config.block_size
-            for index in range(request.registered, full):
-                self.pool.register(request.blocks[index], block_key(request, index, self.config.block_size))
-            request.registered = max(request.registered, full)
+            self.pool.key_filled(request, request.computed + tokens, self.config.block_size)
 
     def update(self, batch: Batch, now: float) -> None:
         for request, tokens in batch.items:
             request.computed += tokens
-            if request.computed < request.length:
-                continue              # a prefill chunk that did not reach the end of the prompt
+            if request.computed == request.length:     # else a prefill chunk short of the prompt's end
+                self.emit(request, now)
+
+    def emit(self, request: Request, now: float, tokens: int = 1) -> None:
+        """The request samples `tokens` tokens at the end of the step (several: accepted
+        speculative proposals). A request that is done leaves; one a prefill engine hands over
+        leaves with its KV."""
+        for _ in range(tokens):
             gap = request.emit(now)
-            if gap is not None:
-                gap = round(gap, ITL_DIGITS)
-                self.itl[gap] = self.itl.get(gap, 0) + 1
-            if request.finished:
-                self.release(request)
-                self.done.append(request)
-            elif self.handoff:
-                self.release(request)             # the KV leaves with the request
-                self.handoff(request, now)
+            if gap is not None and request.measured:
+                self.count_gaps(gap, 1)
+        if request.finished:
+            self.release(request)
+            self.done.append(request)
+        elif self.handoff:
+            self.release(request)
+            self.handoff(request, now)
+
+    def count_gaps(self, gap: float, count: int) -> None:
+        """`count` measured tokens that came `gap` seconds after their request's previous one:
+        the inter-token latencies, and the tokens a timeline counts."""
+        gap = round(gap, ITL_DIGITS)
+        self.itl[gap] = self.itl.get(gap, 0) + count
+        self.sampled += count
 
     def release(self, request: Request) -> None:
         """The request leaves the running batch and its blocks go back to the pool."""
@@ -847,11 +880,7 @@ class Scheduler:
         return 0.0
 
     def cache_hits(self, request: Request) -> list[int]:
-        if not self.config.prefix_caching:
-            return []
-        # The last token is always computed: the model needs its logits to sample.
-        full = (request.length - 1) // self.config.block_size
-        return self.pool.lookup(block_key(request, i, self.config.block_size) for i in range(full))
+        return self.pool.cached_prefix(request, self.config.block_size) if self.config.prefix_caching else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -875,8 +904,14 @@ class EngineStats:
     running_seconds: float = 0.0 # running requests x step time, for the time-weighted mean
 
     def record(self, batch: Batch, duration: float, scheduler: Scheduler) -> None:
+        self.record_step(batch.seqs, batch.rows, batch.decodes, batch.context, duration, scheduler)
+
+    def record_step(self, seqs: int, rows: int, decodes: int, context: int, duration: float,
+                    scheduler: Scheduler) -> None:
+        """One step of `seqs` sequences (`rows` decode rows computed, `decodes` of them useful)
+        reading `context` KV tokens, as the scheduler stands after scheduling it."""
         self.steps += 1
-        self.scheduled_seqs += batch.seqs
+        self.scheduled_seqs += seqs
         used, waiting, running = scheduler.used_blocks(), len(scheduler.waiting), len(scheduler.running)
         if used > self.kv_peak:
             self.kv_peak = used
@@ -888,29 +923,42 @@ class EngineStats:
         self.running_seconds += running * duration
         if waiting and running >= scheduler.config.max_num_seqs:
             self.capped_steps += 1
-        self.decode_rows += batch.rows
-        self.useful_rows += batch.decodes
+        self.decode_rows += rows
+        self.useful_rows += decodes
         reserved = scheduler.reserved_tokens()
-        self.kv_reserved_peak = max(self.kv_reserved_peak, reserved)
+        if reserved > self.kv_reserved_peak:
+            self.kv_reserved_peak = reserved
         # Tokens held: what the batch reads, a shared prefix block counted once.
-        held = batch.context - scheduler.pool.extra_holds * scheduler.config.block_size
+        held = context - scheduler.pool.extra_holds * scheduler.config.block_size
         self.kv_used_share += held / reserved if reserved else 0.0
 
-    def report(self, scheduler: Scheduler, span: float) -> dict:
-        pool = scheduler.pool
+    @classmethod
+    def merged(cls, stats: list["EngineStats"]) -> "EngineStats":
+        """Several engines' statistics as one: counts and times add, peaks take the highest (the
+        busiest replica's)."""
+        peaks = ("kv_peak", "peak_waiting", "peak_running", "kv_reserved_peak")
+        return cls(**{f.name: (max if f.name in peaks else sum)(getattr(s, f.name) for s in stats)
+                      for f in fields(cls)})
+
+    def report(self, schedulers: list[Scheduler], span: float) -> dict:
+        """The engine's report, or one for several replicas (their schedulers, this their merged
+        statistics): KV shares are of one replica's blocks, means are over all the steps."""
+        pools = [s.pool for s in schedulers]
+        blocks = sum(pool.num_blocks for pool in pools)
+        queries = sum(pool.prefix_queries for pool in pools)
         return {
             "steps": self.steps,
             "mean_batch": self.scheduled_seqs / self.steps if self.steps else 0.0,
-            "kv_peak": self.kv_peak / pool.num_blocks,
-            "kv_mean": self.kv_block_seconds / pool.num_blocks / span if span > 0 else 0.0,
+            "kv_peak": self.kv_peak / pools[0].num_blocks,
+            "kv_mean": self.kv_block_seconds / blocks / span if span > 0 else 0.0,
             "peak_waiting": self.peak_waiting,
             "peak_running": self.peak_running,
             "steps_waiting_at_seq_cap": self.capped_steps,
-            "preemptions": scheduler.preemptions,
-            "evictions": pool.evictions,
-            "prefix_hit_rate": scheduler.prefix_hits / scheduler.prefix_queries if scheduler.prefix_queries else 0.0,
-            "num_blocks": pool.num_blocks,
-            "block_size": scheduler.config.block_size,
+            "preemptions": sum(s.preemptions for s in schedulers),
+            "evictions": sum(pool.evictions for pool in pools),
+            "prefix_hit_rate": sum(pool.prefix_hits for pool in pools) / queries if queries else 0.0,
+            "num_blocks": blocks,
+            "block_size": schedulers[0].config.block_size,
             "row_utilisation": self.useful_rows / self.decode_rows if self.decode_rows else None,
             "wasted_decode_rows": self.decode_rows - self.useful_rows,
             "kv_reserved_peak_tokens": self.kv_reserved_peak,
@@ -922,14 +970,16 @@ class EngineStats:
 class Engine:
     def __init__(self, hardware: Hardware, model: ModelSpec, scheduler: Scheduler, cost: Optional[Roofline] = None):
         self.hardware = hardware
-        self.model = model
         self.cost = cost or Roofline(hardware, model)
         self.scheduler = scheduler
         self.stats = EngineStats()
         self.clock = 0.0
         self.inbox: deque = deque()  # (time, request) not yet handed to the scheduler, in time order
         self.plan_note = ""
-        self.timeline: Optional[dict] = None   # second -> (running, waiting, KV use), when asked for
+        # When asked for: second -> (running, waiting, KV use, tokens sampled so far), the state
+        # at the last step to end in that second, as vLLM logs its stats.
+        self.timeline: Optional[dict] = None
+        self.engines = [self]        # what simulate() looks at for ended requests
 
     def step(self) -> Batch:
         scheduler, start, preemptions = self.scheduler, self.clock, self.scheduler.preemptions
@@ -945,17 +995,20 @@ class Engine:
         self.stats.record(batch, duration, scheduler)
         self.clock = start + duration
         scheduler.update(batch, self.clock)
-        if self.timeline is not None:   # the last snapshot in each second, as vLLM logs its stats
-            self.timeline[math.ceil(self.clock)] = (len(scheduler.running), len(scheduler.waiting),
-                                                    scheduler.used_blocks() / scheduler.pool.num_blocks)
+        if self.timeline is not None:
+            self.snapshot(self.clock)
         return batch
+
+    def snapshot(self, at: float) -> None:
+        s = self.scheduler
+        self.timeline[math.ceil(at)] = (len(s.running), len(s.waiting), s.used_blocks() / s.pool.num_blocks, s.sampled)
 
     def advance(self, until: float) -> None:
         """Take the next step. (An engine that can tell the steps after it are plain decode steps
         may take every one that starts before `until`, when something may reach it: EventEngine.)"""
         self.step()
 
-    def deliver(self, at: float, request: Request) -> None:
+    def deliver(self, at: float, request: Request, now: bool = False) -> None:
         # Deliveries nearly always come in time order (sends, link transfers): append. Ties keep
         # the order they were sent in.
         if self.inbox and at < self.inbox[-1][0]:
@@ -969,49 +1022,51 @@ class Engine:
             return self.clock
         return self.inbox[0][0] if self.inbox else math.inf
 
-    def take_deliveries(self) -> None:
+    def take_next(self) -> Optional[bool]:
+        """Move the clock to the next event and take the requests delivered by then; whether
+        there is work to step (None: nothing happened here that ends a request or needs a step)."""
+        self.clock = max(self.clock, self.next_event())
         while self.inbox and self.inbox[0][0] <= self.clock:
             self.scheduler.add(self.inbox.popleft()[1])
+        return self.has_work()
 
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
+    @property
+    def steps(self) -> int:
+        return self.stats.steps
+
     def report(self, span: float) -> dict:
-        return {"hardware": self.hardware.name, **self.stats.report(self.scheduler, span)}
+        return {"hardware": self.hardware.name, **self.stats.report([self.scheduler], span)}
 
 
-def simulate(engines, requests: list[Request], concurrency: Optional[int] = None,
-             progress: Optional[Callable[[Engine, int], None]] = None, router=None) -> None:
-    """Run requests to the end on one engine, or on several sharing one virtual clock (a prefill
-    engine feeding a decode engine; replicas behind a router). Open loop: each request (each
-    conversation's first turn) is sent at its sent_s. Closed loop: `concurrency` clients, each
-    starting its next conversation the moment its last one ends. A conversation's next turn is
-    sent think_s after the turn before it ends. Whatever comes first, an arrival or an engine's
-    next step, happens next."""
-    engines = engines if isinstance(engines, list) else [engines]
-    first = engines[0]
+def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
+             progress: Optional[Callable[[float], None]] = None) -> None:
+    """Run requests to the end on an engine (or on several sharing one clock: see Replicas).
+    Open loop: each request (each conversation's first turn) is sent at its sent_s. Closed loop:
+    `concurrency` clients, each starting its next conversation the moment its last one ends. A
+    conversation's next turn is sent think_s after the turn before it ends. Whatever comes first,
+    an arrival or the engine's next step, happens next."""
+    if isinstance(server, list):          # engines built for one run: the one, or several on one clock
+        server = server[0] if len(server) == 1 else Replicas(server)
 
     def send(request: Request, at: float, now: bool = False) -> None:
-        """Hand a request to the router (at once, or when its time comes) or the engine."""
         request.sent_s = at
-        if router:
-            (router.send if now else router.arrive)(request, at)
-        else:
-            first.deliver(at, request)
+        server.deliver(at, request, now)
 
     starts = deque(r for r in requests if r.turn <= 1)      # each conversation's first request
     if not concurrency:
         for request in sorted(starts, key=lambda r: r.sent_s):
             send(request, request.sent_s)
         starts.clear()
-    arrival = router.next_event if router else (lambda: math.inf)
-    seen = [0] * len(engines)      # how much of each engine's done list has been looked at
-    active = next_report = 0       # conversations started and not ended
+    seen = [0] * len(server.engines)      # how much of each engine's done list has been looked at
+    active = next_report = 0              # conversations started and not ended
 
     def settle() -> None:
         """Act on what ended since last time: send next turns, free clients."""
         nonlocal active
-        for i, engine in enumerate(engines):
+        for i, engine in enumerate(server.engines):
             done = engine.scheduler.done
             while seen[i] < len(done):
                 request = done[seen[i]]
@@ -1031,31 +1086,21 @@ def simulate(engines, requests: list[Request], concurrency: Optional[int] = None
             while starts and active < concurrency:
                 send(starts.popleft(), now, now=True)
                 active += 1
-        engine = first if len(engines) == 1 else min(engines, key=Engine.next_event)
-        at = engine.next_event()
-        if arrival() <= at and arrival() < math.inf:
-            router.route_next()       # routed at the moment it arrives, on the replicas' state then
-            continue
-        if at == math.inf:
+        if server.next_event() == math.inf:
             return
-        engine.clock = max(engine.clock, at)
-        engine.take_deliveries()
+        work = server.take_next()
+        if work is None:
+            continue
         settle()                      # a delivery the engine refused at once has ended
-        if engine.has_work():
-            # Until when nothing else can reach this engine: a free client sends now; an arrival
-            # or another engine may hand it work from its next event on. (A turn whose end starts
-            # the next one needs nothing here: an engine's advance stops when a request ends.)
-            if concurrency and starts and active < concurrency:
-                until = engine.clock
-            elif len(engines) == 1:
-                until = arrival()
-            else:
-                until = min(arrival(), *(e.next_event() for e in engines if e is not engine))
-            engine.advance(until)
-            if progress and engine.stats.steps >= next_report:
-                progress(engine, len(requests))
-                next_report = engine.stats.steps + 4096
-        now = engine.clock
+        if work:
+            # A free client sends now, so only one step may go before it; otherwise the engine
+            # goes on until something else can reach it. (A turn whose end starts the next one
+            # needs nothing here: an advance stops when a request ends.)
+            server.advance(server.clock if concurrency and starts and active < concurrency else math.inf)
+            if progress and server.steps >= next_report:
+                progress(server.clock)
+                next_report = server.steps + 4096
+        now = server.clock
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1590,6 +1635,52 @@ class Router:
         return min(self.engines, key=load)
 
 
+class Replicas:
+    """Several engines on one virtual clock, which simulate() drives as one server: replicas
+    behind a router (each request routed the moment it arrives, on the replicas' state then), or
+    a prefill engine handing its requests to a decode engine (no router: every request goes to
+    the first). Whatever comes first, an arrival or any engine's next step, happens next."""
+
+    def __init__(self, engines: list[Engine], router: Optional[Router] = None):
+        self.engines, self.router = engines, router
+        self.current = engines[0]
+
+    def deliver(self, at: float, request: Request, now: bool = False) -> None:
+        if not self.router:
+            self.engines[0].deliver(at, request)
+        elif now:
+            self.router.send(request, at)
+        else:
+            self.router.arrive(request, at)
+
+    def arrival(self) -> float:
+        return self.router.next_event() if self.router else math.inf
+
+    def next_event(self) -> float:
+        return min(self.arrival(), *(e.next_event() for e in self.engines))
+
+    def take_next(self) -> Optional[bool]:
+        engine = min(self.engines, key=Engine.next_event)
+        if self.arrival() <= engine.next_event():
+            self.router.route_next()
+            return None
+        self.current = engine
+        return engine.take_next()
+
+    def advance(self, until: float) -> None:
+        """The engine that moved last goes on until an arrival or another engine may reach it."""
+        engine = self.current
+        engine.advance(min(until, self.arrival(), *(e.next_event() for e in self.engines if e is not engine)))
+
+    @property
+    def clock(self) -> float:
+        return self.current.clock
+
+    @property
+    def steps(self) -> int:
+        return sum(e.stats.steps for e in self.engines)
+
+
 # Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
 # n-gram prompt lookup): each step a decoding sequence brings K proposed tokens, the model computes
 # all K + 1 positions in one pass, keeps the proposals up to the first one it disagrees with, and
@@ -1628,14 +1719,7 @@ class SpeculativeScheduler(Scheduler):
         request.computed += 1 + accepted          # the accepted proposals' KV stays
         self.spec_steps += 1
         self.spec_tokens += accepted + 1
-        for _ in range(accepted + 1):             # they arrive together, at the end of the step
-            gap = request.emit(now)
-            if gap is not None:
-                gap = round(gap, ITL_DIGITS)
-                self.itl[gap] = self.itl.get(gap, 0) + 1
-        if request.finished:
-            self.release(request)
-            self.done.append(request)
+        self.emit(request, now, accepted + 1)     # they arrive together, at the end of the step
 
     def extra_seconds(self, batch: Batch) -> float:
         if self.draft is None:
@@ -1681,6 +1765,7 @@ class EventScheduler(Scheduler):
         self.step_ends: list[float] = []     # each step's end, kept for --detailed token times
         self.active: list[Request] = []      # running requests handled one by one, in running order
         self.cruising = 0
+        self.cruising_measured = 0           # of them, requests the metrics count (not warm-up)
         self.cruise_base = 0                 # sum over cruising decodes of (computed - steps)
         self.wake: dict[int, list] = defaultdict(list)   # step -> [(request, its cruise_from)]
         self.wake_steps: list[int] = []      # a heap of the steps in `wake`
@@ -1748,9 +1833,8 @@ class EventScheduler(Scheduler):
 
     def update(self, batch: Batch, now: float) -> None:
         super().update(batch, now)
-        if self.cruising:
-            gap = round(now - self.last_end, ITL_DIGITS)
-            self.itl[gap] = self.itl.get(gap, 0) + self.cruising
+        if self.cruising_measured:
+            self.count_gaps(now - self.last_end, self.cruising_measured)
         self.steps += 1
         self.last_end = now
         if self.detailed:
@@ -1781,6 +1865,7 @@ class EventScheduler(Scheduler):
         request.cruise_from, request.wake_at = self.steps, wake
         base = request.computed - self.steps
         self.cruising += 1
+        self.cruising_measured += request.measured
         self.cruise_base += base
         if self.lazy_blocks:
             phase = base % self.config.block_size
@@ -1795,6 +1880,7 @@ class EventScheduler(Scheduler):
         advanced = self.steps - request.cruise_from
         base = request.computed - request.cruise_from
         self.cruising -= 1
+        self.cruising_measured -= request.measured
         self.cruise_base -= base
         request.cruise_from = -1
         if advanced:
@@ -1810,7 +1896,7 @@ class EventScheduler(Scheduler):
                 request.blocks.extend(self.pool.allocate(need))
                 self.owed -= need
         else:
-            self.grow(request, 0, 0)  # key the blocks it filled while cruising
+            self.pool.key_filled(request, request.computed, self.config.block_size)   # filled while cruising
 
     def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
         super().start(request, hits, start, now)
@@ -1849,15 +1935,12 @@ class EventEngine(Engine):
         s, stats, cost = self.scheduler, self.stats, self.cost
         ended = len(s.done)
         self.step()
-        # A request that ended may make a closed-loop client send its next one: not plain. A
-        # timeline needs every step's snapshot.
-        plain = s.plain_steps() if len(s.done) == ended and self.timeline is None else 0
+        # A request that ended may make a closed-loop client send its next one: not plain.
+        plain = s.plain_steps() if len(s.done) == ended else 0
         if not plain:
             return
-        n, block_size, lazy = s.cruising, s.config.block_size, s.lazy_blocks
-        waiting, running = len(s.waiting), len(s.running)
-        capped = bool(waiting) and running >= s.config.max_num_seqs
-        clock = self.clock
+        n, measured, block_size, lazy = s.cruising, s.cruising_measured, s.config.block_size, s.lazy_blocks
+        clock, timeline = self.clock, self.timeline
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
         while plain > 0 and clock < until:
             crossing = s.phase.get(-s.steps % block_size, 0) if lazy else 0
@@ -1866,31 +1949,18 @@ class EventEngine(Engine):
             s.owed += crossing
             context = s.cruise_base + n * s.steps + n
             duration = cost.step_seconds(n, context, n, context)
-            # EngineStats.record for a batch of n decodes.
-            used = s.used_blocks()
-            stats.steps += 1
-            stats.scheduled_seqs += n
-            stats.kv_peak = max(stats.kv_peak, used)
-            stats.kv_block_seconds += used * duration
-            stats.running_seconds += running * duration
-            stats.capped_steps += capped
-            stats.decode_rows += n
-            stats.useful_rows += n
-            reserved = s.reserved_tokens()
-            stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
-            held = context - s.pool.extra_holds * block_size
-            stats.kv_used_share += held / reserved if reserved else 0.0
+            stats.record_step(n, n, n, context, duration, s)
             # EventScheduler.update with nobody handled on their own.
             clock += duration
-            gap = round(clock - s.last_end, ITL_DIGITS)
-            s.itl[gap] = s.itl.get(gap, 0) + n
+            if measured:
+                s.count_gaps(clock - s.last_end, measured)
             s.steps += 1
             s.last_end = clock
             if s.detailed:
                 s.step_ends.append(clock)
+            if timeline is not None:
+                self.snapshot(clock)
             plain -= 1
-        stats.peak_waiting = max(stats.peak_waiting, waiting)
-        stats.peak_running = max(stats.peak_running, running)
         self.clock = clock
 
 
@@ -2469,27 +2539,26 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
 
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
-    with `timeline`, per-second stats in the shape vLLM logs them (needs spec.detailed)."""
-    # Warm-up requests leave the metrics, so the gaps between tokens are counted per request.
-    engines, link = build_engines(replace(spec, detailed=True) if spec.warmup else spec)
+    with `timeline`, per-second stats in the shape vLLM logs them."""
+    engines, link = build_engines(spec)
     replicas = engines if len(engines) > 1 and not link else [engines[-1]]
     if timeline:
         for engine in replicas:
             engine.timeline = {}
     router = Router(engines, spec.router) if len(replicas) > 1 else None
+    server = engines[0] if len(engines) == 1 else Replicas(engines, router)
     requests = make_requests(spec, progress)
+    for request in requests[:spec.warmup]:     # they warm the cache and fill the batch; not measured
+        request.measured = False
     report = None
     if progress:
-        report = lambda e, total: progress(f"{sum(len(x.scheduler.done) for x in engines):,}/{total:,} requests "
-                                           f"done, {e.clock:,.1f} s simulated")
-    simulate(engines, requests, spec.clients(), report, router)
-    done = [r for e in engines for r in e.scheduler.done]
-    if spec.warmup:      # the first requests sent warm the cache and fill the batch; not measured
-        done = [r for r in done if r.id >= spec.warmup]
-        result = summarize(done, None, dict(spec.goodput))        # gaps from the measured requests only
+        report = lambda clock: progress(f"{sum(len(e.scheduler.done) for e in engines):,}/{len(requests):,} "
+                                        f"requests done, {clock:,.1f} s simulated")
+    simulate(server, requests, spec.clients(), report)
+    done = [r for e in engines for r in e.scheduler.done if r.measured]
+    result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
+    if spec.warmup:
         result["warmup_requests"] = spec.warmup
-    else:
-        result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
     result["steady_state"] = steady_state(done, running_each_second(done), dict(spec.goodput))
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
@@ -2498,9 +2567,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
                                "failed": sum(r.error is not None for r in e.scheduler.done),
                                **e.report(result["duration"])} for e in replicas]
-        queries = sum(e.scheduler.prefix_queries for e in replicas)
-        hits = sum(e.scheduler.prefix_hits for e in replicas)
-        result["engine"] = combined_report(result["replicas"], hits / queries if queries else 0.0)
+        merged = EngineStats.merged([e.stats for e in replicas])
+        result["engine"] = {"hardware": decode.hardware.name,
+                            **merged.report([e.scheduler for e in replicas], result["duration"])}
     else:
         result["engine"] = decode.report(result["duration"])
     gpus = spec.tensor_parallel_size * spec.data_parallel_size * (2 if link else 1)
@@ -2617,44 +2686,26 @@ def cost_report(usd_per_hour: Optional[float], output_throughput: float) -> Opti
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
 
 
-def timeline_rows(replicas: list[dict], requests: list, duration: float) -> list[dict]:
+def timeline_rows(snapshots: list[dict], requests: list, duration: float) -> list[dict]:
     """One row per second, as vLLM's logged stats: prompt tokens credited when a request's first
     token comes out (vLLM counts the whole prompt then), generated tokens when they do, and the
     running, waiting and KV figures of the last step to end in that second (replicas: running and
-    waiting summed, KV use averaged)."""
+    waiting summed, KV use averaged). `snapshots` are the engines' timelines; the tokens after a
+    request's first are counted by its engine, the first ones here."""
     seconds = max(1, math.ceil(duration))
-    prompt, generated = Counter(), Counter()
+    prompt, first = Counter(), Counter()
     for r in requests:
         if r.error is None and r.first_token_s is not None:
             prompt[math.ceil(r.first_token_s) or 1] += r.prompt_tokens
-            for at in r.token_times or ():
-                generated[math.ceil(at) or 1] += 1
-    rows, states = [], [(0, 0, 0.0)] * len(replicas)
+            first[math.ceil(r.first_token_s) or 1] += 1
+    rows, states, sampled = [], [(0, 0, 0.0, 0)] * len(snapshots), 0
     for t in range(1, seconds + 1):
-        states = [snapshots.get(t, state) for snapshots, state in zip(replicas, states)]
-        rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated[t]),
+        states = [snapshot.get(t, state) for snapshot, state in zip(snapshots, states)]
+        generated, sampled = first[t] + sum(s[3] for s in states) - sampled, sum(s[3] for s in states)
+        rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated),
                      "running": sum(s[0] for s in states), "waiting": sum(s[1] for s in states),
                      "kv_cache_pct": round(100 * sum(s[2] for s in states) / len(states), 2)})
     return rows
-
-
-def combined_report(replicas: list[dict], prefix_hit_rate: float) -> dict:
-    """The replicas' engine reports as one: counts summed, peaks the highest, means weighted (the
-    prefix hit rate by tokens queried, which the reports do not carry, so the caller gives it)."""
-    steps = sum(r["steps"] for r in replicas)
-    total = lambda key: sum(r[key] for r in replicas)
-    return {
-        "hardware": replicas[0]["hardware"], "steps": steps,
-        "mean_batch": sum(r["mean_batch"] * r["steps"] for r in replicas) / steps if steps else 0.0,
-        "kv_peak": max(r["kv_peak"] for r in replicas), "kv_mean": total("kv_mean") / len(replicas),
-        "peak_waiting": max(r["peak_waiting"] for r in replicas), "peak_running": max(r["peak_running"] for r in replicas),
-        "steps_waiting_at_seq_cap": total("steps_waiting_at_seq_cap"), "preemptions": total("preemptions"),
-        "evictions": total("evictions"), "prefix_hit_rate": prefix_hit_rate,
-        "num_blocks": total("num_blocks"), "block_size": replicas[0]["block_size"],
-        "row_utilisation": None, "wasted_decode_rows": total("wasted_decode_rows"),
-        "kv_reserved_peak_tokens": max(r["kv_reserved_peak_tokens"] for r in replicas),
-        "kv_used_of_reserved": total("kv_used_of_reserved") / len(replicas), "mean_running": total("mean_running"),
-    }
 
 
 def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
@@ -4651,7 +4702,7 @@ def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = Fal
     trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
     workload = {name: f.default for name, f in SETTINGS.items() if f.metadata["group"] == "workload" and name != "seed"}
-    workload.update(trace=trace, detailed=timeline or spec.detailed, max_model_len=max(spec.max_model_len, longest))
+    workload.update(trace=trace, max_model_len=max(spec.max_model_len, longest))
     spec = replace(spec, **workload)
     return run(spec, timeline=timeline)
 
@@ -6120,11 +6171,8 @@ def cmd_simulate(args) -> int:
             check_writable(path, flag)
     spec = spec_from_args(args)
     pictured = bool(args.timeline or args.plot)
-    result = run(replace(spec, detailed=spec.detailed or pictured), Progress("simulate"), timeline=pictured)
+    result = run(spec, Progress("simulate"), timeline=pictured)
     timeline = result.pop("timeline", None)
-    if pictured and not spec.detailed:
-        for key in detailed_arrays([]):
-            result.pop(key, None)
     if result["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
     if args.json or args.detailed:
