@@ -357,12 +357,6 @@ class Roofline:
         self.flops_per_second = (gemm_tflops or hardware.tflops) * 1e12 * hardware.mfu
         self.weight_bytes = model.weight_bytes
         self.kv_bytes_per_token = model.kv_bytes_per_token
-        # A mixture of experts reads the experts its step's tokens touch: T tokens each choosing k
-        # of E touch E x (1 - (1 - k/E)^T) of them, a few for one decode, all for a long prefill.
-        # With expert parallelism a device's experts see the tokens of every device in the group.
-        self.expert_bytes = model.expert_bytes
-        self.miss = 1 - model.experts_per_token / model.experts if model.experts else 0.0
-        self.tokens_per_expert_token = 1 / model.expert_share
         self.bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.mbu
         # The GPU presets have no per-sequence cost; a CPU server pays one (see calibrate).
         self.step_overhead_ms = hardware.step_overhead_ms
@@ -375,10 +369,8 @@ class Roofline:
         return compute, memory
 
     def weights_read(self, tokens: float) -> float:
-        if not self.expert_bytes:
-            return self.weight_bytes
-        untouched = self.miss ** (tokens * self.tokens_per_expert_token)
-        return self.weight_bytes - self.expert_bytes * untouched
+        """Bytes of weights a step of `tokens` streams: all of them (see Mixtures of experts)."""
+        return self.weight_bytes
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         """`pairs` (attention's query-key pairs) is what a finer model prices; the roofline leaves
@@ -1544,38 +1536,24 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
                    vocab_size=-(-model.vocab_size // tp))
 
 
-def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
-    """Expert parallelism over ep devices: each holds its experts and all the rest. vLLM gives the
-    first E mod ep devices one expert more; the busiest device is the one priced."""
-    return replace(model, expert_share=-(-model.experts // ep) / model.experts) if ep > 1 else model
-
-
 class Parallel:
-    """One device's step in a group: its own share of the work, plus the group's communication.
-    A ring all-reduce of B bytes over N devices moves 2(N - 1)/N x B per device and takes 2(N - 1)
-    hops; an all-to-all (expert parallelism) sends (N - 1)/N of each token's copies to the other
-    devices in one hop. Both run on the interconnect's bandwidth per direction."""
+    """One device's step in a tensor-parallel group: its own share of the work, plus the group's
+    all-reduces. A ring all-reduce of B bytes over N devices moves 2(N - 1)/N x B per device and
+    takes 2(N - 1) hops, on the interconnect's bandwidth per direction."""
 
-    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, ep: int = 1):
+    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int):
         if hardware.interconnect_gbs <= 0:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
-                            f"add it to the hardware JSON to run {tp * ep} of them as one group")
-        self.inner, self.tp, self.ep = inner, tp, ep
+                            f"add it to the hardware JSON to run {tp} of them as one group")
+        self.inner, self.tp = inner, tp
         self.link = hardware.interconnect_gbs * 1e9
         self.hop = hardware.interconnect_latency_us / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
-        self.routed = model.experts_per_token if model.experts else 0
 
     def communication_seconds(self, tokens: float) -> float:
-        seconds = 0.0
-        if self.tp > 1:
-            ring = 2 * (self.tp - 1)
-            seconds += 2 * self.layers * (ring / self.tp * tokens * self.activation_bytes / self.link + ring * self.hop)
-        if self.ep > 1 and self.routed:
-            copies = tokens * self.routed * self.activation_bytes * (self.ep - 1) / self.ep
-            seconds += 2 * self.layers * (copies / self.link + self.hop)     # dispatch and combine
-        return seconds
+        ring = 2 * (self.tp - 1)
+        return 2 * self.layers * (ring / self.tp * tokens * self.activation_bytes / self.link + ring * self.hop)
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
@@ -1679,6 +1657,70 @@ class Replicas:
     @property
     def steps(self) -> int:
         return sum(e.stats.steps for e in self.engines)
+
+
+# Mixtures of experts: all experts sit in memory, but a token computes only the shared weights
+# and its experts_per_token experts (ModelSpec's active_params), and a step streams only the
+# experts its tokens touch. Expert parallelism (vLLM's --enable-expert-parallel, across the
+# data-parallel replicas) gives each device a share of the experts and an all-to-all per layer.
+
+class ExpertRead:
+    """Mixed in before a cost model. T tokens each choosing k of E experts touch
+    E x (1 - (1 - k/E)^T) of them: a few for one decode, all for a long prefill. With expert
+    parallelism a device's experts see the tokens of every device in the group."""
+
+    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
+        super().__init__(hardware, model, gemm_tflops)
+        self.expert_bytes = model.expert_bytes
+        self.miss = 1 - model.experts_per_token / model.experts
+        self.tokens_per_expert_token = 1 / model.expert_share
+
+    def weights_read(self, tokens: float) -> float:
+        return self.weight_bytes - self.expert_bytes * self.miss ** (tokens * self.tokens_per_expert_token)
+
+
+def cost_model(name: str, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None) -> Roofline:
+    """How a step of this model on this device is priced: the cost model `name`, reading only
+    the experts a step touches when the model is a mixture of experts."""
+    cls = COST_MODELS[name]
+    if model.experts:
+        cls = type(f"Expert{cls.__name__}", (ExpertRead, cls), {})
+    return cls(hardware, model, gemm_tflops)
+
+
+def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
+    """Expert parallelism over ep devices: each holds its experts and all the rest. vLLM gives the
+    first E mod ep devices one expert more; the busiest device is the one priced."""
+    return replace(model, expert_share=-(-model.experts // ep) / model.experts) if ep > 1 else model
+
+
+class ExpertParallel:
+    """A device's step in an expert-parallel group: an all-to-all sends (N - 1)/N of each token's
+    expert copies to the other devices in one hop, to dispatch and again to combine, on the
+    interconnect's bandwidth per direction."""
+
+    def __init__(self, inner, hardware: Hardware, model: ModelSpec, ep: int):
+        if hardware.interconnect_gbs <= 0:
+            raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
+                            f"add it to the hardware JSON to run {ep} of them as one group")
+        self.inner, self.ep = inner, ep
+        self.link = hardware.interconnect_gbs * 1e9
+        self.hop = hardware.interconnect_latency_us / 1e6
+        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
+        self.layers, self.routed = model.layers, model.experts_per_token
+
+    def communication_seconds(self, tokens: float) -> float:
+        copies = tokens * self.routed * self.activation_bytes * (self.ep - 1) / self.ep
+        return 2 * self.layers * (copies / self.link + self.hop)
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        return self.inner.times(tokens, context_tokens)
+
+    def critical_batch(self) -> float:
+        return self.inner.critical_batch()
 
 
 # Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
@@ -2483,9 +2525,11 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     draft = spec.draft_model if spec.speculative_tokens else None
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
-    cost = COST_MODELS[spec.cost_model](hardware, device, gemm_tflops(hardware, spec.quantization))
-    if tp > 1 or ep > 1:
-        cost = Parallel(cost, hardware, model, tp, ep)
+    cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization))
+    if tp > 1:
+        cost = Parallel(cost, hardware, model, tp)
+    if ep > 1:
+        cost = ExpertParallel(cost, hardware, model, ep)
     plan.tensor_parallel_size, plan.group_model = tp, model
     return plan, cost
 
@@ -2497,7 +2541,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     def engine(hardware: Hardware) -> Engine:
         plan, cost = device_plan(spec, hardware)
         draft = spec.draft_model if spec.speculative_tokens else None
-        draft_cost = COST_MODELS[spec.cost_model](hardware, draft) if draft else None
+        draft_cost = cost_model(spec.cost_model, hardware, draft) if draft else None
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         engine.plan_note = plan.note
@@ -4488,7 +4532,7 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, na
                         reserve_gib=base.reserve_gib, seq_overhead_ms=float(f"{params[3] ** 2:.6g}"))
 
     def errors(h: Hardware) -> list[float]:
-        return [step_seconds(h, model, o.tokens, o.context, o.seqs) / o.seconds - 1 for o in found]
+        return [cost_model("roofline", h, model).step_seconds(o.tokens, o.context, o.seqs) / o.seconds - 1 for o in found]
 
     shortest = min(o.seconds for o in found)
     biggest = max(found, key=lambda o: o.tokens)
@@ -4509,7 +4553,7 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, na
 
 
 def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bool:
-    compute, memory = Roofline(hardware, model).times(o.tokens, o.context)
+    compute, memory = cost_model("roofline", hardware, model).times(o.tokens, o.context)
     return memory >= compute
 
 
@@ -5134,7 +5178,8 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
         if config.get("hardware") in HARDWARE and config.get("model") in MODELS:
             h, m = HARDWARE[config["hardware"]], MODELS[config["model"]]
-            sig.knee, sig.batch1_tpot_ms = critical_batch(h, m), step_seconds(h, m, 1, 0) * 1000
+            cost = cost_model("roofline", h, m)
+            sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, 0) * 1000
     elif server.get("server") == "llama.cpp":
         sig.running, sig.waiting = server.get("peak_requests_processing"), server.get("peak_requests_deferred")
         sig.mean_batch = server.get("mean_batch_per_decode")
@@ -6444,7 +6489,7 @@ def cmd_calibrate(args) -> int:
     summary = (f"calibrated {hardware.name} for {model.name}: {hardware.bandwidth_gbs:.2f} GB/s, "
                f"{hardware.tflops:.4g} TFLOPS, {hardware.step_overhead_ms:.2f} ms per step "
                f"+ {hardware.seq_overhead_ms:.2f} ms per sequence "
-               f"(knee at ~{critical_batch(hardware, model):.1f} tokens); fit: {fit}"
+               f"(knee at ~{cost_model('roofline', hardware, model).critical_batch():.1f} tokens); fit: {fit}"
                + (f"; wrote {args.out}" if args.out else ""))
     (sys.stdout if args.out else sys.stderr).write(summary + "\n")
     return 0
@@ -6467,7 +6512,8 @@ def cmd_explain(args) -> int:
         if device:
             h, m = device
             context = (sig.prompt_tokens or 0) + (sig.output_tokens or 0) / 2
-            sig.knee, sig.batch1_tpot_ms = critical_batch(h, m), step_seconds(h, m, 1, context) * 1000
+            cost = cost_model("roofline", h, m)
+            sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, context) * 1000
         for key, value in flags.items():
             setattr(sig, key, value)
         if sig.server == "llama.cpp" and "kv_tokens" in flags and sig.max_seqs:

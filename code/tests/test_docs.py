@@ -1,10 +1,20 @@
-"""No document shows a command that fails, or a figure its command does not print.
+"""No document shows a command the parser refuses, an exit code the command does not return, or
+a figure its command does not print.
 
-Every `python3 code/main.py ...` command in README.md and outputs/*.md runs here, in document
-order, in a scratch directory (so `> burst.json` feeds the next command). A command that needs a
-server (loadgen, or a report only a server run makes) runs as `SUBCOMMAND --help` instead. Where a
-document shows `$ command` followed by its output, every shown line must appear in what the
-command prints now, in order (a document may trim lines, never change them)."""
+Every `python3 code/main.py ...` command in README.md and outputs/*.md is checked here, in
+document order, in a scratch directory (so `> burst.json` feeds the next command):
+- It is parsed by the real parser, `main.build_parser()`, and every flag must be spelled in full
+  (argparse would take `--max-num-seq` for `--max-num-seqs`), so a misspelled flag fails.
+- It runs, except one that needs a server (loadgen, or a report only a server run makes), which
+  runs as `SUBCOMMAND --help` once it has parsed.
+- It exits with the code its document gives it: the N of the `exit N` line a `; echo "exit $?"`
+  shows; else N if the paragraph before its block (for a command in prose, its own paragraph)
+  says "exits N"; else 0.
+- Where a document shows `$ command` followed by its output, the shown lines are what the command
+  prints (stdout and stderr as a terminal shows them; blank lines and progress lines aside): in
+  order and adjacent, from the first line to the last. A line `...` stands for one or more lines
+  left out, so a shortened excerpt says where it is shortened."""
+import argparse
 import os
 import re
 import shlex
@@ -12,34 +22,68 @@ import subprocess
 import tempfile
 import unittest
 
-from helpers import CODE, ROOT
+from helpers import CODE, ROOT, main
 
 DOCUMENTS = ["README.md"] + [os.path.join("outputs", f) for f in sorted(os.listdir(os.path.join(ROOT, "outputs")))
                               if f.endswith(".md")]
 DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare", "search"}
 # Files a shown command writes (pictures, timelines): committed ones must be exactly what it writes.
 WRITTEN = re.compile(r"--(?:plot|timeline)\s+(\S+)")
+LEFT_OUT = "..."
+FLAG = re.compile(r"^(--?[A-Za-z][\w-]*)(=.*)?$")
+# A command whose only inputs are committed files prints the same in every document: run it once.
+RESULTS = {}
+
+
+class Shown:
+    """One documented command: its text, the output shown after it (None if none is shown), and
+    the exit code the document gives it."""
+    def __init__(self, command, context):
+        self.command = command
+        self.output = None
+        self.context = context
+
+    def exit_code(self):
+        if 'echo "exit $?"' in self.command:
+            codes = [int(m.group(1)) for line in self.output or [] for m in [re.match(r"^exit (\d+)$", line)] if m]
+            assert codes, f'`{self.command}` echoes its exit code but shows no "exit N" line'
+            return codes[-1]
+        said = re.findall(r"\bexits (\d+)\b", self.context)
+        return int(said[-1]) if said else 0
+
+
+def paragraph_around(text, start, end):
+    """The paragraph holding text[start:end]."""
+    first = text.rfind("\n\n", 0, start)
+    last = text.find("\n\n", end)
+    return text[first + 2 if first >= 0 else 0:last if last >= 0 else len(text)]
 
 
 def blocks(text):
-    """[command, output shown after it or None] in document order, from fenced blocks and from
-    inline `python3 code/main.py ...` in prose."""
+    """Every documented command as a Shown, in document order, from fenced blocks and from inline
+    `python3 code/main.py ...` in prose."""
     found = []
     pattern = re.compile(r"```[a-z]*\n(?P<block>.*?)```|`(?P<inline>python3 code/main\.py [^`]+)`", re.S)
+    previous_end = 0
     for match in pattern.finditer(text):
         if match.group("inline"):
-            found.append([match.group("inline"), None])
+            found.append(Shown(match.group("inline"), paragraph_around(text, match.start(), match.end())))
             continue
+        before = text[previous_end:match.start()].rstrip("\n")
+        context = before[before.rfind("\n\n") + 2:] if "\n\n" in before else before
+        previous_end = match.end()
         current = None
         for line in match.group("block").splitlines():
             command = line[2:] if line.startswith("$ ") else line
             if command.startswith("python3 code/main.py"):
-                current = [command, [] if line.startswith("$ ") else None]
+                current = Shown(command, context)
+                if line.startswith("$ "):
+                    current.output = []
                 found.append(current)
             elif line.startswith("$ "):
                 current = None
-            elif current is not None and current[1] is not None and line.strip():
-                current[1].append(line.rstrip())
+            elif current is not None and current.output is not None and line.strip():
+                current.output.append(line.rstrip())
     return found
 
 
@@ -47,16 +91,60 @@ def progress_line(line):
     return re.match(r"^(sweep|simulate|loadgen|search|confirm): ", line) is not None
 
 
+def fits(shown, printed):
+    """shown is printed line for line, where a LEFT_OUT line stands for one or more lines."""
+    def rest(i, j):
+        if i == len(shown):
+            return j == len(printed)
+        if shown[i] == LEFT_OUT:
+            return any(rest(i + 1, k) for k in range(j + 1, len(printed) + 1))
+        return j < len(printed) and shown[i] == printed[j] and rest(i + 1, j + 1)
+    return rest(0, 0)
+
+
+def subcommand_parser(sub):
+    for action in main.build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(sub)
+    return None
+
+
 class Documents(unittest.TestCase):
+    def check_parses(self, name, command, words):
+        """The real parser takes the command, and every flag in it is a whole flag of its subcommand."""
+        try:
+            main.build_parser().parse_args(words[2:])
+        except (SystemExit, main.UserError) as e:
+            self.fail(f"{name}: `{command}` does not parse: {e}")
+        known = subcommand_parser(words[2])._option_string_actions
+        for word in words[3:]:
+            flag = FLAG.match(word)
+            if flag:
+                self.assertIn(flag.group(1), known, f"{name}: `{command}`: {flag.group(1)} is not a flag of "
+                                                    f"{words[2]} (argparse takes an abbreviation; spell it out)")
+
+    def run_command(self, run, scratch, pure):
+        if pure and run in RESULTS:
+            return RESULTS[run]
+        # stderr merged into stdout, in the order a terminal shows them.
+        proc = subprocess.run(["bash", "-c", run], cwd=scratch, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300)
+        result = proc.returncode, proc.stdout
+        if pure:
+            RESULTS[run] = result
+        return result
+
     def run_document(self, name):
         with open(os.path.join(ROOT, name)) as f:
             commands = blocks(f.read())
         self.assertGreater(len(commands), 0, name)
         with tempfile.TemporaryDirectory() as scratch:
             os.symlink(CODE, os.path.join(scratch, "code"))
-            for command, shown in commands:
+            for shown in commands:
+                command = shown.command
                 words = shlex.split(command.split(";")[0].split(">")[0].split("|")[0])
                 sub = words[2]
+                self.check_parses(name, command, words)
                 # Inputs only a real server run makes (c1.json, metrics.txt) are not here to read.
                 outputs = set(re.findall(r"(?:--out|>)\s*(\S+)", command))
                 missing = [w for w in words[3:] if re.search(r"\.(json|jsonl|txt)$", w) and w not in outputs
@@ -68,25 +156,31 @@ class Documents(unittest.TestCase):
                 written = WRITTEN.findall(command) if run == command else []
                 for path in written:
                     os.makedirs(os.path.join(scratch, os.path.dirname(path)) or scratch, exist_ok=True)
-                # stderr merged into stdout, in the order a terminal shows them.
-                proc = subprocess.run(["bash", "-c", run], cwd=scratch, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, timeout=300)
-                self.assertNotIn("Traceback", proc.stdout, run)
-                self.assertIn(proc.returncode, (0, 1), f"{name}: {run} exited {proc.returncode}: {proc.stdout[-300:]}")
+                paths = [w for w in words[3:] if "/" in w or re.search(r"\.(json|jsonl|txt|csv|svg)$", w)]
+                pure = (not re.search(r"[;>|]", run) and not written and "--out" not in words
+                        and all(p.startswith("code/") for p in paths))
+                code, printed = self.run_command(run, scratch, pure)
+                self.assertNotIn("Traceback", printed, run)
+                if 'echo "exit $?"' in run:
+                    code = int(re.findall(r"^exit (\d+)$", printed, re.M)[-1])
+                expected = shown.exit_code() if run == command else 0
+                self.assertEqual(code, expected, f"{name}: `{run}` exited {code}, but the document gives it "
+                                                 f"{expected}; it printed:\n{printed[-600:]}")
                 for path in written:
                     if os.path.exists(os.path.join(ROOT, path)):
                         with open(os.path.join(ROOT, path), "rb") as f, open(os.path.join(scratch, path), "rb") as g:
                             self.assertEqual(f.read(), g.read(), f"{name}: committed {path} is not what `{command}` "
                                                                  f"writes now; rerun it from the repository root")
-                if run != command or not shown or sub not in DETERMINISTIC:
+                if run != command or not shown.output or sub not in DETERMINISTIC:
                     continue
-                printed = [l.rstrip() for l in proc.stdout.splitlines() if not progress_line(l)]
-                position = 0
-                for line in shown:
-                    try:
-                        position = printed.index(line, position) + 1
-                    except ValueError:
-                        self.fail(f"{name}: `{command}` no longer prints:\n{line}\n(it printed:\n" + "\n".join(printed[:40]) + ")")
+                lines = [l.rstrip() for l in printed.splitlines() if l.strip() and not progress_line(l)]
+                gone = [l for l in shown.output if l != LEFT_OUT and l not in lines]
+                if gone:
+                    self.fail(f"{name}: `{command}` no longer prints:\n{gone[0]}\n(it printed:\n" + "\n".join(lines[:40]) + ")")
+                if not fits(shown.output, lines):
+                    self.fail(f"{name}: `{command}` prints every shown line, but not as shown: lines are left out "
+                              f"without a `{LEFT_OUT}` line where they are, or are out of order.\nshown:\n"
+                              + "\n".join(shown.output) + "\nprinted:\n" + "\n".join(lines))
 
     def test_readme(self):
         self.run_document("README.md")
@@ -102,6 +196,23 @@ class Documents(unittest.TestCase):
         for name in DOCUMENTS[1:]:
             with self.subTest(name):
                 self.run_document(name)
+
+    def test_the_checks_catch_what_they_are_for(self):
+        """A misspelled or abbreviated flag, an unmarked excerpt and a wrong exit code each fail."""
+        with self.assertRaises(AssertionError):
+            self.check_parses("-", "python3 code/main.py sweep --max-num-seq 4", ["python3", "code/main.py", "sweep",
+                                                                                 "--max-num-seq", "4"])
+        with self.assertRaises(AssertionError):
+            self.check_parses("-", "python3 code/main.py loadgen --url u --concurency 4",
+                              ["python3", "code/main.py", "loadgen", "--url", "u", "--concurency", "4"])
+        self.assertTrue(fits(["a", LEFT_OUT, "d"], ["a", "b", "c", "d"]))
+        self.assertTrue(fits([LEFT_OUT, "c", LEFT_OUT], ["a", "b", "c", "d"]))
+        self.assertFalse(fits(["a", "d"], ["a", "b", "c", "d"]))
+        self.assertFalse(fits(["a", "b", "c"], ["a", "b", "c", "d"]))
+        self.assertFalse(fits(["a", LEFT_OUT, "b"], ["a", "b"]))
+        text = ("A model that does not fit exits 1 with one line:\n\n```\n$ python3 code/main.py capacity\nx\n```\n\n"
+                "Fine:\n\n```\n$ python3 code/main.py presets\n```\n")
+        self.assertEqual([s.exit_code() for s in blocks(text)], [1, 0])
 
 
 if __name__ == "__main__":

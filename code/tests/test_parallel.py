@@ -84,7 +84,7 @@ class MixtureOfExperts(unittest.TestCase):
 
     def test_one_token_reads_its_experts_and_a_long_prefill_reads_them_all(self):
         model = main.replace(MOE, params=11e9, active_params=3e9)    # 1B shared, ten 1B experts
-        cost = main.Roofline(LINKED, model)
+        cost = main.cost_model("roofline", LINKED, model)
         # One token picks 2 of 10: E x (1 - (1 - k/E)^T) = 10 x 0.2 = 2 experts, plus the shared 1B.
         self.assertAlmostEqual(cost.weights_read(1), (1e9 + 2e9) * 2, delta=1)
         # Ten tokens: 10 x (1 - 0.8^10) = 8.93 experts.
@@ -93,7 +93,7 @@ class MixtureOfExperts(unittest.TestCase):
 
     def test_compute_counts_active_parameters_only(self):
         model = main.replace(MOE, params=11e9, active_params=3e9)
-        self.assertEqual(main.Roofline(LINKED, model).flops_per_token, 2 * 3e9)
+        self.assertEqual(main.cost_model("roofline", LINKED, model).flops_per_token, 2 * 3e9)
 
     def test_qwen3_30b_a3b_experts_match_its_config(self):
         # config.json: 48 layers x 128 experts x 3 matrices of 2048 x 768 (moe_intermediate_size).
@@ -104,7 +104,7 @@ class MixtureOfExperts(unittest.TestCase):
         device = main.expert_shard(MOE, 2)
         self.assertAlmostEqual(device.expert_bytes, MOE.expert_bytes / 2)
         self.assertAlmostEqual(device.weight_bytes, MOE.shared_params * 2 + MOE.expert_bytes / 2)
-        cost = main.Parallel(main.Roofline(LINKED, device), LINKED, MOE, 1, 2)
+        cost = main.ExpertParallel(main.cost_model("roofline", LINKED, device), LINKED, MOE, 2)
         # 10 tokens x 2 experts each x 256 bytes, half of them to the other device, there and back.
         copies = 10 * 2 * 256 / 2
         self.assertAlmostEqual(cost.communication_seconds(10), 2 * 2 * (copies / 100e9 + 5e-6), places=15)
