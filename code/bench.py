@@ -4,7 +4,8 @@
 1. The event engine against the per-step rule it is tested against (same results, checked
    here too), on the 10,000-request case and a long-output case: wall seconds, best of 3.
 2. Peak memory (tracemalloc) when every request's output is 10x longer: it follows requests and
-   steps, not tokens.
+   steps, not tokens; and --warmup and --timeline against the same run without them (they count
+   per request and per second, so the target is within 1.5x the time and memory).
 3. A sweep with --jobs 1 and --jobs N.
 4. A 100-deployment search (5 GPUs x TP 1/2 x 5 --max-num-seqs x 2 token budgets) of 2,000-request
    simulations at 20 requests/s, against one of its simulations: the target is under a minute.
@@ -66,6 +67,21 @@ for name, spec in MEMORY:
     peaks.append(peak_mib(spec))
     print(f"{name:<50}{peaks[-1]:>8.1f}{result['total_output_tokens']:>15,}")
 print(f"{'10x the tokens costs':<50}{peaks[1] / peaks[0]:>7.2f}x the memory")
+
+print()
+print(f"{'--warmup and --timeline, event engine':<50}{'s':>8}{'MiB':>8}{'x time':>8}{'x memory':>9}")
+base = main.RunSpec(rate=30, requests=5000)
+plain_s, _ = best_of(3, lambda: main.run(base))
+plain_mib = peak_mib(base)
+print(f"{'5,000 requests at 30 req/s':<50}{plain_s:>8.3f}{plain_mib:>8.1f}")
+for name, spec, timeline in (("  with --warmup 500", main.replace(base, warmup=500), False),
+                             ("  with --timeline", base, True)):
+    took, _ = best_of(3, lambda: main.run(spec, timeline=timeline))
+    tracemalloc.start()
+    main.run(spec, timeline=timeline)
+    mib = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    print(f"{name:<50}{took:>8.3f}{mib:>8.1f}{took / plain_s:>7.2f}x{mib / plain_mib:>8.2f}x  (target within 1.5x)")
 
 print()
 spec, axis, values = SWEEP

@@ -15,14 +15,16 @@ Subcommands:
   presets    the hardware and model presets
 
 The file reads top to bottom in the order the lesson teaches, core first:
-  presets, memory plan, cost model (Roofline), block pool, request, scheduler (the per-step
-  rule), engine and simulate(), workload (synthetic requests, conversations, arrivals), metrics;
-then each variation on the core, one section each: the kernel cost model, the in-flight cap,
-static batching, slots, prefill/decode disaggregation, tensor parallelism, replicas behind a
-router, experts, speculative decoding; then speed (the event engine, tested against the per-step
-rule); then the API the command line calls (RunSpec, run, sweep points, search); then the edges:
-readers (presets, traces in six formats, reports), the load generator, calibration, comparison
-with measured runs, diagnosis, reports, pictures (SVG) and the command line. Standard library only.
+  presets, memory plan, cost model (the roofline), block pool, request, scheduler (the per-step
+  rule), engine (and simulate()), workload (synthetic requests, conversations, arrivals), metrics;
+then the variations on the core, one part each: the kernel cost model, the in-flight cap, static
+batching, slots, prefill/decode disaggregation, tensor parallelism, replicas behind a router,
+mixtures of experts, speculative decoding; then speed (the event engine, tested against the
+per-step rule); then settings (every knob described once, as a row of RunSpec) and the API the
+command line calls (run, sweeps, search); then the edges: readers (presets, traces in six
+formats, measured runs, reports), load generator, calibration, comparison with measured runs,
+diagnosis, reports, pictures (SVG) and the command line. No part uses a name defined in a later
+one (code/tests/test_layout.py). Standard library only.
 """
 from __future__ import annotations
 
@@ -559,7 +561,6 @@ def block_key(request, index: int, block_size: int) -> tuple:
     return (request.content_chain[run], end)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Request: its prompt plus what it has generated, and how many of those tokens have KV.
 # remaining == the prompt is a prefill; remaining == 1 is a decode; after a preemption
@@ -1040,9 +1041,6 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
     `concurrency` clients, each starting its next conversation the moment its last one ends. A
     conversation's next turn is sent think_s after the turn before it ends. Whatever comes first,
     an arrival or the engine's next step, happens next."""
-    if isinstance(server, list):          # engines built for one run: the one, or several on one clock
-        server = server[0] if len(server) == 1 else Replicas(server)
-
     def send(request: Request, at: float, now: bool = False) -> None:
         request.sent_s = at
         server.deliver(at, request, now)
@@ -1273,6 +1271,10 @@ def meets_slos(request, slos: dict) -> bool:
 
 def error_kind(error: str) -> str:
     return error.split(":", 1)[0] if ":" in error else error
+
+
+def number(value: Optional[float], digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def detailed_arrays(requests: list) -> dict:
@@ -3219,6 +3221,184 @@ def check_report(report, where: str) -> dict:
     return report
 
 
+@dataclass
+class MeasuredRun:
+    name: str
+    requests: list                    # Request-like records: sent_s, first/last_token_s, lengths, error
+    settings: dict = field(default_factory=dict)   # RunSpec fields the run recorded (knobs, presets)
+    timeline: list = field(default_factory=list)   # the server's own per-second stats, if logged
+    notes: list = field(default_factory=list)      # what the reader had to assume
+
+
+# How vLLM's logs and bench files name what servesim has presets for.
+KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+                "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+                "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+                "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b", "qwen/qwen3-8b": "qwen3-8b",
+                "qwen/qwen3-32b": "qwen3-32b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+                "qwen/qwen3-30b-a3b-instruct-2507": "qwen3-30b-a3b", "openai/gpt-oss-20b": "gpt-oss-20b",
+                "openai/gpt-oss-120b": "gpt-oss-120b"}
+
+
+KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
+                 "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb",
+                 "nvidia l40s": "l40s-48gb", "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000-96gb",
+                 "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-96gb", "nvidia b200": "b200-180gb",
+                 "amd instinct mi300x": "mi300x-192gb"}
+
+
+def measured_request(index: int, sent: float, first: Optional[float], last: Optional[float], prompt: int,
+                     output: int, error: Optional[str] = None, gaps: Optional[list] = None) -> Request:
+    request = Request(index, max(1, prompt), max(1, output), sent_s=sent)
+    request.first_token_s, request.last_token_s, request.error = first, last, error
+    if gaps is not None and first is not None:
+        request.token_times = list(itertools.accumulate(gaps, initial=first))
+    return request
+
+
+def read_run(path: str) -> MeasuredRun:
+    """A measured run from a directory or a requests.jsonl with meta.json (vLLM's per-request
+    stats, as published runs record them), a loadgen --detailed report, or a vllm bench serve
+    --save-result --save-detailed JSON."""
+    if os.path.isdir(path):
+        return read_request_log(os.path.join(path, "requests.jsonl"))
+    if path.endswith(".jsonl"):
+        return read_request_log(path)
+    report = parse_json(read_text(path, "run"), f"run {path}", "pass a requests.jsonl, a loadgen --detailed "
+                        "report or a vllm bench serve --save-detailed result")
+    if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
+        raise UserError(f"run {path}: no per-request arrays (input_lens, ...); save the run with loadgen --detailed "
+                        f"or vllm bench serve --save-result --save-detailed")
+    return run_from_report(report, os.path.basename(path))
+
+
+def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
+    """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
+    keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
+    columns = {k: report.get(k) for k in keys}
+    n = len(columns["input_lens"])
+    for k, values in columns.items():
+        if values is not None and (not isinstance(values, list) or len(values) != n):
+            raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
+    notes = []
+    starts = columns["start_times"]
+    if starts is None:
+        rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
+        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+            raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
+                            f"loadgen --detailed save start_times")
+        starts = arrival_times(n, random.Random(0), rate)
+        notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
+    def count(value, i: int, what: str, low: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
+                not low <= value <= 10**8:
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a whole number from {low} to 100,000,000, "
+                            f"got {str(value)[:40]}")
+        return int(value)
+
+    def seconds(value, i: int, what: str, low: float = 0.0) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not low <= value <= 10**10:
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds, got {str(value)[:40]}")
+        return float(value)
+
+    starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
+    first_start = min(starts) if starts else 0.0
+    if starts and max(starts) - first_start > MAX_ARRIVAL_S:
+        raise UserError(f"{kind} {name}: its start_times span more than a year")
+    requests = []
+    for i in range(n):
+        error = (columns["errors"] or [""] * n)[i] or None
+        ttft = (columns["ttfts"] or [None] * n)[i]
+        failed = bool(error) or ttft is None
+        # A failed request may have sent nothing the server counted: 0 tokens is then its length.
+        prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
+        output = count((columns["output_lens"] or [0] * n)[i], i, "output length", 0)
+        sent = starts[i] - first_start
+        if failed:
+            requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
+            continue
+        gaps = (columns["itls"] or [None] * n)[i]
+        gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
+        first = sent + seconds(ttft, i, "ttft")
+        requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
+    config = report.get("config") or {}
+    settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
+    return MeasuredRun(name, requests, settings, [], notes)
+
+
+def read_request_log(path: str) -> MeasuredRun:
+    """vLLM's per-request stats as JSONL (input_toks, output_toks, queued_ts, first_token_ts,
+    last_token_ts), with the engine's settings from meta.json and its per-second stats from
+    timeseries.csv beside it, as published runs record them."""
+    requests, sends = [], []
+    for where, row in read_jsonl(path, "run"):
+        if not isinstance(row, dict):
+            raise UserError(f"{where}: expected a JSON object")
+        try:
+            prompt, output = int(row["input_toks"]), int(row["output_toks"])
+            sent = float(row["queued_ts"])
+            first, last = row.get("first_token_ts"), row.get("last_token_ts")
+            first, last = (float(first), float(last)) if first and last else (None, None)
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where}: needs numeric input_toks, output_toks, queued_ts, first_token_ts and "
+                            f"last_token_ts ({type(e).__name__}: {e})") from None
+        sends.append(sent)
+        requests.append((len(requests), sent, first, last, prompt, output))
+    if not requests:
+        raise UserError(f"run {path}: no requests in it")
+    t0 = min(sends)
+    measured = [measured_request(i, sent - t0, None if first is None else first - t0, None if last is None else last - t0,
+                                 prompt, output, None if first is not None else "failed: no token times")
+                for i, sent, first, last, prompt, output in requests]
+    run_ = MeasuredRun(os.path.basename(os.path.dirname(os.path.abspath(path))) or path, measured)
+    folder = os.path.dirname(os.path.abspath(path))
+    meta_path = os.path.join(folder, "meta.json")
+    if os.path.exists(meta_path):
+        run_.settings = settings_from_meta(parse_json(read_text(meta_path, "meta"), f"meta {meta_path}",
+                                                      "expected the run's meta.json"), meta_path)
+    else:
+        run_.notes.append("no meta.json beside the requests: the engine's settings are servesim's defaults and flags")
+    series = os.path.join(folder, "timeseries.csv")
+    if os.path.exists(series):
+        run_.timeline = read_timeline(series)
+    return run_
+
+
+def settings_from_meta(meta: dict, where: str) -> dict:
+    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan)."""
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    engine = meta.get("engine_kwargs") or {}
+    kv = meta.get("kv_cache") or {}
+    scheduler = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+    device = meta.get("hardware") or {}
+    found = {"max_num_seqs": engine.get("max_num_seqs"), "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
+             "max_model_len": engine.get("max_model_len"), "num_gpu_blocks": kv.get("num_gpu_blocks"),
+             "block_size": kv.get("block_size"), "prefix_caching": kv.get("enable_prefix_caching"),
+             "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
+             "chunked_prefill": scheduler.get("enable_chunked_prefill"),
+             "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
+             "tensor_parallel_size": engine.get("tensor_parallel_size"),
+             "data_parallel_size": engine.get("data_parallel_size"),
+             "enable_expert_parallel": engine.get("enable_expert_parallel"),
+             "kv_cache_dtype": "fp8" if str(engine.get("kv_cache_dtype", "")).startswith("fp8") else None,
+             "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
+             "device_name": str(device.get("device_name") or "").lower(),
+             "device_bytes": device.get("device_total_memory_bytes")}
+    return {k: v for k, v in found.items() if v is not None and v != ""}
+
+
+def read_timeline(path: str) -> list[dict]:
+    rows = []
+    for number, row in enumerate(csv.DictReader(io.StringIO(read_text(path, "timeseries"))), 2):
+        try:
+            rows.append({k: float(v) for k, v in row.items() if k})
+        except (TypeError, ValueError):
+            raise UserError(f"timeseries {path} line {number}: expected numbers") from None
+    return rows
+
+
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
                 "prefix": str, "prefix_tokens": int}
 
@@ -3556,48 +3736,6 @@ class LoadConfig:
     words_per_token: float = 1.0         # set by the probe
     template_tokens: float = 0.0         # the chat template's own tokens, set by the probe
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
-
-
-def load_from_args(args) -> LoadConfig:
-    """The load run the flags describe, with loadgen's rules across flags."""
-    given = settings_from_args(LoadConfig, args)
-    trace = given.get("trace")
-    if given.get("prompts") and ("prompt_words" in given or "prefix_words" in given):
-        raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
-    if trace and ({"prompts", "prompt_words", "prefix_words", "rate", "max_tokens"} & set(given)
-                  or given.get("turns", 1) > 1):
-        raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
-                        "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
-    if "time_scale" in given and not trace:
-        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
-    if given.get("think_time_s") and given.get("turns", 1) == 1:
-        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
-    if given.get("turns", 1) > 1 and given.get("prompts"):
-        raise UserError("--turns builds the conversation from generated messages; drop --prompts")
-    if given.get("ramp_up") and "requests" not in given:
-        raise UserError("a ramp runs over a number of requests: add --requests N")
-    if given.get("ramp_up") and (given.get("rate") or given.get("concurrency") or trace):
-        raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
-    if given.get("ramp_up") and given["ramp_up"][1] > given["ramp_up"][2]:
-        raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
-    if given.get("burstiness", 1) != 1 and not (given.get("ramp_up") or given.get("rate")):
-        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
-    if "requests" not in given:
-        given["requests"] = None if "duration_s" in given else len(trace.rows) if trace else 64
-    if given.get("warmup") and given["requests"] is not None and \
-            given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
-        raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
-    sized = "prompt_words" in given or bool(given.get("prefix_words")) or bool(trace)
-    given["size_prompts"] = given.get("size_prompts", True) and sized
-    if given.get("prompts"):
-        given["prompts"] = read_prompts(given["prompts"])
-    if "slos" in given:
-        given["slos"] = dict(given["slos"])
-    if "concurrency" not in given and not (given.get("rate") or trace or given.get("ramp_up")):
-        given["concurrency"] = 1
-    given["api_key"] = given.get("api_key") or os.environ.get("OPENAI_API_KEY")
-    given["timeline"] = bool(args.timeline or args.plot)
-    return LoadConfig(**given)
 
 
 class ServerUnreachable(CapacityError):
@@ -4558,187 +4696,11 @@ def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bo
 
 
 # ---------------------------------------------------------------------------------------------
-# Comparison with a measured run: read what a real server did (requests with their send, first
-# and last token times; the engine's settings where the run recorded them), simulate exactly that
-# shape (the measured send times as arrivals, each request's own lengths) and put the two side by
-# side. `compare` and `loadgen --simulate` share this.
+# Comparison with a measured run: simulate exactly the shape a real server was measured on (the
+# measured send times as arrivals, each request's own lengths, the engine's settings where the run
+# recorded them) and put the two side by side. compare, loadgen --simulate and search --confirm
+# share it; merge puts several client machines' runs on one clock.
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class MeasuredRun:
-    name: str
-    requests: list                    # Request-like records: sent_s, first/last_token_s, lengths, error
-    settings: dict = field(default_factory=dict)   # RunSpec fields the run recorded (knobs, presets)
-    timeline: list = field(default_factory=list)   # the server's own per-second stats, if logged
-    notes: list = field(default_factory=list)      # what the reader had to assume
-
-
-# How vLLM's logs and bench files name what servesim has presets for.
-KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
-                "meta-llama/llama-3.1-70b": "llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
-                "qwen/qwen2.5-7b": "qwen2.5-7b", "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
-                "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b", "qwen/qwen3-8b": "qwen3-8b",
-                "qwen/qwen3-32b": "qwen3-32b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
-                "qwen/qwen3-30b-a3b-instruct-2507": "qwen3-30b-a3b", "openai/gpt-oss-20b": "gpt-oss-20b",
-                "openai/gpt-oss-120b": "gpt-oss-120b"}
-KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
-                 "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb",
-                 "nvidia l40s": "l40s-48gb", "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000-96gb",
-                 "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-96gb", "nvidia b200": "b200-180gb",
-                 "amd instinct mi300x": "mi300x-192gb"}
-
-
-def measured_request(index: int, sent: float, first: Optional[float], last: Optional[float], prompt: int,
-                     output: int, error: Optional[str] = None, gaps: Optional[list] = None) -> Request:
-    request = Request(index, max(1, prompt), max(1, output), sent_s=sent)
-    request.first_token_s, request.last_token_s, request.error = first, last, error
-    if gaps is not None and first is not None:
-        request.token_times = list(itertools.accumulate(gaps, initial=first))
-    return request
-
-
-def read_run(path: str) -> MeasuredRun:
-    """A measured run from a directory or a requests.jsonl with meta.json (vLLM's per-request
-    stats, as published runs record them), a loadgen --detailed report, or a vllm bench serve
-    --save-result --save-detailed JSON."""
-    if os.path.isdir(path):
-        return read_request_log(os.path.join(path, "requests.jsonl"))
-    if path.endswith(".jsonl"):
-        return read_request_log(path)
-    report = parse_json(read_text(path, "run"), f"run {path}", "pass a requests.jsonl, a loadgen --detailed "
-                        "report or a vllm bench serve --save-detailed result")
-    if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
-        raise UserError(f"run {path}: no per-request arrays (input_lens, ...); save the run with loadgen --detailed "
-                        f"or vllm bench serve --save-result --save-detailed")
-    return run_from_report(report, os.path.basename(path))
-
-
-def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
-    """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
-    keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
-    columns = {k: report.get(k) for k in keys}
-    n = len(columns["input_lens"])
-    for k, values in columns.items():
-        if values is not None and (not isinstance(values, list) or len(values) != n):
-            raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
-    notes = []
-    starts = columns["start_times"]
-    if starts is None:
-        rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
-        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
-            raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
-                            f"loadgen --detailed save start_times")
-        starts = arrival_times(n, random.Random(0), rate)
-        notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
-    def count(value, i: int, what: str, low: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
-                not low <= value <= 10**8:
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a whole number from {low} to 100,000,000, "
-                            f"got {str(value)[:40]}")
-        return int(value)
-
-    def seconds(value, i: int, what: str, low: float = 0.0) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not low <= value <= 10**10:
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds, got {str(value)[:40]}")
-        return float(value)
-
-    starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
-    first_start = min(starts) if starts else 0.0
-    if starts and max(starts) - first_start > MAX_ARRIVAL_S:
-        raise UserError(f"{kind} {name}: its start_times span more than a year")
-    requests = []
-    for i in range(n):
-        error = (columns["errors"] or [""] * n)[i] or None
-        ttft = (columns["ttfts"] or [None] * n)[i]
-        failed = bool(error) or ttft is None
-        # A failed request may have sent nothing the server counted: 0 tokens is then its length.
-        prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
-        output = count((columns["output_lens"] or [0] * n)[i], i, "output length", 0)
-        sent = starts[i] - first_start
-        if failed:
-            requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
-            continue
-        gaps = (columns["itls"] or [None] * n)[i]
-        gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
-        first = sent + seconds(ttft, i, "ttft")
-        requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
-    config = report.get("config") or {}
-    settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
-    return MeasuredRun(name, requests, settings, [], notes)
-
-
-def read_request_log(path: str) -> MeasuredRun:
-    """vLLM's per-request stats as JSONL (input_toks, output_toks, queued_ts, first_token_ts,
-    last_token_ts), with the engine's settings from meta.json and its per-second stats from
-    timeseries.csv beside it, as published runs record them."""
-    requests, sends = [], []
-    for where, row in read_jsonl(path, "run"):
-        if not isinstance(row, dict):
-            raise UserError(f"{where}: expected a JSON object")
-        try:
-            prompt, output = int(row["input_toks"]), int(row["output_toks"])
-            sent = float(row["queued_ts"])
-            first, last = row.get("first_token_ts"), row.get("last_token_ts")
-            first, last = (float(first), float(last)) if first and last else (None, None)
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: needs numeric input_toks, output_toks, queued_ts, first_token_ts and "
-                            f"last_token_ts ({type(e).__name__}: {e})") from None
-        sends.append(sent)
-        requests.append((len(requests), sent, first, last, prompt, output))
-    if not requests:
-        raise UserError(f"run {path}: no requests in it")
-    t0 = min(sends)
-    measured = [measured_request(i, sent - t0, None if first is None else first - t0, None if last is None else last - t0,
-                                 prompt, output, None if first is not None else "failed: no token times")
-                for i, sent, first, last, prompt, output in requests]
-    run_ = MeasuredRun(os.path.basename(os.path.dirname(os.path.abspath(path))) or path, measured)
-    folder = os.path.dirname(os.path.abspath(path))
-    meta_path = os.path.join(folder, "meta.json")
-    if os.path.exists(meta_path):
-        run_.settings = settings_from_meta(parse_json(read_text(meta_path, "meta"), f"meta {meta_path}",
-                                                      "expected the run's meta.json"), meta_path)
-    else:
-        run_.notes.append("no meta.json beside the requests: the engine's settings are servesim's defaults and flags")
-    series = os.path.join(folder, "timeseries.csv")
-    if os.path.exists(series):
-        run_.timeline = read_timeline(series)
-    return run_
-
-
-def settings_from_meta(meta: dict, where: str) -> dict:
-    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan)."""
-    if not isinstance(meta, dict):
-        raise UserError(f"{where}: expected a JSON object")
-    engine = meta.get("engine_kwargs") or {}
-    kv = meta.get("kv_cache") or {}
-    scheduler = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
-    device = meta.get("hardware") or {}
-    found = {"max_num_seqs": engine.get("max_num_seqs"), "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
-             "max_model_len": engine.get("max_model_len"), "num_gpu_blocks": kv.get("num_gpu_blocks"),
-             "block_size": kv.get("block_size"), "prefix_caching": kv.get("enable_prefix_caching"),
-             "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
-             "chunked_prefill": scheduler.get("enable_chunked_prefill"),
-             "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
-             "tensor_parallel_size": engine.get("tensor_parallel_size"),
-             "data_parallel_size": engine.get("data_parallel_size"),
-             "enable_expert_parallel": engine.get("enable_expert_parallel"),
-             "kv_cache_dtype": "fp8" if str(engine.get("kv_cache_dtype", "")).startswith("fp8") else None,
-             "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
-             "device_name": str(device.get("device_name") or "").lower(),
-             "device_bytes": device.get("device_total_memory_bytes")}
-    return {k: v for k, v in found.items() if v is not None and v != ""}
-
-
-def read_timeline(path: str) -> list[dict]:
-    rows = []
-    for number, row in enumerate(csv.DictReader(io.StringIO(read_text(path, "timeseries"))), 2):
-        try:
-            rows.append({k: float(v) for k, v in row.items() if k})
-        except (TypeError, ValueError):
-            raise UserError(f"timeseries {path} line {number}: expected numbers") from None
-    return rows
-
 
 def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
     """The measured run's shape through the simulator: its send times, its lengths, its engine."""
@@ -5376,10 +5338,6 @@ def write_file(path: str, text: str) -> None:
         raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def number(value: Optional[float], digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def print_run(result: dict, out=None) -> None:
     out = out or sys.stdout
     cfg = result["config"]
@@ -5743,6 +5701,13 @@ def search_text(spec: RunSpec, trace: Optional[str], tolerance: float, axes: lis
             lines.append(f"{prefix}highest {by} meeting the slo: {low:.4g} {unit} (missed at {high:.4g})")
             lines.append(f"  rerun it: {item['best']['rerun']}")
     return lines
+
+
+def table(cells: list[list[str]]) -> list[str]:
+    """Rows of cells as aligned lines: the first column to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip()
+            for row in cells]
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
@@ -6381,6 +6346,48 @@ def cmd_search(args) -> int:
     return 1 if len(unfit) == len(ranked) else 0
 
 
+def load_from_args(args) -> LoadConfig:
+    """The load run the flags describe, with loadgen's rules across flags."""
+    given = settings_from_args(LoadConfig, args)
+    trace = given.get("trace")
+    if given.get("prompts") and ("prompt_words" in given or "prefix_words" in given):
+        raise UserError("--prompts FILE brings its own prompts; drop --prompt-tokens and --prefix-tokens")
+    if trace and ({"prompts", "prompt_words", "prefix_words", "rate", "max_tokens"} & set(given)
+                  or given.get("turns", 1) > 1):
+        raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
+                        "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
+    if "time_scale" in given and not trace:
+        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
+    if given.get("think_time_s") and given.get("turns", 1) == 1:
+        raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if given.get("turns", 1) > 1 and given.get("prompts"):
+        raise UserError("--turns builds the conversation from generated messages; drop --prompts")
+    if given.get("ramp_up") and "requests" not in given:
+        raise UserError("a ramp runs over a number of requests: add --requests N")
+    if given.get("ramp_up") and (given.get("rate") or given.get("concurrency") or trace):
+        raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
+    if given.get("ramp_up") and given["ramp_up"][1] > given["ramp_up"][2]:
+        raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
+    if given.get("burstiness", 1) != 1 and not (given.get("ramp_up") or given.get("rate")):
+        raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
+    if "requests" not in given:
+        given["requests"] = None if "duration_s" in given else len(trace.rows) if trace else 64
+    if given.get("warmup") and given["requests"] is not None and \
+            given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
+        raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
+    sized = "prompt_words" in given or bool(given.get("prefix_words")) or bool(trace)
+    given["size_prompts"] = given.get("size_prompts", True) and sized
+    if given.get("prompts"):
+        given["prompts"] = read_prompts(given["prompts"])
+    if "slos" in given:
+        given["slos"] = dict(given["slos"])
+    if "concurrency" not in given and not (given.get("rate") or trace or given.get("ramp_up")):
+        given["concurrency"] = 1
+    given["api_key"] = given.get("api_key") or os.environ.get("OPENAI_API_KEY")
+    given["timeline"] = bool(args.timeline or args.plot)
+    return LoadConfig(**given)
+
+
 def cmd_loadgen(args) -> int:
     config = load_from_args(args)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
@@ -6527,13 +6534,6 @@ def cmd_explain(args) -> int:
                 print()
             print_explanation(e, sys.stdout.write)
     return 0
-
-
-def table(cells: list[list[str]]) -> list[str]:
-    """Rows of cells as aligned lines: the first column to the left, the others to the right."""
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return ["  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]).rstrip()
-            for row in cells]
 
 
 def cmd_presets(args) -> int:

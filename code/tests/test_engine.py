@@ -2,8 +2,8 @@
 lesson's rule, read as written; the EventScheduler and EventEngine skip the requests and steps
 where nothing happens. On random small cases, chosen to hit every rule (tiny caches that force
 preemption, tiny budgets that cut the running list, block sizes of 1, prefix caching, closed
-and open loop, disaggregation), both must print the same report to the last bit, per-request
-arrays included."""
+and open loop, disaggregation, replicas behind each router, tensor and expert parallelism), both
+must print the same report to the last bit, per-request arrays included."""
 import json
 import random
 import unittest
@@ -44,6 +44,12 @@ def random_spec(rng: random.Random) -> main.RunSpec:
         spec.update(max_tokens_in_flight=rng.randint(100, 2000))
     elif variation < 0.32 and not spec["prefix_caching"]:
         spec.update(kv_layout="slots", kv_tokens=rng.randint(500, 5000), max_num_seqs=rng.randint(1, 8))
+    if variation >= 0.32 and rng.random() < 0.3:      # replicas behind each router, tensor parallel, experts
+        spec.update(data_parallel_size=rng.randint(2, 3), router=rng.choice(main.ROUTERS))
+        if rng.random() < 0.4:
+            spec.update(model=main.MODELS["qwen3-30b-a3b"], enable_expert_parallel=rng.random() < 0.7)
+    if variation >= 0.32 and rng.random() < 0.2 and not spec.get("enable_expert_parallel"):
+        spec.update(tensor_parallel_size=2)
     if rng.random() < 0.25:      # conversations: each turn is sent when the one before it ends
         spec.update(turns=rng.randint(2, 4), think_time=rng.choice([0.0, 0.01, 0.5]))
     if "rate" in spec and rng.random() < 0.2:
@@ -73,7 +79,7 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         list short, hit the prefix cache, reject, and coast through plain steps."""
         rng = random.Random(SEED)
         seen = {"preempted": 0, "prefix hits": 0, "failed": 0, "evictions": 0, "per-step fallback": 0,
-                "coasted": 0}
+                "coasted": 0, "replicas": 0, "tensor parallel": 0, "expert parallel": 0}
         fallback, advance = main.EventScheduler.per_step, main.EventEngine.advance
 
         def counting_fallback(scheduler, now):
@@ -97,14 +103,13 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
                 seen["prefix hits"] += result["engine"]["prefix_hit_rate"] > 0
                 seen["failed"] += result["failed"] > 0
                 seen["evictions"] += result["engine"]["evictions"] > 0
+                seen["replicas"] += "replicas" in result
+                seen["tensor parallel"] += spec.tensor_parallel_size > 1
+                seen["expert parallel"] += spec.enable_expert_parallel
         finally:
             main.EventScheduler.per_step, main.EventEngine.advance = fallback, advance
         for what, count in seen.items():
-            self.assertGreater(count, 10, what)
-
-
-if __name__ == "__main__":
-    unittest.main()
+            self.assertGreater(count, 5 if what == "expert parallel" else 10, what)
 
 
 class NoModeSpins(unittest.TestCase):
@@ -147,3 +152,7 @@ class NoModeSpins(unittest.TestCase):
                                 self.assertGreaterEqual(total, cache, f"{name} failed a request that fits")
         finally:
             main.Engine.step = original
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -62,7 +62,7 @@ class Disaggregation(unittest.TestCase):
 
     def simulate(self, requests, **spec):
         engines, link = main.build_engines(main.RunSpec(max_model_len=16384, detailed=True, **spec))
-        main.simulate(engines, requests)
+        main.simulate(main.Replicas(engines), requests)
         return engines, link
 
     def test_a_2000_token_prompt_waits_about_10_ms_on_a_25_gbs_link(self):

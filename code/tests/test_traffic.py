@@ -131,7 +131,7 @@ class Conversations(unittest.TestCase):
                             output_tokens=main.TokenRange(10, 20))
         engines, _ = main.build_engines(spec)
         requests = main.make_requests(spec)
-        main.simulate(engines, requests, spec.clients())
+        main.simulate(engines[0], requests, spec.clients())
         for r in requests:
             if r.next_turn:
                 self.assertAlmostEqual(r.next_turn.sent_s, r.last_token_s + 2.0, places=9)
