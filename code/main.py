@@ -2143,6 +2143,7 @@ GROUPS = {
     "speculative": "speculative decoding (vLLM's --speculative-config)",
     "disaggregation": "prefill/decode disaggregation", "workload": "workload", "slo": "SLOs and cost",
     "simulator": "simulator", "server": "server", "load": "load",
+    "sustained": "sustained load: the steady window and its verdict (see README, Sustained capacity)",
 }
 
 
@@ -2344,6 +2345,17 @@ class RunSpec:
         None, "--price-per-hour", real(0, 1e6), "USD an hour per GPU, in place of the hardware preset's price; "
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
         default_text="the preset's on-demand price, see main.py presets")
+    steady_skip: float = setting(
+        0.2, "--steady-skip", real(0, 0.9, above_low=False, what="a fraction from 0 to 0.9"), "the share of the "
+        "requests sent before the steady window starts (the transient of a server filling up); it starts no "
+        "earlier than the first request's end", "sustained", metavar="F")
+    min_served: float = setting(
+        0.95, "--min-served", fraction, "sustained needs the steady window's served rate (requests ended a second) "
+        "to be at least this share of its offered rate (requests sent a second)", "sustained", metavar="F")
+    max_queue_growth: float = setting(
+        0.05, "--max-queue-growth", fraction, "sustained needs the wait (queue time) of the requests sent in the "
+        "steady window to grow by at most this many seconds per second of run: the queue grows by at most this "
+        "share of the offered rate", "sustained", metavar="F")
 
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
@@ -2605,7 +2617,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
     if spec.warmup:
         result["warmup_requests"] = spec.warmup
-    result["steady_state"] = steady_state(done, running_each_second(done), dict(spec.goodput))
+    everyone = [r for e in engines for r in e.scheduler.done]
+    result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served, spec.max_queue_growth,
+                                           bool(spec.clients()), dict(spec.goodput))
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
     decode = engines[-1]
@@ -2663,41 +2677,58 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     return result
 
 
-def running_each_second(requests: list) -> list[int]:
-    """Requests running (admitted, not yet finished) at the end of each second of the run."""
-    done = [r for r in requests if r.error is None and r.first_token_s is not None]
-    if not done:
-        return []
-    t0 = min(r.sent_s for r in requests)
-    seconds = math.ceil(max(r.last_token_s for r in done) - t0) or 1
-    change = [0] * (seconds + 2)
-    for r in done:
-        admitted = r.sent_s + (r.queue_s or 0.0) - t0
-        change[min(seconds + 1, math.ceil(admitted) or 1)] += 1
-        change[min(seconds + 1, math.ceil(r.last_token_s - t0) or 1)] -= 1
-    return list(itertools.accumulate(change))[1:seconds + 1]
+def slope(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of y against x (0 for fewer than two distinct x)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread > 0 else 0.0
 
 
-def steady_state(requests: list, running: list, slos: Optional[dict] = None) -> Optional[dict]:
-    """The steady state: from the first second the running count comes within 10% (at least 1)
-    of its plateau, the median over the busy seconds, to the last; and the metrics of the
-    requests sent inside it. None when the run is too short to have one."""
-    busy = sorted(x for x in running if x > 0)
-    if len(busy) < 5:
+MIN_WINDOW_REQUESTS = 10      # fewer sent inside the steady window: too few to tell a trend
+
+
+def steady_window(requests: list, skip: float, min_served: float, max_growth: float, closed_loop: bool,
+                  slos: Optional[dict] = None) -> Optional[dict]:
+    """The steady window of a run, and whether the server kept up in it. The window runs while
+    load is offered: from the later of the send that follows the first `skip` share of requests
+    (the transient of a server filling up) and the first request's end (until then nothing can
+    have been served), to the last send. In it: the offered rate (sends a second), the served rate
+    (requests ended a second), and how fast the wait grew: the least-squares slope of each
+    request's queue time (its TTFT where a client cannot see the queue) against its send time,
+    in seconds of wait per second of run. Sustained: served >= min_served x offered and that
+    slope <= max_growth; a closed loop, which sends only when a request ends, is sustained by
+    construction. The metrics are those of the measured requests sent inside the window."""
+    sent = sorted(requests, key=operator.attrgetter("sent_s"))
+    ended = [r for r in sent if r.error is None and r.last_token_s is not None]
+    if len(sent) < 2 or not ended:
         return None
-    plateau = busy[len(busy) // 2]
-    band = max(1.0, 0.1 * plateau)
-    inside = [t for t, x in enumerate(running, 1) if abs(x - plateau) <= band]
-    start, end = inside[0] - 1, inside[-1]       # seconds from the first send
-    t0 = min(r.sent_s for r in requests)
-    window = [r for r in requests if start <= r.sent_s - t0 <= end]
-    if not window or end - start < 3:
-        return None
-    metrics = summarize(window, None, slos)
+    t0 = sent[0].sent_s
+    start = max(sent[min(len(sent) - 1, math.ceil(skip * len(sent)))].sent_s, min(r.last_token_s for r in ended))
+    end = sent[-1].sent_s
+    window = [r for r in sent if start <= r.sent_s <= end]
+    if len(window) < MIN_WINDOW_REQUESTS or end <= start:
+        return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
+                "closed_loop": closed_loop, "note": f"fewer than {MIN_WINDOW_REQUESTS} requests sent in a steady "
+                "window: too short a run to tell whether the server keeps up"}
+    # Rates as the slopes of the running counts of sends and of ends: a steadier estimate than
+    # counts over the span, whose ends catch whatever happens to be in flight there.
+    offered = slope([(r.sent_s, i) for i, r in enumerate(window)])
+    served = slope([(t, i) for i, t in enumerate(sorted(r.last_token_s for r in ended if start <= r.last_token_s <= end))])
+    waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
+             for r in window if r.error is None and r.first_token_s is not None]
+    growth = slope(waits)
+    sustained = closed_loop or (served >= min_served * offered and growth <= max_growth)
+    measured = [r for r in window if getattr(r, "measured", True)]
+    metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el") for stat in ("mean", "median", "p90", "p95", "p99")))
-    return {"start_s": float(start), "end_s": float(end), "plateau_running": plateau,
-            **{k: metrics[k] for k in keep if k in metrics}}
+    return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
+            "served_rate": served, "queue_growth_rps": growth * offered, "wait_growth_s_per_s": growth,
+            "sustained": sustained, "closed_loop": closed_loop, **{k: metrics[k] for k in keep if k in metrics}}
 
 
 def by_turn(requests: list) -> list[dict]:
@@ -3653,6 +3684,7 @@ class StreamRecord:
     scheduled_s: Optional[float] = None  # when the arrival schedule said to send it (open loop)
     asked_prompt_tokens: Optional[int] = None
     text: Optional[list] = None         # the reply's text, kept to carry a conversation on
+    measured: bool = True               # False for a warm-up request: sent, but left out of every figure
 
 
 @dataclass
@@ -4491,10 +4523,11 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                                    "received_prompt_tokens_mean": sum(r.prompt_tokens for r in asked) / len(asked)
                                    if asked else None}
     timeline = measured_timeline(records, list(zip(sampler.times, sampler.scrapes)), started)
-    gauges = [row["running"] for row in timeline] if any(
-        any(name in scrape for name in RUNNING_GAUGES) for scrape in sampler.scrapes) else None
-    result["steady_state"] = steady_state(measured, gauges or running_each_second(measured), config.slos) \
-        if measured else None
+    for record in records[:config.warmup]:
+        record.measured = False
+    rule = RunSpec()
+    result["steady_state"] = steady_window(records, rule.steady_skip, rule.min_served, rule.max_queue_growth,
+                                           not open_loop, config.slos)
     if turns > 1:
         result["turns"] = by_turn(measured)
     generated = result["server"].get("generated_tokens")

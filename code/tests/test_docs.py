@@ -15,9 +15,12 @@ document order, in a scratch directory (so `> burst.json` feeds the next command
   order and adjacent, from the first line to the last. A line `...` stands for one or more lines
   left out, so a shortened excerpt says where it is shortened."""
 import argparse
+import atexit
+import concurrent.futures
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -31,8 +34,13 @@ DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare
 WRITTEN = re.compile(r"--(?:plot|timeline)\s+(\S+)")
 LEFT_OUT = "..."
 FLAG = re.compile(r"^(--?[A-Za-z][\w-]*)(=.*)?$")
-# A command whose only inputs are committed files prints the same in every document: run it once.
+# A command that reads only committed files and writes none prints the same wherever and whenever it
+# runs: it runs once, in the background, in a scratch directory of its own.
+POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1))
 RESULTS = {}
+SHARED = tempfile.mkdtemp(prefix="test_docs.")
+os.symlink(CODE, os.path.join(SHARED, "code"))
+atexit.register(shutil.rmtree, SHARED, True)
 
 
 class Shown:
@@ -102,6 +110,43 @@ def fits(shown, printed):
     return rest(0, 0)
 
 
+def command_words(command):
+    """The words of the servesim command itself, without what a shell adds after it."""
+    return shlex.split(command.split(";")[0].split(">")[0].split("|")[0])
+
+
+def input_files(words):
+    return [p for w in words[3:] for p in w.split(",") if re.search(r"\.(json|jsonl|txt)$", p)]
+
+
+def run_in(run, scratch):
+    """Run as a user does, in bash; stderr merged into stdout, in the order a terminal shows them."""
+    proc = subprocess.run(["bash", "-c", run], cwd=scratch, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+def shared_run(command):
+    """What to run for a command that reads only committed files and writes none, or None. A
+    command that needs a server (loadgen, or an input only a server run makes) runs as --help."""
+    words = command_words(command)
+    if words[2] == "loadgen":
+        return "python3 code/main.py loadgen --help"
+    if re.search(r"[;>|]", command) or WRITTEN.search(command) or "--out" in words:
+        return None
+    paths = [p for w in words[3:] for p in w.split(",") if "/" in p or re.search(r"\.(json|jsonl|txt|csv|svg)$", p)]
+    if not all(p.startswith("code/") for p in paths):
+        return None
+    missing = [p for p in input_files(words) if not os.path.exists(os.path.join(SHARED, p))]
+    return f"python3 code/main.py {words[2]} --help" if missing else command
+
+
+def result_of(run, scratch=SHARED):
+    if run not in RESULTS:
+        RESULTS[run] = POOL.submit(run_in, run, scratch)
+    return RESULTS[run].result()
+
+
 def subcommand_parser(sub):
     for action in main.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -123,64 +168,61 @@ class Documents(unittest.TestCase):
                 self.assertIn(flag.group(1), known, f"{name}: `{command}`: {flag.group(1)} is not a flag of "
                                                     f"{words[2]} (argparse takes an abbreviation; spell it out)")
 
-    def run_command(self, run, scratch, pure):
-        if pure and run in RESULTS:
-            return RESULTS[run]
-        # stderr merged into stdout, in the order a terminal shows them.
-        proc = subprocess.run(["bash", "-c", run], cwd=scratch, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=300)
-        result = proc.returncode, proc.stdout
-        if pure:
-            RESULTS[run] = result
-        return result
-
     def run_document(self, name):
         with open(os.path.join(ROOT, name)) as f:
             commands = blocks(f.read())
         self.assertGreater(len(commands), 0, name)
+        for shown in commands:      # start the shared runs, two or more at a time
+            run = shared_run(shown.command)
+            if run and run not in RESULTS:
+                RESULTS[run] = POOL.submit(run_in, run, SHARED)
         with tempfile.TemporaryDirectory() as scratch:
             os.symlink(CODE, os.path.join(scratch, "code"))
-            for shown in commands:
-                command = shown.command
-                words = shlex.split(command.split(";")[0].split(">")[0].split("|")[0])
-                sub = words[2]
-                self.check_parses(name, command, words)
-                # Inputs only a real server run makes (c1.json, metrics.txt) are not here to read.
-                outputs = set(re.findall(r"(?:--out|>)\s*(\S+)", command))
-                missing = [w for w in words[3:] if re.search(r"\.(json|jsonl|txt)$", w) and w not in outputs
-                           and not os.path.exists(os.path.join(scratch, w))]
-                if sub == "loadgen" or missing:
-                    run = f"python3 code/main.py {sub} --help"
-                else:
-                    run = command
-                written = WRITTEN.findall(command) if run == command else []
-                for path in written:
+            for shown in commands:  # the rest in document order: `> burst.json` feeds the next command
+                self.check_command(name, shown, scratch)
+
+    def check_command(self, name, shown, scratch):
+        command = shown.command
+        words = command_words(command)
+        sub = words[2]
+        self.check_parses(name, command, words)
+        run = shared_run(command)
+        if run:
+            code, printed = result_of(run)
+        else:
+            # Inputs only a real server run makes (c1.json, metrics.txt) are not here to read.
+            outputs = set(re.findall(r"(?:--out|>)\s*(\S+)", command))
+            missing = [p for p in input_files(words) if p not in outputs
+                       and not os.path.exists(os.path.join(scratch, p))]
+            if missing:
+                run = f"python3 code/main.py {sub} --help"
+                code, printed = result_of(run)
+            else:
+                run = command
+                for path in WRITTEN.findall(run):
                     os.makedirs(os.path.join(scratch, os.path.dirname(path)) or scratch, exist_ok=True)
-                paths = [w for w in words[3:] if "/" in w or re.search(r"\.(json|jsonl|txt|csv|svg)$", w)]
-                pure = (not re.search(r"[;>|]", run) and not written and "--out" not in words
-                        and all(p.startswith("code/") for p in paths))
-                code, printed = self.run_command(run, scratch, pure)
-                self.assertNotIn("Traceback", printed, run)
-                if 'echo "exit $?"' in run:
-                    code = int(re.findall(r"^exit (\d+)$", printed, re.M)[-1])
-                expected = shown.exit_code() if run == command else 0
-                self.assertEqual(code, expected, f"{name}: `{run}` exited {code}, but the document gives it "
-                                                 f"{expected}; it printed:\n{printed[-600:]}")
-                for path in written:
-                    if os.path.exists(os.path.join(ROOT, path)):
-                        with open(os.path.join(ROOT, path), "rb") as f, open(os.path.join(scratch, path), "rb") as g:
-                            self.assertEqual(f.read(), g.read(), f"{name}: committed {path} is not what `{command}` "
-                                                                 f"writes now; rerun it from the repository root")
-                if run != command or not shown.output or sub not in DETERMINISTIC:
-                    continue
-                lines = [l.rstrip() for l in printed.splitlines() if l.strip() and not progress_line(l)]
-                gone = [l for l in shown.output if l != LEFT_OUT and l not in lines]
-                if gone:
-                    self.fail(f"{name}: `{command}` no longer prints:\n{gone[0]}\n(it printed:\n" + "\n".join(lines[:40]) + ")")
-                if not fits(shown.output, lines):
-                    self.fail(f"{name}: `{command}` prints every shown line, but not as shown: lines are left out "
-                              f"without a `{LEFT_OUT}` line where they are, or are out of order.\nshown:\n"
-                              + "\n".join(shown.output) + "\nprinted:\n" + "\n".join(lines))
+                code, printed = run_in(run, scratch)
+        self.assertNotIn("Traceback", printed, run)
+        if 'echo "exit $?"' in run:
+            code = int(re.findall(r"^exit (\d+)$", printed, re.M)[-1])
+        expected = shown.exit_code() if run == command else 0
+        self.assertEqual(code, expected, f"{name}: `{run}` exited {code}, but the document gives it "
+                                         f"{expected}; it printed:\n{printed[-600:]}")
+        for path in (WRITTEN.findall(command) if run == command else []):
+            if os.path.exists(os.path.join(ROOT, path)):
+                with open(os.path.join(ROOT, path), "rb") as f, open(os.path.join(scratch, path), "rb") as g:
+                    self.assertEqual(f.read(), g.read(), f"{name}: committed {path} is not what `{command}` "
+                                                         f"writes now; rerun it from the repository root")
+        if run != command or not shown.output or sub not in DETERMINISTIC:
+            return
+        lines = [l.rstrip() for l in printed.splitlines() if l.strip() and not progress_line(l)]
+        gone = [l for l in shown.output if l != LEFT_OUT and l not in lines]
+        if gone:
+            self.fail(f"{name}: `{command}` no longer prints:\n{gone[0]}\n(it printed:\n" + "\n".join(lines[:40]) + ")")
+        if not fits(shown.output, lines):
+            self.fail(f"{name}: `{command}` prints every shown line, but not as shown: lines are left out "
+                      f"without a `{LEFT_OUT}` line where they are, or are out of order.\nshown:\n"
+                      + "\n".join(shown.output) + "\nprinted:\n" + "\n".join(lines))
 
     def test_readme(self):
         self.run_document("README.md")
