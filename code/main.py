@@ -2726,8 +2726,11 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el") for stat in ("mean", "median", "p90", "p95", "p99")))
+    # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
+    # queue grows by the difference.
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
-            "served_rate": served, "queue_growth_rps": growth * offered, "wait_growth_s_per_s": growth,
+            "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
+            "wait_growth_s_per_s": growth,
             "sustained": sustained, "closed_loop": closed_loop, **{k: metrics[k] for k in keep if k in metrics}}
 
 
@@ -2752,12 +2755,16 @@ def deployment_price(spec: RunSpec, hardware: list[Hardware], gpus_per_engine: i
     return sum(prices) * gpus_per_engine if all(prices) else None
 
 
+HOURS_PER_MONTH = 730     # 365 x 24 / 12
+
+
 def cost_report(usd_per_hour: Optional[float], output_throughput: float) -> Optional[dict]:
-    """What an hour costs, and a million output tokens at the run's output throughput."""
+    """What an hour and a month cost, and a million output tokens at the run's output throughput."""
     if usd_per_hour is None:
         return None
     per_million = usd_per_hour / (output_throughput * 3600) * 1e6 if output_throughput > 0 else None
-    return {"usd_per_hour": usd_per_hour, "usd_per_million_output_tokens": per_million}
+    return {"usd_per_hour": usd_per_hour, "usd_per_month": usd_per_hour * HOURS_PER_MONTH,
+            "hours_per_month": HOURS_PER_MONTH, "usd_per_million_output_tokens": per_million}
 
 
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
@@ -5371,6 +5378,37 @@ def write_file(path: str, text: str) -> None:
         raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def load_verdict(steady: Optional[dict]) -> str:
+    """The steady window's verdict in a few words, for a table cell."""
+    if not steady or steady.get("sustained") is None:
+        return "too short"
+    if steady["closed_loop"]:
+        return "closed loop"
+    return "sustained" if steady["sustained"] else f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
+
+
+def steady_lines(steady: Optional[dict]) -> list[str]:
+    """The steady window: whether the server kept up with the load offered, and its figures."""
+    if not steady:
+        return []
+    where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {steady['requests']:,} requests sent"
+    if steady["sustained"] is None:
+        return [f"{'steady':<12}{where}: {steady['note']}"]
+    if steady["closed_loop"]:
+        verdict = f"{'steady':<12}{where} (a closed loop sends only when a request ends: sustained by construction)"
+    elif steady["sustained"]:
+        verdict = (f"{'sustained':<12}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
+                   f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
+    else:
+        verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
+                   f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
+                   f"s per s) in {where}: the server does not keep up, and its latencies grow with the run's length")
+    figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
+               f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
+               f"output tok/s")
+    return [verdict, figures]
+
+
 def print_run(result: dict, out=None) -> None:
     out = out or sys.stdout
     cfg = result["config"]
@@ -5423,12 +5461,8 @@ def print_run(result: dict, out=None) -> None:
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
-    steady = result.get("steady_state")
-    if steady:
-        w(f"{'steady':<12}{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, running near {steady['plateau_running']:,}: "
-          f"{steady['completed']:,} requests sent  ttft p50 {number(steady['median_ttft_ms'])} p99 "
-          f"{number(steady['p99_ttft_ms'])} ms  tpot p50 {number(steady['median_tpot_ms'])} ms  "
-          f"{number(steady['output_throughput'])} output tok/s\n")
+    for line in steady_lines(result.get("steady_state")):
+        w(line + "\n")
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
@@ -5444,6 +5478,7 @@ def print_run(result: dict, out=None) -> None:
     if cost:
         gpus = cfg.get("gpus")
         w(f"{'cost':<12}${cost['usd_per_hour']:,.2f} an hour" + (f" ({gpus} GPUs)" if gpus and gpus > 1 else "")
+          + f", ${cost['usd_per_month']:,.0f} a month of {cost['hours_per_month']:g} hours"
           + (f"  ${cost['usd_per_million_output_tokens']:,.3f} per million output tokens"
              if cost["usd_per_million_output_tokens"] is not None else "") + "\n")
     if "server" in result:
@@ -5668,6 +5703,7 @@ def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[d
     columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
     columns += [("out tok/s", lambda r: number(r["output_throughput"])),
                 ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
+                ("$/month", lambda r: number((r["cost"] or {}).get("usd_per_month"), 0)),
                 ("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
                 ("verdict", lambda r: "meets" if not r["misses"] else "misses: " + "; ".join(r["misses"]))]
     return columns
@@ -5707,8 +5743,9 @@ def search_text(spec: RunSpec, trace: Optional[str], tolerance: float, axes: lis
         if best:
             cost = best[0]["best"]["cost"] or {}
             named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, best[0]['settings'][a])}" for a in axes)
-            price = (f": ${cost['usd_per_hour']:,.2f} an hour, ${number(cost.get('usd_per_million_output_tokens'), 3)} "
-                     f"per million output tokens" if cost else " (no price: give --price-per-hour)")
+            price = (f": ${cost['usd_per_hour']:,.2f} an hour (${cost['usd_per_month']:,.0f} a month), "
+                     f"${number(cost.get('usd_per_million_output_tokens'), 3)} per million output tokens"
+                     if cost else " (no price: give --price-per-hour)")
             among = f" among the {tried} deployments tried before the stop" if tried else ""
             lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
             lines.append(f"rerun it: {best[0]['best']['rerun']}")

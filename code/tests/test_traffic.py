@@ -234,20 +234,6 @@ class WarmupAndSteadyState(unittest.TestCase):
         self.assertEqual((warm["completed"], warm["warmup_requests"]), (80, 20))
         self.assertNotEqual(warm["median_ttft_ms"], full["median_ttft_ms"])
 
-    def test_a_closed_loop_plateaus_at_its_clients(self):
-        steady = main.run(main.RunSpec(concurrency=64, requests=2000))["steady_state"]
-        self.assertEqual(steady["plateau_running"], 64)
-        self.assertLess(steady["start_s"], 3)
-        self.assertGreater(steady["completed"], 1500)
-
-    def test_the_window_is_where_running_is_near_its_plateau(self):
-        running = [1, 2, 10, 10, 9, 10, 11, 10, 10, 3, 1]
-        requests = [main.Request(i, 10, 10, sent_s=float(i)) for i in range(11)]
-        for r in requests:
-            r.first_token_s, r.last_token_s, r.queue_s = r.sent_s + 0.1, r.sent_s + 0.5, 0.0
-        window = main.steady_state(requests, running)
-        self.assertEqual((window["start_s"], window["end_s"], window["plateau_running"]), (2.0, 9.0, 10))
-
 
 class LoadgenReplay(unittest.TestCase):
     def test_equal_hash_ids_are_equal_text_and_others_differ(self):
