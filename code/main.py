@@ -2345,6 +2345,9 @@ class RunSpec:
         None, "--price-per-hour", real(0, 1e6), "USD an hour per GPU, in place of the hardware preset's price; "
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
         default_text="the preset's on-demand price, see main.py presets")
+    hours_per_month: float = setting(
+        730.0, "--hours-per-month", real(1, 744), "hours a month of service, for $ a month", "slo", metavar="H",
+        default_text="730, a year's hours over 12")
     steady_skip: float = setting(
         0.2, "--steady-skip", real(0, 0.9, above_low=False, what="a fraction from 0 to 0.9"), "the share of the "
         "requests sent before the steady window starts (the transient of a server filling up); it starts no "
@@ -2665,7 +2668,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
     result["cost"] = cost_report(deployment_price(spec, [e.hardware for e in engines], gpus // len(engines)),
-                                 result["output_throughput"])
+                                 result["output_throughput"], spec.hours_per_month)
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
     if isinstance(decode.scheduler, SpeculativeScheduler):
@@ -2755,16 +2758,13 @@ def deployment_price(spec: RunSpec, hardware: list[Hardware], gpus_per_engine: i
     return sum(prices) * gpus_per_engine if all(prices) else None
 
 
-HOURS_PER_MONTH = 730     # 365 x 24 / 12
-
-
-def cost_report(usd_per_hour: Optional[float], output_throughput: float) -> Optional[dict]:
+def cost_report(usd_per_hour: Optional[float], output_throughput: float, hours_per_month: float = 730.0) -> Optional[dict]:
     """What an hour and a month cost, and a million output tokens at the run's output throughput."""
     if usd_per_hour is None:
         return None
     per_million = usd_per_hour / (output_throughput * 3600) * 1e6 if output_throughput > 0 else None
-    return {"usd_per_hour": usd_per_hour, "usd_per_month": usd_per_hour * HOURS_PER_MONTH,
-            "hours_per_month": HOURS_PER_MONTH, "usd_per_million_output_tokens": per_million}
+    return {"usd_per_hour": usd_per_hour, "usd_per_month": usd_per_hour * hours_per_month,
+            "hours_per_month": hours_per_month, "usd_per_million_output_tokens": per_million}
 
 
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")

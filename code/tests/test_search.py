@@ -136,6 +136,12 @@ class Cost(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("--price-per-hour", err)
 
+    def test_a_month_is_730_hours_unless_told(self):
+        for flags, hours in (((), 730), (("--hours-per-month", "200"), 200)):
+            code, out, err = call_cli("simulate", "--requests", "20", "--price-per-hour", "2", *flags, "--json")
+            self.assertEqual(code, 0, err)
+            self.assertAlmostEqual(json.loads(out)["cost"]["usd_per_month"], 2 * hours)
+
 
 class Search(unittest.TestCase):
     def test_highest_rate_on_the_monday_incident_and_each_probe_reruns(self):
