@@ -2283,6 +2283,10 @@ class RunSpec:
         None, "--trace", None, "requests with their own send times, lengths and shared content, in any "
         "--trace-format (servesim JSONL: arrival s, prompt_tokens, output_tokens, optional prefix and prefix_tokens)",
         "workload", metavar="FILE", exclusive="arrivals")
+    trace_repeats: int = setting(
+        1, "--trace-repeats", whole(1, 10**6), "play the trace N times end to end, each copy after the last by the "
+        "trace's span plus its mean gap; content shared by several requests (hash ids, system prompts, "
+        "conversations) stays shared, content of one request is new in every copy", "workload", metavar="N")
     requests: Optional[int] = setting(
         None, "--requests", whole(1, MAX_REQUESTS), "number of synthetic requests, or the first N of a trace",
         "workload", metavar="N", default_text=f"{DEFAULT_REQUESTS}, or the whole trace")
@@ -2421,6 +2425,8 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("--rate (open loop) and --concurrency (closed loop) are two ways to send load: give one")
     if spec.time_scale != 1 and not spec.trace:
         raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
+    if spec.trace_repeats > 1 and not spec.trace:
+        raise UserError("--trace-repeats plays a --trace several times: give the trace")
     if spec.turns > 1 and spec.trace:
         raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
     if spec.think_time and spec.turns == 1:
@@ -2573,9 +2579,35 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     return [prefill, decode], link
 
 
+def repeated_rows(rows: tuple, copies: int) -> list:
+    """A trace played `copies` times end to end: each copy follows the one before by the trace's
+    span plus its mean gap, so the rate stays the trace's own. Content shared by several requests
+    (hash ids, system prompts, a conversation's history) stays shared, as the next day of the same
+    traffic shares it; content of one request only is new in every copy, as the next day's users
+    write new messages. (Sharing everything would turn every copy into cache hits; sharing nothing
+    would lose the system prompts every request of a service sends.)"""
+    if copies <= 1:
+        return list(rows)
+    uses = Counter(key for *_, content in rows for key in {key for key, _ in content})
+    arrivals = [row[0] for row in rows]
+    span = max(arrivals) - min(arrivals)
+    period = span + span / (len(rows) - 1) if len(rows) > 1 and span > 0 else 1.0
+    out = list(rows)
+    for copy in range(1, copies):
+        for arrival, prompt, output, content in rows:
+            new = tuple(((key, "copy", copy) if uses[key] == 1 else key, tokens) for key, tokens in content)
+            out.append((arrival + copy * period, prompt, output, new))
+    return out
+
+
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
-        rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
+        rows = repeated_rows(spec.trace.rows, spec.trace_repeats)
+        rows = rows[:spec.requests] if spec.requests else rows
+        last = max(arrival for arrival, *_ in rows) * spec.time_scale
+        if last > MAX_ARRIVAL_S:
+            raise UserError(f"trace {spec.trace.name} x {spec.trace_repeats} at time scale {spec.time_scale:g} spreads "
+                            f"{len(rows):,} arrivals over {last / 86400:,.0f} days; servesim simulates up to a year")
         return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content)
                 for i, (arrival, prompt, output, content) in enumerate(rows)]
     rng = random.Random(spec.seed)
@@ -2678,6 +2710,47 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
+
+
+SPREAD = ("output_throughput", "request_throughput",
+          *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p95", "p99")))
+
+
+def mean_report(values: list):
+    """Reports of one shape as one: numbers averaged, a verdict true only if true in all, lists
+    of objects (replicas, turns) item by item; per-request arrays and text as the first has them."""
+    first = values[0]
+    if isinstance(first, bool):
+        return all(values) if all(isinstance(v, bool) for v in values) else first
+    if isinstance(first, (int, float)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values):
+        return sum(values) / len(values)
+    if isinstance(first, dict) and all(isinstance(v, dict) for v in values):
+        return {key: mean_report([v.get(key) for v in values]) for key in first}
+    if isinstance(first, list) and first and all(isinstance(item, dict) for item in first) and \
+            all(isinstance(v, list) and len(v) == len(first) for v in values):
+        return [mean_report(list(items)) for items in zip(*values)]
+    return first
+
+
+def seeded(runs: list[dict]) -> dict:
+    """Runs of one point with seeds seed, seed + 1, ... as one report: every figure the mean of
+    the runs (a verdict holds only if it holds in every run), and under `seeds` how many runs
+    were sustained and the spread of the headline figures: min-max, and from five seeds on the
+    10th-90th percentile interval (nearest rank)."""
+    merged = mean_report(runs)
+    merged["config"] = runs[0]["config"]
+    spread = {}
+    for key in SPREAD:
+        values = sorted(r[key] for r in runs if r.get(key) is not None)
+        if values:
+            rank = lambda p: values[max(0, math.ceil(p / 100 * len(values)) - 1)]
+            spread[key] = {"min": values[0], "max": values[-1],
+                           **({"p10": rank(10), "p90": rank(90)} if len(values) >= 5 else {})}
+    merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs],
+                       "sustained": sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained")),
+                       "spread": spread}
+    return merged
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -2807,12 +2880,14 @@ def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
     return spec
 
 
-def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None) -> dict:
-    """One point's result; a point whose model does not fit is a result saying so, so a sweep
-    over deployments shows which ones are too small instead of stopping at the first."""
+def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None, seeds: int = 1,
+              mapper: Callable = map) -> dict:
+    """One point's result (the mean of `seeds` runs); a point whose model does not fit is a
+    result saying so, so a sweep over deployments shows which ones are too small instead of
+    stopping at the first."""
     point = {k: getattr(v, "name", v) for k, v in settings.items()}
     try:
-        result = run(sweep_point(spec, settings), progress)
+        result = run_seeds(sweep_point(spec, settings), seeds, progress, mapper)
     except CapacityError as e:
         return {"config": {"model": spec.model.name, "sweep_point": point}, "does_not_fit": str(e)}
     result["config"]["sweep_point"] = point
@@ -2849,14 +2924,19 @@ def map_points(task: Callable, points: list[dict], jobs: int = 1,
 
 
 def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
-               progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
-    """Each point's run_point result, in order, in `jobs` processes."""
-    return map_points(functools.partial(run_point, spec), points, jobs, progress)
+               progress: Optional[Callable[[str], None]] = None, seeds: int = 1) -> Iterator[dict]:
+    """Each point's run_point result, in order, in `jobs` processes spread over the points, or
+    over each point's seeds when there are fewer points than jobs."""
+    if jobs > 1 and seeds > 1 and len(points) < jobs:
+        with multiprocessing.Pool(jobs, initializer=quiet_worker) as pool:
+            yield from map_points(functools.partial(run_point, spec, seeds=seeds, mapper=pool.map), points, 1, progress)
+        return
+    yield from map_points(functools.partial(run_point, spec, seeds=seeds), points, jobs, progress)
 
 
-def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1) -> list[dict]:
+def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1, seeds: int = 1) -> list[dict]:
     """One point per value of one RunSpec field."""
-    return list(iter_sweep(spec, [{axis: value} for value in values], jobs))
+    return list(iter_sweep(spec, [{axis: value} for value in values], jobs, seeds=seeds))
 
 
 # Search: the highest load a deployment serves within an SLO, and the cheapest deployment that
@@ -2953,48 +3033,154 @@ def at_load(spec: RunSpec, by: str, load: float) -> dict:
     return {"rate": load, "concurrency": None}
 
 
+MAX_SEEDS = 1000
+
+
+@dataclass(frozen=True)
+class Probing:
+    """How search tries a load. Sustained (the default): each probe sends enough requests for a
+    steady window of `steady_requests` (a trace repeated end to end as often as that needs),
+    whatever --requests says, and passes only if the server keeps up in that window and the
+    window's requests meet the SLO. Otherwise a burst: the trace played once passes if all its
+    requests meet the SLO. Each probe runs `seeds` seeds (seed, seed + 1, ...), of which at least
+    `confidence` must pass."""
+    slo: Slo
+    by: str = "rate"
+    target: Optional[float] = None
+    tolerance: float = 0.05
+    sustained: bool = True
+    steady_requests: int = 1000
+    seeds: int = 1
+    confidence: float = 1.0
+
+    def requests(self, spec: RunSpec) -> int:
+        """Requests a sustained probe sends: the steady window's, after the transient it skips."""
+        return math.ceil(self.steady_requests / (1 - spec.steady_skip)) + 1
+
+    def probe(self, deployment: RunSpec, load: float) -> RunSpec:
+        spec = sweep_point(deployment, at_load(deployment, self.by, load))
+        if not self.sustained:
+            return spec
+        count = self.requests(deployment)
+        if spec.trace:
+            return replace(spec, trace_repeats=-(-count // len(spec.trace.rows)), requests=count)
+        return replace(spec, requests=count)
+
+    def lowest(self, deployment: RunSpec) -> float:
+        """The lowest load a probe may try: its arrivals must fit in a year."""
+        if self.by == "concurrency":
+            return 1
+        count = self.requests(deployment) if self.sustained else \
+            len(deployment.trace.rows) if deployment.trace else deployment.requests or DEFAULT_REQUESTS
+        return 1.01 * count / MAX_ARRIVAL_S
+
+    def figures(self, result: dict) -> dict:
+        """What the SLO is checked on: when sustained, the requests sent in the steady window (its
+        latencies and failures; ITL, which needs every token's time, from the whole run)."""
+        steady = result.get("steady_state") or {}
+        if not self.sustained or steady.get("sustained") is None:
+            return result
+        return {**result, **{k: v for k, v in steady.items() if k.endswith("_ms") or k == "failed"}}
+
+    def misses(self, result: dict) -> list[str]:
+        """Why a run misses: the SLO's bounds, failed requests, and a server that did not keep up."""
+        steady = result.get("steady_state") or {}
+        missed = self.slo.misses(self.figures(result))
+        if self.sustained and steady.get("sustained") is None:
+            missed.append("too short a run to tell whether the server keeps up")
+        elif self.sustained and not steady["sustained"]:
+            missed.append(f"overloaded: served {steady['served_rate'] / steady['offered_rate']:.0%} of the offered "
+                          f"{steady['offered_rate']:,.3g} req/s, queue grows {steady['queue_growth_rps']:,.3g} req/s")
+        return missed
+
+
+def undefined_slo(spec: RunSpec, slo: Slo) -> Optional[str]:
+    """Why a bound of the SLO cannot be measured on this workload: TPOT and ITL need outputs of
+    two tokens or more."""
+    longest = max(row[2] for row in spec.trace.rows) if spec.trace else spec.output_tokens.high
+    gapped = [name for name, _, _ in slo.bounds if name.split("_")[0] in ("tpot", "itl")]
+    if gapped and longest < 2:
+        return (f"--slo {gapped[0]}: every request here has a 1-token output, so there is no gap between tokens "
+                f"and {gapped[0].split('_')[0].upper()} is undefined; bound ttft or e2el instead")
+    return None
+
+
+def run_seeds(spec: RunSpec, seeds: int = 1, progress: Optional[Callable[[str], None]] = None,
+              mapper: Callable = map) -> dict:
+    """One run, or `seeds` of them (seed, seed + 1, ...) combined by seeded()."""
+    if seeds <= 1:
+        return run(spec, progress)
+    return seeded(list(mapper(run, [replace(spec, seed=spec.seed + i) for i in range(seeds)])))
+
+
 def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None, *,
-                 slo: Slo, by: str, target: Optional[float], tolerance: float) -> dict:
-    """One deployment: its run at the target load, or its highest load within the SLO found by
-    highest_passing. Each probe's result is kept, with `load` and `misses` added."""
+                 probing: Probing, mapper: Callable = map) -> dict:
+    """One deployment: its run at the target load, or its highest load that passes, found by
+    highest_passing; for a trace, the highest load of a burst too (the trace played once). Each
+    probe's result is kept, with its `load`, its `misses` and how many seeds passed."""
     point = {k: getattr(v, "name", v) for k, v in settings.items()}
     deployment = sweep_point(spec, settings)
-    probes: list[dict] = []
+    found = {"settings": point, "by": probing.by}
 
-    def passes(load: float) -> bool:
-        try:
-            result = run(sweep_point(deployment, at_load(deployment, by, load)))
-        except CapacityError as e:
-            raise Unfit(str(e)) from None
-        result["load"], result["misses"] = load, slo.misses(result)
-        probes.append(result)
-        if progress:
-            progress(f"{by} {load:g}: " + ("meets the slo" if not result["misses"] else "misses: " + result["misses"][0]))
-        return not result["misses"]
+    def searched(how: Probing) -> dict:
+        probes: list[dict] = []
 
-    found = {"settings": point, "by": by, "probes": probes}
+        def passes(load: float) -> bool:
+            probe = how.probe(deployment, load)
+            try:
+                runs = [run(probe)] if how.seeds <= 1 else \
+                    list(mapper(run, [replace(probe, seed=probe.seed + i) for i in range(how.seeds)]))
+            except CapacityError as e:
+                raise Unfit(str(e)) from None
+            verdicts = [how.misses(r) for r in runs]
+            passed = sum(not missed for missed in verdicts)
+            result = runs[0] if len(runs) == 1 else seeded(runs)
+            enough = passed >= math.ceil(how.confidence * len(runs) - 1e-9)
+            result["load"], result["seeds_passed"] = load, passed
+            result["misses"] = [] if enough else next(m for m in verdicts if m) + \
+                ([f"{len(runs) - passed} of {len(runs)} seeds miss"] if len(runs) > 1 else [])
+            probes.append(result)
+            if progress:
+                progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
+            return enough
+
+        if how.target is not None:
+            passes(how.target)
+            return {"probes": probes, "best": probes[0] if not probes[0]["misses"] else None}
+        low, high = highest_passing(passes, 1.0 if how.by == "rate" else 1, how.tolerance,
+                                    integer=how.by == "concurrency", lowest=how.lowest(deployment))
+        return {"probes": probes, "highest_load": low, "lowest_missing_load": high,
+                "best": next((p for p in probes if p["load"] == low), None)}
+
     try:
-        if target is not None:
-            passes(target)
-            return {**found, "best": probes[0] if not probes[0]["misses"] else None}
-        start = 1.0 if by == "rate" else 1
-        low, high = highest_passing(passes, start, tolerance, integer=by == "concurrency")
+        found.update(searched(probing))
+        if deployment.trace and probing.target is None and probing.sustained:
+            found["burst"] = searched(replace(probing, sustained=False))
     except Unfit as e:
-        return {**found, "does_not_fit": str(e), "best": None}
-    best = next((p for p in probes if p["load"] == low), None)
-    return {**found, "highest_load": low, "lowest_missing_load": high, "best": best}
+        return {**found, "probes": found.get("probes", []), "does_not_fit": str(e), "best": None}
+    return found
 
 
 class Unfit(Exception):
     """A deployment whose model does not fit, inside a search (not an error of the whole search)."""
 
 
-def search_points(spec: RunSpec, points: list[dict], slo: Slo, by: str, target: Optional[float],
-                  tolerance: float = 0.05, jobs: int = 1,
+def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int = 1,
                   progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
-    """search_point for each deployment, in order, in `jobs` processes; the results are the same."""
-    task = functools.partial(search_point, spec, slo=slo, by=by, target=target, tolerance=tolerance)
-    return map_points(task, points, jobs, progress)
+    """search_point for each deployment, in order; with `jobs` processes spread over the
+    deployments, or over each probe's seeds when there are fewer deployments than jobs. The
+    results are the same either way."""
+    if jobs > 1 and probing.seeds > 1 and len(points) < jobs:
+        pool = multiprocessing.Pool(jobs, initializer=quiet_worker)
+        try:
+            task = functools.partial(search_point, spec, probing=probing, mapper=pool.map)
+            yield from map_points(task, points, 1, progress)
+            pool.close()
+        finally:
+            pool.terminate()
+            pool.join()
+        return
+    yield from map_points(functools.partial(search_point, spec, probing=probing), points, jobs, progress)
 
 
 def cheapest_first(found: list[dict]) -> list[dict]:
@@ -3074,17 +3260,23 @@ def search_grid(given: dict) -> tuple[list[str], list[dict]]:
     return axes, points
 
 
-def search_report(spec: RunSpec, points: list[dict], found: list[dict], slo: Slo, by: str, target: Optional[float],
-                  tolerance: float, sources: Optional[dict] = None, stopped: bool = False) -> dict:
+def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
+                  sources: Optional[dict] = None, stopped: bool = False) -> dict:
     """What a search found, as one report: each probe with the simulate command that reruns it,
     the deployments ranked cheapest first when they were all run at one load."""
+    seeds = f" --seeds {probing.seeds}" if probing.seeds > 1 else ""
     for item, settings in zip(found, points):
         deployment = sweep_point(spec, settings)
-        for probe in item["probes"]:
-            probe["rerun"] = simulate_command(sweep_point(deployment, at_load(deployment, by, probe["load"])), sources)
-    ranked = cheapest_first(found) if target is not None else found
-    return {"slo": {name: bound for name, _, bound in slo.bounds}, "by": by, "target": target,
-            "tolerance": tolerance if target is None else None, "deployments": ranked,
+        for how, probes in ((probing, item["probes"]), (replace(probing, sustained=False),
+                                                         (item.get("burst") or {}).get("probes", []))):
+            for probe in probes:
+                probe["rerun"] = simulate_command(how.probe(deployment, probe["load"]), sources) + seeds
+    ranked = cheapest_first(found) if probing.target is not None else found
+    return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
+            "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
+            "steady_requests": probing.steady_requests if probing.sustained else None,
+            "probe_requests": probing.requests(spec) if probing.sustained else None,
+            "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
             "tried": f"{len(found)} of {len(points)}" if stopped else None}
 
 
@@ -5378,12 +5570,15 @@ def write_file(path: str, text: str) -> None:
         raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def load_verdict(steady: Optional[dict]) -> str:
+def load_verdict(result: dict) -> str:
     """The steady window's verdict in a few words, for a table cell."""
+    steady, seeds = result.get("steady_state"), result.get("seeds")
     if not steady or steady.get("sustained") is None:
         return "too short"
     if steady["closed_loop"]:
         return "closed loop"
+    if seeds and 0 < seeds["sustained"] < seeds["count"]:
+        return f"sustained in {seeds['sustained']}/{seeds['count']} seeds"
     return "sustained" if steady["sustained"] else f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
 
 
@@ -5391,7 +5586,7 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     """The steady window: whether the server kept up with the load offered, and its figures."""
     if not steady:
         return []
-    where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {steady['requests']:,} requests sent"
+    where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {steady['requests']:,.0f} requests sent"
     if steady["sustained"] is None:
         return [f"{'steady':<12}{where}: {steady['note']}"]
     if steady["closed_loop"]:
@@ -5407,6 +5602,26 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
                f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
                f"output tok/s")
     return [verdict, figures]
+
+
+SPREAD_SHOWN = (("ttft p95", "p95_ttft_ms", " ms"), ("tpot p95", "p95_tpot_ms", " ms"),
+                ("e2e p95", "p95_e2el_ms", " ms"), ("out tok/s", "output_throughput", ""))
+
+
+def seed_lines(seeds: Optional[dict]) -> list[str]:
+    """How a report of several seeds was made, and how far apart the seeds' figures were."""
+    if not seeds:
+        return []
+    first, last = seeds["seeds"][0], seeds["seeds"][-1]
+    lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean; "
+             f"sustained in {seeds['sustained']} of {seeds['count']}"]
+    for label, interval in (("min-max", ("min", "max")), ("p10-p90", ("p10", "p90"))):
+        cells = [f"{name} {number(seeds['spread'][key][interval[0]])}-{number(seeds['spread'][key][interval[1]])}{unit}"
+                 for name, key, unit in SPREAD_SHOWN
+                 if key in seeds["spread"] and interval[0] in seeds["spread"][key]]
+        if cells:
+            lines.append(f"{'':<12}{label}: " + "  ".join(cells))
+    return lines
 
 
 def print_run(result: dict, out=None) -> None:
@@ -5461,7 +5676,7 @@ def print_run(result: dict, out=None) -> None:
     w(f"{'throughput':<12}{result['output_throughput']:,.1f} output tok/s  "
       f"{result['total_token_throughput']:,.1f} total tok/s  {result['request_throughput']:.2f} req/s  "
       f"over {result['duration']:,.2f} s\n")
-    for line in steady_lines(result.get("steady_state")):
+    for line in steady_lines(result.get("steady_state")) + seed_lines(result.get("seeds")):
         w(line + "\n")
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
@@ -5690,6 +5905,8 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
         columns = columns[:2] + (("ttft p99", lambda r: number(r["p99_ttft_ms"])),) + columns[2:]
     if spec.prefix_caching or "prefix_caching" in axes:
         columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
+    if spec.rate or spec.trace or spec.ramp_up or "rate" in axes:      # open loop: did the server keep up?
+        columns += (("load", load_verdict),)
     return columns
 
 
@@ -5697,10 +5914,17 @@ def load_text(load: float) -> str:
     return f"{load:,.0f}" if load >= 1000 else f"{load:.4g}"
 
 
-def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
-    load = ("rate" if by == "rate" else "clients", lambda r: load_text(r["load"]))
-    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")] if trace and by == "rate" else [])
-    columns += [(name.replace("_", " "), lambda r, key=key: number(r[key])) for name, key, _ in slo.bounds]
+def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
+    load = ("rate" if probing.by == "rate" else "clients", lambda r: load_text(r["load"]))
+    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")]
+                        if trace and probing.by == "rate" else [])
+    columns += [(name.replace("_", " "), lambda r, key=key: number(probing.figures(r)[key]))
+                for name, key, _ in probing.slo.bounds]
+    if probing.sustained:
+        columns.append(("served", lambda r: "-" if (r.get("steady_state") or {}).get("sustained") is None else
+                        f"{r['steady_state']['served_rate'] / r['steady_state']['offered_rate']:.0%}"))
+    if probing.seeds > 1:
+        columns.append(("seeds ok", lambda r: f"{r['seeds_passed']}/{probing.seeds}"))
     columns += [("out tok/s", lambda r: number(r["output_throughput"])),
                 ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
                 ("$/month", lambda r: number((r["cost"] or {}).get("usd_per_month"), 0)),
@@ -5709,33 +5933,63 @@ def probe_columns(slo: Slo, by: str, trace: bool) -> list[tuple[str, Callable[[d
     return columns
 
 
-def search_table(axes: list[str], found: list[dict], columns, probes: bool) -> list[str]:
-    """One row per deployment (its best probe, else its last), or per probe. The last column (a
-    verdict) is left-aligned after the others, so a long reason does not widen the table."""
+def search_table(axes: list[str], found: list[dict], columns, probes: bool, key: Optional[str] = None) -> list[str]:
+    """One row per deployment (its best probe, else its last), or per probe (of the search under
+    `key`: the burst one for a trace). The last column (a verdict) is left-aligned after the
+    others, so a long reason does not widen the table."""
     cells = [[flag_of(a)[2:] for a in axes] + [name for name, _ in columns]]
     for item in found:
         labels = [value_label(a, item["settings"][a]) for a in axes]
         if item.get("does_not_fit"):
             cells.append(labels + ["-"] * (len(columns) - 1) + ["does not fit: " + item["does_not_fit"]])
             continue
-        for result in (item["probes"] if probes else [item["best"] or item["probes"][-1]]):
+        searched = item[key] if key else item
+        for result in (searched["probes"] if probes else [searched["best"] or searched["probes"][-1]]):
             cells.append(labels + [cell(result) for _, cell in columns])
     aligned = table([[""] + row[:-1] for row in cells])      # an empty first column: every cell right-aligned
     return [f"{line[2:]}  {row[-1]}" for line, row in zip(aligned, cells)]
 
 
-def search_text(spec: RunSpec, trace: Optional[str], tolerance: float, axes: list[str], found: list[dict], slo: Slo,
-                by: str, target: Optional[float], tried: Optional[str] = None) -> list[str]:
+def probing_text(spec: RunSpec, probing: Probing) -> str:
+    """How each probe was run and judged, said once under the search's title."""
+    seeds = (f"; {probing.seeds} seeds ({spec.seed}-{spec.seed + probing.seeds - 1}) each, of which "
+             + ("all" if probing.confidence >= 1 else f"{math.ceil(probing.confidence * probing.seeds - 1e-9)}")
+             + " must pass") if probing.seeds > 1 else ""
+    if not probing.sustained:
+        return f"each probe: the workload once, passing if all its requests meet the slo{seeds}"
+    return (f"each probe: {probing.requests(spec):,} requests (--requests is not used), {probing.steady_requests:,} "
+            f"of them in a steady window after the first {spec.steady_skip:.0%}"
+            + (", the trace repeated end to end as often as that takes" if spec.trace else "")
+            + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
+            f"{spec.min_served:.0%} of offered, wait growing <= {spec.max_queue_growth:g} s per s){seeds}")
+
+
+def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
+    """A deployment's highest passing load, in words, with the command that reruns it."""
+    low, high = item["highest_load"], item["lowest_missing_load"]
+    if low is None:
+        return [f"{what}: the slo is missed even at {high:.4g} {unit}"]
+    if high is None:
+        return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
+    seeds = (f"; {item['best']['seeds_passed']} of {probing.seeds} seeds meet {probing.slo.text()}"
+             if probing.seeds > 1 else "")
+    return [f"{what}: {low:.4g} {unit} (missed at {high:.4g}){seeds}", f"  rerun it: {item['best']['rerun']}"]
+
+
+def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: list[dict], probing: Probing,
+                tried: Optional[str] = None) -> list[str]:
+    slo, by, target = probing.slo, probing.by, probing.target
     workload = (f"trace {trace}" if trace else
-                f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  output {spec.output_tokens}"
+                f"prompt {spec.prompt_tokens}  output {spec.output_tokens}"
                 + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
     unit = "req/s" if by == "rate" else "clients"
     load = (f"at {target:g} {unit}" if target is not None else
-            f"highest {by} within {tolerance:.0%}" if by == "rate" else "highest concurrency")
+            f"highest {by} within {probing.tolerance:.0%}" if by == "rate" else "highest concurrency")
     where = "" if "hardware" in axes else f" on {spec.hardware.name}"
     settings = settings_line(spec, axes)
-    lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else "")]
-    columns = probe_columns(slo, by, bool(spec.trace))
+    lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else ""),
+             probing_text(spec, probing)]
+    columns = probe_columns(probing, bool(spec.trace))
     if target is not None:
         columns = [("gpus", lambda r: f"{r['config']['gpus']}")] + columns[1:]
         lines += search_table(axes, found, columns, probes=False)
@@ -5752,24 +6006,29 @@ def search_text(spec: RunSpec, trace: Optional[str], tolerance: float, axes: lis
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
         return lines
+    sustained = "sustained " if probing.sustained else ""
     if len(found) > 1:
-        summary = [(f"highest {by}", lambda r: load_text(r["load"]))] + columns[1 + bool(spec.trace and by == "rate"):-1]
-        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary, probes=False)
+        summary = [(f"highest {sustained}{by}", lambda r: load_text(r["load"]))] + \
+            columns[1 + bool(spec.trace and by == "rate"):-1]
+        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary,
+                              probes=False)
         lines.append("")
     lines += search_table(axes, found, columns, probes=True)
+    bursts = [item for item in found if item.get("burst")]
+    if bursts:
+        burst = replace(probing, sustained=False)
+        lines += ["", "the trace played once, as it was recorded (a burst):"]
+        lines += search_table(axes, bursts, probe_columns(burst, True), probes=True, key="burst")
     for item in found:
-        named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
-        prefix = f"{named}: " if named else ""
         if item.get("does_not_fit"):
             continue
-        low, high = item["highest_load"], item["lowest_missing_load"]
-        if low is None:
-            lines.append(f"{prefix}the slo is missed even at {high:.4g} {unit}")
-        elif high is None:
-            lines.append(f"{prefix}the slo holds up to the highest {by} tried, {low:g} {unit}")
-        else:
-            lines.append(f"{prefix}highest {by} meeting the slo: {low:.4g} {unit} (missed at {high:.4g})")
-            lines.append(f"  rerun it: {item['best']['rerun']}")
+        named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+        prefix = f"{named}: " if named else ""
+        lines += answer_text(item, unit, by, probing, f"{prefix}highest {sustained}{by} meeting the slo")
+        if item.get("burst"):
+            lines += answer_text(item["burst"], unit, by, replace(probing, sustained=False),
+                                 f"{prefix}highest {by} at which the trace, played once, meets the slo (it absorbs "
+                                 f"this burst)")
     return lines
 
 
@@ -6185,6 +6444,17 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
+def add_seed_args(g, search: bool = False) -> None:
+    g.add_argument("--seeds", type=whole(1, MAX_SEEDS), default=1, metavar="N",
+                   help="run each point with N seeds (--seed, --seed + 1, ...) and report every figure as their mean "
+                        "with its spread: min-max and, from 5 seeds, the 10th-90th percentile interval "
+                        f"(default: %(default)s; at most {MAX_SEEDS:,})")
+    if search:
+        g.add_argument("--confidence", type=fraction, default=1.0, metavar="F",
+                       help="a probe passes when at least this share of its seeds pass (default: %(default)s, every "
+                            "seed)")
+
+
 def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:
     g = p.add_argument_group("pictures")
     g.add_argument("--timeline", metavar="FILE.csv",
@@ -6251,7 +6521,10 @@ def cmd_simulate(args) -> int:
             check_writable(path, flag)
     spec = spec_from_args(args)
     pictured = bool(args.timeline or args.plot)
-    result = run(spec, Progress("simulate"), timeline=pictured)
+    if args.seeds > 1 and (pictured or spec.detailed):
+        raise UserError("--timeline, --plot and --detailed show one run: drop them or --seeds")
+    result = run(spec, Progress("simulate"), timeline=pictured) if args.seeds == 1 else \
+        run_seeds(spec, args.seeds, Progress("simulate"))
     timeline = result.pop("timeline", None)
     if result["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
@@ -6309,7 +6582,7 @@ def cmd_sweep(args) -> int:
         table.header()
     results, stopped = [], None
     try:
-        for result in iter_sweep(spec, points, args.jobs, progress):
+        for result in iter_sweep(spec, points, args.jobs, progress, args.seeds):
             result["config"]["sweep_points"] = len(points)
             results.append(result)
             progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
@@ -6351,6 +6624,10 @@ def cmd_search(args) -> int:
     # Checked as each probe runs, with the load the search puts on it; kept without one.
     spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
     spec = replace(spec, rate=None, concurrency=None)
+    probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    problem = undefined_slo(spec, slo)
+    if problem:
+        raise UserError(problem)
     for point in points:       # a bad combination is refused before anything runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
@@ -6361,7 +6638,7 @@ def cmd_search(args) -> int:
     progress = Progress("search")
     found, stopped = [], None
     try:
-        for item in search_points(spec, points, slo, by, target, args.tolerance, args.jobs, progress):
+        for item in search_points(spec, points, probing, args.jobs, progress):
             found.append(item)
             progress(f"{len(found)}/{len(points)} deployments done")
     except (KeyboardInterrupt, Terminated) as e:
@@ -6369,13 +6646,13 @@ def cmd_search(args) -> int:
                                        f"finished ones")
     sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
     sources[spec.model.name] = args.model or spec.model.name
-    report = search_report(spec, points, found, slo, by, target, args.tolerance, sources, bool(stopped))
+    report = search_report(spec, points, found, probing, sources, bool(stopped))
     ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
     confirmed = None
     if args.confirm and chosen and not stopped:
         if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
-            write_text("\n".join(search_text(spec, args.trace, args.tolerance, axes, ranked, slo, by, target)))
+            write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing)))
         deployment = sweep_point(spec, points[found.index(chosen)])
         report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
                                                args.confirm_requests, args.timeout, Progress("confirm"))
@@ -6395,8 +6672,7 @@ def cmd_search(args) -> int:
             print_compared(done["title"], done["rows"], out.write)
         write_text(out.getvalue())
     elif not (args.confirm and chosen and not stopped):
-        write_text("\n".join(search_text(spec, args.trace, args.tolerance, axes, ranked, slo, by, target,
-                                         report["tried"])))
+        write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing
         write_file(args.plot, search_svg(report, axes, slo))
     if stopped:
@@ -6657,6 +6933,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "queue time, throughput, batch size, KV use, preemptions and prefix hits. "
                                    "Exit 1 if any request failed.")
     add_settings(p, SETTINGS)
+    add_seed_args(p.add_argument_group("confidence"))
     add_report_args(p, "one JSON object with vllm bench serve's keys")
     add_picture_args(p, "the simulated server")
     p.set_defaults(func=cmd_simulate)
@@ -6672,6 +6949,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "TTFT p95; --compare runs batching modes side by side. A point whose model "
                                    "does not fit is a row saying so. Exit 1 if any request failed or no point fits.")
     add_settings(p, SETTINGS, lists=True)
+    add_seed_args(p.add_argument_group("confidence"))
     p.add_argument("--compare", type=list_of(compare_mode), metavar="MODE,...",
                    help="run the same workload through each of static, slots, paged (continuous batching "
                         "over a paged cache) and print one table with row utilisation and KV reserved "
@@ -6716,8 +6994,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop bisecting a rate when the highest pass and lowest miss are within this share of each "
                         "other (default: %(default)s)")
     g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
-                   help="search deployments in N processes; the output is the same as with 1 (default: the "
-                        "number of cores, %(default)s here)")
+                   help="search deployments (or, with fewer deployments, each probe's seeds) in N processes; the "
+                        "output is the same as with 1 (default: the number of cores, %(default)s here)")
+    g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
+                   help="requests each probe sends inside its steady window: it sends N / (1 - --steady-skip) in "
+                        "all, whatever --requests says, so the answer does not move with run length "
+                        "(default: %(default)s)")
+    add_seed_args(g, search=True)
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "
                         "print measured against servesim on the same send times (default: off)")

@@ -151,19 +151,24 @@ class Search(unittest.TestCase):
         report = json.loads(out)
         on, off = report["deployments"]
         self.assertEqual((on["settings"], off["settings"]), ({"prefix_caching": True}, {"prefix_caching": False}))
-        self.assertGreater(on["highest_load"], 5 * off["highest_load"])      # prefix caching is the fix
+        # Played once, the burst is absorbed at many times the rate with prefix caching; sustained, the gain
+        # is what the cache saves on every request, and smaller.
+        self.assertGreater(on["burst"]["highest_load"], 5 * off["burst"]["highest_load"])
+        self.assertGreater(on["highest_load"], 2 * off["highest_load"])
+        self.assertLess(on["highest_load"], on["burst"]["highest_load"])
         for item in (on, off):
             best = item["best"]
-            self.assertLessEqual(best["p95_ttft_ms"], 2000)
+            self.assertTrue(best["steady_state"]["sustained"])
+            self.assertLessEqual(best["steady_state"]["p95_ttft_ms"], 2000)
             above = [p for p in item["probes"] if p["load"] == item["lowest_missing_load"]][0]
-            self.assertGreater(above["p95_ttft_ms"], 2000)
+            self.assertTrue(above["steady_state"]["p95_ttft_ms"] > 2000 or not above["steady_state"]["sustained"])
             self.assertLessEqual(item["lowest_missing_load"] - item["highest_load"], 0.05 * item["highest_load"])
         # The probe is exactly the simulate its rerun line shows.
         words = on["best"]["rerun"].split()[2:] + ["--json"]
         proc = subprocess.run([sys.executable, os.path.join(CODE, "main.py"), *words], capture_output=True,
                               text=True, cwd=ROOT)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(json.loads(proc.stdout)["p95_ttft_ms"], on["best"]["p95_ttft_ms"])
+        self.assertEqual(json.loads(proc.stdout)["steady_state"], on["best"]["steady_state"])
 
     def test_cheapest_deployment_ranks_the_grid_and_lists_what_does_not_fit(self):
         code, out, err = call_cli("search", "--model", "llama-3.3-70b", "--hardware", "l4-24gb,h100-sxm-80gb",
