@@ -82,3 +82,93 @@ class SimulatedVerdict(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+BURST = main.os.path.join(main.os.path.dirname(main.os.path.abspath(main.__file__)), "fixtures", "burst.jsonl")
+
+
+class SustainedSearch(unittest.TestCase):
+    ARGS = ("search", "--hardware", "l4-24gb", "--prompt-tokens", "1000", "--output-tokens", "200",
+            "--slo", "ttft_p95:2000", "--steady-requests", "300", "--json", "--jobs", "1")
+
+    def search(self, *extra):
+        code, out, err = call_cli(*self.ARGS, *extra)
+        self.assertEqual(code, 0, err)
+        return main.json.loads(out)
+
+    def test_the_answer_does_not_move_with_requests(self):
+        short, long = self.search("--requests", "100"), self.search("--requests", "2000")
+        self.assertEqual(short["deployments"][0]["highest_load"], long["deployments"][0]["highest_load"])
+
+    def test_the_answer_rerun_ten_times_longer_is_still_sustained_and_within_the_slo(self):
+        best = self.search()["deployments"][0]["best"]
+        probe_requests = best["config"]["num_prompts"]
+        rerun = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], prompt_tokens=main.TokenRange(1000, 1000),
+                             output_tokens=main.TokenRange(200, 200), rate=best["load"], requests=10 * probe_requests)
+        steady = main.run(rerun)["steady_state"]
+        self.assertTrue(steady["sustained"])
+        self.assertLessEqual(steady["p95_ttft_ms"], 2000)
+
+    def test_every_probe_reruns_as_shown(self):
+        item = self.search()["deployments"][0]
+        for probe in item["probes"][:3]:
+            code, out, err = call_cli(*probe["rerun"].split()[2:], "--json")
+            self.assertEqual(code, 0, err)
+            self.assertEqual(main.json.loads(out)["steady_state"], probe["steady_state"])
+
+    def test_seeds_count_and_confidence_decide_a_probe(self):
+        report = self.search("--seeds", "3")
+        for probe in report["deployments"][0]["probes"]:
+            self.assertEqual(probe["seeds"]["count"], 3)
+            self.assertEqual(probe["misses"] == [], probe["seeds_passed"] == 3)
+        lenient = self.search("--seeds", "3", "--confidence", "0.5")
+        self.assertGreaterEqual(lenient["deployments"][0]["highest_load"], report["deployments"][0]["highest_load"])
+
+    def test_an_slo_a_workload_cannot_have_is_refused(self):
+        code, _, err = call_cli("search", "--output-tokens", "1", "--slo", "tpot_p95:50", "--jobs", "1")
+        self.assertEqual(code, 2)
+        self.assertIn("undefined", err)
+
+    def test_bad_seeds_and_confidence_are_one_line(self):
+        for extra in (("--seeds", "0"), ("--seeds", "5000"), ("--confidence", "0"), ("--confidence", "1.2"),
+                      ("--steady-requests", "3")):
+            with self.subTest(extra=extra):
+                code, _, err = call_cli(*self.ARGS, *extra)
+                self.assertEqual(code, 2)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_a_search_that_never_passes_stops_above_a_year_of_arrivals(self):
+        # 70,000 requests at the lowest rates would span years; a probe's size is the search's own.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:0.001", "--requests", "70000",
+                                  "--output-tokens", "8", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("the slo is missed even at", out)
+
+
+class TraceRepeats(unittest.TestCase):
+    def rows(self):
+        # Two requests share a system prompt ("sys"); each has a message of its own.
+        return ((0.0, 96, 4, (("sys", 64), ("a", 32))), (1.0, 96, 4, (("sys", 64), ("b", 32))))
+
+    def test_copies_keep_their_pace_and_share_only_what_was_shared(self):
+        rows = main.repeated_rows(self.rows(), 3)
+        self.assertEqual([row[0] for row in rows], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])     # span 1 + mean gap 1
+        keys = [[key for key, _ in row[3]] for row in rows]
+        self.assertTrue(all(k[0] == "sys" for k in keys))
+        own = [k[1] for k in keys]
+        self.assertEqual(len(set(map(repr, own))), 6)          # each copy's messages are new
+
+    def test_block_hits_follow_the_rule(self):
+        trace = main.Trace("t", self.rows())
+        spec = main.RunSpec(trace=trace, trace_repeats=5, prefix_caching=True, block_size=16, time_scale=100)
+        result = main.run(spec)
+        # Every request after the first finds the 64-token system prompt (4 blocks) and nothing else:
+        # its own message, even in a later copy of the same row, is new.
+        self.assertAlmostEqual(result["engine"]["prefix_hit_rate"], 9 * 64 / (10 * 96))
+
+    def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
+        trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
+        spread = main.run_seeds(trace, 3)["seeds"]["spread"]["p95_ttft_ms"]
+        self.assertEqual(spread["min"], spread["max"])
+        poisson = main.run_seeds(main.RunSpec(rate=20, requests=300), 3)["seeds"]["spread"]["p95_ttft_ms"]
+        self.assertLess(poisson["min"], poisson["max"])
