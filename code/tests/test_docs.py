@@ -6,7 +6,8 @@ document order, in a scratch directory (so `> burst.json` feeds the next command
 - It is parsed by the real parser, `main.build_parser()`, and every flag must be spelled in full
   (argparse would take `--max-num-seq` for `--max-num-seqs`), so a misspelled flag fails.
 - It runs, except one that needs a server (loadgen, or a report only a server run makes), which
-  runs as `SUBCOMMAND --help` once it has parsed.
+  runs as `SUBCOMMAND --help` once it has parsed. A command that reads only committed files and
+  writes none runs once, from the repository root, in the background (two or more at a time).
 - It exits with the code its document gives it: the N of the `exit N` line a `; echo "exit $?"`
   shows; else N if the paragraph before its block (for a command in prose, its own paragraph)
   says "exits N"; else 0.
@@ -15,12 +16,10 @@ document order, in a scratch directory (so `> burst.json` feeds the next command
   order and adjacent, from the first line to the last. A line `...` stands for one or more lines
   left out, so a shortened excerpt says where it is shortened."""
 import argparse
-import atexit
 import concurrent.futures
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
 import unittest
@@ -34,13 +33,10 @@ DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare
 WRITTEN = re.compile(r"--(?:plot|timeline)\s+(\S+)")
 LEFT_OUT = "..."
 FLAG = re.compile(r"^(--?[A-Za-z][\w-]*)(=.*)?$")
-# A command that reads only committed files and writes none prints the same wherever and whenever it
-# runs: it runs once, in the background, in a scratch directory of its own.
+# A command that reads only committed files and writes none prints the same whenever it runs: it
+# runs once, from the repository root, in the background while the others run in document order.
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1))
 RESULTS = {}
-SHARED = tempfile.mkdtemp(prefix="test_docs.")
-os.symlink(CODE, os.path.join(SHARED, "code"))
-atexit.register(shutil.rmtree, SHARED, True)
 
 
 class Shown:
@@ -137,14 +133,15 @@ def shared_run(command):
     paths = [p for w in words[3:] for p in w.split(",") if "/" in p or re.search(r"\.(json|jsonl|txt|csv|svg)$", p)]
     if not all(p.startswith("code/") for p in paths):
         return None
-    missing = [p for p in input_files(words) if not os.path.exists(os.path.join(SHARED, p))]
+    missing = [p for p in input_files(words) if not os.path.exists(os.path.join(ROOT, p))]
     return f"python3 code/main.py {words[2]} --help" if missing else command
 
 
-def result_of(run, scratch=SHARED):
+def start(run):
+    """A shared run, started in the background once; its (exit code, output) when asked."""
     if run not in RESULTS:
-        RESULTS[run] = POOL.submit(run_in, run, scratch)
-    return RESULTS[run].result()
+        RESULTS[run] = POOL.submit(run_in, run, ROOT)
+    return RESULTS[run]
 
 
 def subcommand_parser(sub):
@@ -172,10 +169,10 @@ class Documents(unittest.TestCase):
         with open(os.path.join(ROOT, name)) as f:
             commands = blocks(f.read())
         self.assertGreater(len(commands), 0, name)
-        for shown in commands:      # start the shared runs, two or more at a time
+        for shown in commands:
             run = shared_run(shown.command)
-            if run and run not in RESULTS:
-                RESULTS[run] = POOL.submit(run_in, run, SHARED)
+            if run:
+                start(run)
         with tempfile.TemporaryDirectory() as scratch:
             os.symlink(CODE, os.path.join(scratch, "code"))
             for shown in commands:  # the rest in document order: `> burst.json` feeds the next command
@@ -188,7 +185,7 @@ class Documents(unittest.TestCase):
         self.check_parses(name, command, words)
         run = shared_run(command)
         if run:
-            code, printed = result_of(run)
+            code, printed = start(run).result()
         else:
             # Inputs only a real server run makes (c1.json, metrics.txt) are not here to read.
             outputs = set(re.findall(r"(?:--out|>)\s*(\S+)", command))
@@ -196,7 +193,7 @@ class Documents(unittest.TestCase):
                        and not os.path.exists(os.path.join(scratch, p))]
             if missing:
                 run = f"python3 code/main.py {sub} --help"
-                code, printed = result_of(run)
+                code, printed = start(run).result()
             else:
                 run = command
                 for path in WRITTEN.findall(run):
