@@ -3066,6 +3066,29 @@ class Probing:
             return replace(spec, trace_repeats=-(-count // len(spec.trace.rows)), requests=count)
         return replace(spec, requests=count)
 
+    def start(self, deployment: RunSpec) -> float:
+        """Where the search starts: a guess at the capacity from the cost model alone, so that the
+        doubling and halving take a few probes. A full batch of the mean request (the KV cache or
+        --max-num-seqs, whichever binds first) decodes its output, one step after another, and
+        each request's prompt is one step of its own; the guess only saves probes, the probes
+        decide."""
+        if self.by == "concurrency":
+            return 1
+        rows = deployment.trace.rows if deployment.trace else None
+        prompt = sum(r[1] for r in rows) / len(rows) if rows else (deployment.prompt_tokens.low +
+                                                                  deployment.prompt_tokens.high) / 2
+        output = sum(r[2] for r in rows) / len(rows) if rows else (deployment.output_tokens.low +
+                                                                  deployment.output_tokens.high) / 2
+        try:
+            plan, cost = device_plan(deployment, deployment.hardware)
+        except (CapacityError, UserError):
+            return 1.0
+        batch = max(1, min(deployment.max_num_seqs, plan.kv_tokens // max(1, prompt + output)))
+        decode = output * cost.step_seconds(batch, batch * (prompt + output / 2), batch) / batch
+        prefill = cost.step_seconds(prompt, prompt, 1, prompt * prompt / 2)
+        guess = deployment.data_parallel_size / (decode + prefill)
+        return float(f"{guess:.2g}")
+
     def lowest(self, deployment: RunSpec) -> float:
         """The lowest load a probe may try: its arrivals must fit in a year."""
         if self.by == "concurrency":
@@ -3127,18 +3150,27 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
 
         def passes(load: float) -> bool:
             probe = how.probe(deployment, load)
+            specs = [replace(probe, seed=probe.seed + i) for i in range(how.seeds)]
+            need = math.ceil(how.confidence * how.seeds - 1e-9)
             try:
-                runs = [run(probe)] if how.seeds <= 1 else \
-                    list(mapper(run, [replace(probe, seed=probe.seed + i) for i in range(how.seeds)]))
+                if mapper is map:     # one seed after another, stopping once the verdict cannot change
+                    runs = []
+                    for spec_ in specs:
+                        runs.append(run(spec_))
+                        passed = sum(not how.misses(r) for r in runs)
+                        if passed >= need or len(runs) - passed > how.seeds - need:
+                            break
+                else:
+                    runs = list(mapper(run, specs))
             except CapacityError as e:
                 raise Unfit(str(e)) from None
             verdicts = [how.misses(r) for r in runs]
             passed = sum(not missed for missed in verdicts)
             result = runs[0] if len(runs) == 1 else seeded(runs)
-            enough = passed >= math.ceil(how.confidence * len(runs) - 1e-9)
-            result["load"], result["seeds_passed"] = load, passed
+            enough = passed >= need
+            result["load"], result["seeds_passed"], result["seeds_run"] = load, passed, len(runs)
             result["misses"] = [] if enough else next(m for m in verdicts if m) + \
-                ([f"{len(runs) - passed} of {len(runs)} seeds miss"] if len(runs) > 1 else [])
+                ([f"{len(runs) - passed} of {len(runs)} seeds run miss"] if how.seeds > 1 else [])
             probes.append(result)
             if progress:
                 progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
@@ -3147,7 +3179,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         if how.target is not None:
             passes(how.target)
             return {"probes": probes, "best": probes[0] if not probes[0]["misses"] else None}
-        low, high = highest_passing(passes, 1.0 if how.by == "rate" else 1, how.tolerance,
+        low, high = highest_passing(passes, how.start(deployment), how.tolerance,
                                     integer=how.by == "concurrency", lowest=how.lowest(deployment))
         return {"probes": probes, "highest_load": low, "lowest_missing_load": high,
                 "best": next((p for p in probes if p["load"] == low), None)}
@@ -5924,7 +5956,7 @@ def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[di
         columns.append(("served", lambda r: "-" if (r.get("steady_state") or {}).get("sustained") is None else
                         f"{r['steady_state']['served_rate'] / r['steady_state']['offered_rate']:.0%}"))
     if probing.seeds > 1:
-        columns.append(("seeds ok", lambda r: f"{r['seeds_passed']}/{probing.seeds}"))
+        columns.append(("seeds ok", lambda r: f"{r['seeds_passed']}/{r['seeds_run']}"))
     columns += [("out tok/s", lambda r: number(r["output_throughput"])),
                 ("$/hour", lambda r: number((r["cost"] or {}).get("usd_per_hour"), 2)),
                 ("$/month", lambda r: number((r["cost"] or {}).get("usd_per_month"), 0)),
@@ -5954,7 +5986,7 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
     """How each probe was run and judged, said once under the search's title."""
     seeds = (f"; {probing.seeds} seeds ({spec.seed}-{spec.seed + probing.seeds - 1}) each, of which "
              + ("all" if probing.confidence >= 1 else f"{math.ceil(probing.confidence * probing.seeds - 1e-9)}")
-             + " must pass") if probing.seeds > 1 else ""
+             + " must pass (seeds stop once the verdict is certain)") if probing.seeds > 1 else ""
     if not probing.sustained:
         return f"each probe: the workload once, passing if all its requests meet the slo{seeds}"
     return (f"each probe: {probing.requests(spec):,} requests (--requests is not used), {probing.steady_requests:,} "
@@ -5972,7 +6004,7 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
     if high is None:
         return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
     seeds = (f"; {item['best']['seeds_passed']} of {probing.seeds} seeds meet {probing.slo.text()}"
-             if probing.seeds > 1 else "")
+             + (" and keep up" if probing.sustained else "") if probing.seeds > 1 else "")
     return [f"{what}: {low:.4g} {unit} (missed at {high:.4g}){seeds}", f"  rerun it: {item['best']['rerun']}"]
 
 
