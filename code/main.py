@@ -2773,11 +2773,12 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     load is offered: from the later of the send that follows the first `skip` share of requests
     (the transient of a server filling up) and the first request's end (until then nothing can
     have been served), to the last send. In it: the offered rate (sends a second), the served rate
-    (requests ended a second), and how fast the wait grew: the least-squares slope of each
+    (requests ended a second, counted in the window moved later by the median latency), and how
+    fast the wait grew: the least-squares slope of each
     request's queue time (its TTFT where a client cannot see the queue) against its send time,
-    in seconds of wait per second of run. Sustained: served >= min_served x offered and that
-    slope <= max_growth; a closed loop, which sends only when a request ends, is sustained by
-    construction. The metrics are those of the measured requests sent inside the window."""
+    in seconds of wait per second of run. Sustained: that slope <= max_growth, and served >=
+    min_served x offered unless the slope is not positive at all; a closed loop, which sends only
+    when a request ends, is sustained by construction. The metrics are those of the measured requests sent inside the window."""
     sent = sorted(requests, key=operator.attrgetter("sent_s"))
     ended = [r for r in sent if r.error is None and r.last_token_s is not None]
     if len(sent) < 2 or not ended:
@@ -2790,14 +2791,19 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
                 "closed_loop": closed_loop, "note": f"fewer than {MIN_WINDOW_REQUESTS} requests sent in a steady "
                 "window: too short a run to tell whether the server keeps up"}
-    # Rates as the slopes of the running counts of sends and of ends: a steadier estimate than
-    # counts over the span, whose ends catch whatever happens to be in flight there.
-    offered = slope([(r.sent_s, i) for i, r in enumerate(window)])
-    served = slope([(t, i) for i, t in enumerate(sorted(r.last_token_s for r in ended if start <= r.last_token_s <= end))])
+    # Ends are counted in the window moved later by the median request's end-to-end latency, so
+    # a request sent at its start is counted where it ends: counted in the window itself, the
+    # requests in flight at its two edges would make the served rate swing by their number.
+    latencies = sorted(r.last_token_s - r.sent_s for r in window if r.error is None and r.last_token_s is not None)
+    lag = latencies[len(latencies) // 2] if latencies else 0.0
+    offered = (len(window) - 1) / (end - start)
+    served = sum(1 for r in ended if start + lag <= r.last_token_s < end + lag) / (end - start)
     waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
              for r in window if r.error is None and r.first_token_s is not None]
     growth = slope(waits)
-    sustained = closed_loop or (served >= min_served * offered and growth <= max_growth)
+    # What is offered and not served must queue: a shortfall in the served rate while the wait does
+    # not grow at all is the noise of counting ends in a window, not a server falling behind.
+    sustained = closed_loop or (growth <= max_growth and (served >= min_served * offered or growth <= 0))
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
