@@ -5667,7 +5667,7 @@ def print_run(result: dict, out=None) -> None:
     cfg = result["config"]
     w = out.write
     w(f"{cfg['title']}\n")
-    w(f"{'requests':<12}{result['completed']:,} completed  {result['failed']:,} failed\n")
+    w(f"{'requests':<12}{result['completed']:,.0f} completed  {result['failed']:,.0f} failed\n")
     examples = result.get("first_error_by_kind", {})
     for kind, count in sorted(result["errors_by_kind"].items()):
         example = examples.get(kind, kind)
@@ -5678,20 +5678,20 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'':<12}{result['hint']}\n")
     engine = result.get("engine")
     if engine:
-        w(f"{'kv cache':<12}{engine['num_blocks']:,} blocks x {engine['block_size']} tokens  "
+        w(f"{'kv cache':<12}{engine['num_blocks']:,.0f} blocks x {engine['block_size']} tokens  "
           f"peak {engine['kv_peak']:.1%}  mean {engine['kv_mean']:.1%}\n")
-        w(f"{'steps':<12}{engine['steps']:,}  mean batch {engine['mean_batch']:.1f} seqs  "
-          f"preemptions {engine['preemptions']:,}  evictions {engine['evictions']:,}  "
+        w(f"{'steps':<12}{engine['steps']:,.0f}  mean batch {engine['mean_batch']:.1f} seqs  "
+          f"preemptions {engine['preemptions']:,.0f}  evictions {engine['evictions']:,.0f}  "
           f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
         if engine["row_utilisation"] is not None:
-            w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,} "
-              f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
+            w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,.0f} "
+              f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,.0f} tokens, "
               f"{engine['kv_used_of_reserved']:.1%} used\n")
     for index, replica in enumerate(result.get("replicas") or [], 1):
-        w(f"{f'replica {index}':<11} {replica['completed']:,} requests done"
-          + (f", {replica['failed']:,} failed" if replica["failed"] else "")
+        w(f"{f'replica {index}':<11} {replica['completed']:,.0f} requests done"
+          + (f", {replica['failed']:,.0f} failed" if replica["failed"] else "")
           + f"  mean batch {replica['mean_batch']:.1f}  kv peak {replica['kv_peak']:.1%}  "
-            f"preemptions {replica['preemptions']:,}  prefix hits {replica['prefix_hit_rate']:.1%}\n")
+            f"preemptions {replica['preemptions']:,.0f}  prefix hits {replica['prefix_hit_rate']:.1%}\n")
     if result.get("speculative"):
         sp = result["speculative"]
         w(f"{'speculative':<12}{sp['speculative_tokens']} proposals ({sp['draft']}), acceptance {sp['acceptance_rate']:g}: "
@@ -5699,8 +5699,8 @@ def print_run(result: dict, out=None) -> None:
           f"{sp['expected_accepted_length']:.2f})\n")
     if result.get("link"):
         prefill, link = result["prefill_engine"], result["link"]
-        w(f"{'prefill':<12}{prefill['hardware']}: {prefill['steps']:,} steps  mean batch {prefill['mean_batch']:.1f}  "
-          f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,}\n")
+        w(f"{'prefill':<12}{prefill['hardware']}: {prefill['steps']:,.0f} steps  mean batch {prefill['mean_batch']:.1f}  "
+          f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,.0f}\n")
         w(f"{'link':<12}{link['gbs']:g} GB/s: {link['transfers']:,} transfers  mean wait {number(link['mean_wait_ms'])} ms "
           f"(queue + transfer)  busy {link['busy']:.1%}\n")
     rows = [(label, [number(result[f"{stat}_{name}_ms"]) for stat in ("mean", "median", "p90", "p95", "p99")])
@@ -5810,8 +5810,8 @@ SWEEP_COLUMNS = (
     ("queue p95", lambda r: number(r["p95_queue_ms"])),
     ("batch", lambda r: number(r["engine"]["mean_batch"])),
     ("kv peak", lambda r: f"{r['engine']['kv_peak']:.1%}"),
-    ("preempt", lambda r: f"{r['engine']['preemptions']:,}"),
-    ("failed", lambda r: f"{r['failed']:,}"),
+    ("preempt", lambda r: f"{r['engine']['preemptions']:,.0f}"),
+    ("failed", lambda r: f"{r['failed']:,.0f}"),
 )
 
 
@@ -5879,17 +5879,17 @@ SWEEP_TABLES = {
                 ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
                 ("tpot p50", lambda r: number(r["median_tpot_ms"])),
                 ("row util", lambda r: "-" if r["engine"]["row_utilisation"] is None else f"{r['engine']['row_utilisation']:.1%}"),
-                ("wasted rows", lambda r: f"{r['engine']['wasted_decode_rows']:,}"),
-                ("kv reserved", lambda r: f"{r['engine']['kv_reserved_peak_tokens']:,}"),
+                ("wasted rows", lambda r: f"{r['engine']['wasted_decode_rows']:,.0f}"),
+                ("kv reserved", lambda r: f"{r['engine']['kv_reserved_peak_tokens']:,.0f}"),
                 ("kv used", lambda r: f"{r['engine']['kv_used_of_reserved']:.1%}"),
-                ("failed", lambda r: f"{r['failed']:,}")),
+                ("failed", lambda r: f"{r['failed']:,.0f}")),
     "kv_link_gbs": (("out tok/s", lambda r: number(r["output_throughput"])),
                     ("ttft p50", lambda r: number(r["median_ttft_ms"])),
                     ("ttft p95", lambda r: number(r["p95_ttft_ms"])),
                     ("tpot p50", lambda r: number(r["median_tpot_ms"])),
                     ("itl p99", lambda r: number(r["p99_itl_ms"])),
                     ("link wait", lambda r: number((r.get("link") or {}).get("mean_wait_ms"))),
-                    ("failed", lambda r: f"{r['failed']:,}")),
+                    ("failed", lambda r: f"{r['failed']:,.0f}")),
 }
 
 
@@ -6152,6 +6152,7 @@ class Panel:
                                                    # "line", "dashed" or "points"
     marks: list = field(default_factory=list)      # (x, y, label): a ringed point with its label
     levels: list = field(default_factory=list)     # (y, label): a horizontal line across the chart
+    whiskers: list = field(default_factory=list)   # (x, low, high, color): a spread across seeds
     log_y: Optional[bool] = None                   # None: log when the values span more than 30x
 
     def add(self, name: str, points: list, style: str = "line", color: Optional[int] = None) -> None:
@@ -6202,7 +6203,7 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
     x0, y0, x1, y1 = left + 72, top + 28, left + width - 12 - legend, top + height - 48     # the plot area
     xs = [p[0] for _, points, _, _ in panel.series for p in points] + [x for x, _, _ in panel.marks]
     ys = ([p[1] for _, points, _, _ in panel.series for p in points] + [y for _, y, _ in panel.marks]
-          + [y for y, _ in panel.levels])
+          + [y for y, _ in panel.levels] + [y for _, low, high, _ in panel.whiskers for y in (low, high)])
     out = [f'<g class="panel" data-title="{escape(panel.title)}">',
            f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 18:.1f}" text-anchor="middle" font-size="13">{escape(panel.title)}</text>']
     if not xs or not ys:
@@ -6252,6 +6253,10 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
         sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{color}"/>' if style == "points" else
                   f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
         out.append(f'{sample}<text x="{lx + 24}" y="{ly}">{escape(name)}</text>')
+    for x, low, high, color in panel.whiskers:
+        out.append(f'<line class="whisker" x1="{px(x):.1f}" y1="{py(low):.1f}" x2="{px(x):.1f}" y2="{py(high):.1f}" '
+                   f'stroke="{PALETTE[color % len(PALETTE)]}" stroke-width="1.5" data-x="{x:.6g}" '
+                   f'data-low="{low:.6g}" data-high="{high:.6g}"/>')
     for x, y, label in panel.marks:
         right = px(x) + 10 + 7 * len(label) > x1       # keep the label inside the chart
         out.append(f'<g class="mark" data-name="{escape(label)}" data-x="{x:.6g}" data-y="{y:.6g}">'
@@ -6273,7 +6278,8 @@ def knee(results: list[dict]) -> Optional[int]:
 
 def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
     """Output throughput against TTFT and TPOT (p50 dashed, p95 solid), one curve per value of
-    the axis that is not the load, with each curve's knee ringed."""
+    the axis that is not the load, with each curve's knee ringed; with several seeds, each p95's
+    min-max across them as a whisker."""
     load = next((a for a in axes if a in ("concurrency", "rate")), None)
     other = [a for a in axes if a != load]
     groups: dict = {}
@@ -6289,6 +6295,9 @@ def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
             for stat, label, style in (("p95", "p95", "line"), ("median", "p50", "dashed")):
                 panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"]) for r in rows],
                           style if load else "points", color)
+            panel.whiskers += [(r["output_throughput"], r["seeds"]["spread"][f"p95_{metric}_ms"]["min"],
+                                r["seeds"]["spread"][f"p95_{metric}_ms"]["max"], color)
+                               for r in rows if f"p95_{metric}_ms" in (r.get("seeds") or {}).get("spread", {})]
             at = knee(rows) if load else None
             if at is not None:
                 label = f"knee: {short_label(load)} {value_label(load, rows[at]['config']['sweep_point'][load])}"
@@ -6309,21 +6318,30 @@ def timeline_svg(title: str, rows: list[dict]) -> str:
     return svg_figure(title, [requests, kv, tokens], columns=1, width=760, height=260)
 
 
-def search_svg(report: dict, axes: list[str], slo: Slo) -> str:
-    """Max load: each deployment's probes, load against the SLO's first metric, its answer ringed.
+def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
+    """Max load: each deployment's probes, load against the SLO's first metric (in the steady
+    window, when sustained), its answer ringed; for a trace, the burst probes dashed beside them.
     Target load: cost against that metric for every deployment, with the Pareto front (no
     cheaper deployment is faster) and the SLO drawn."""
+    slo = probing.slo
     name, key, bound = slo.bounds[0]
     label = name.replace("_", " ") + " (ms)"
     unit = "requests/s" if report["by"] == "rate" else "clients"
     named = lambda item: "  ".join(f"{short_label(a)} {value_label(a, item['settings'][a])}" for a in axes)
     if report["target"] is None:
         panel = Panel(f"{name.replace('_', ' ')} against load", unit, label)
-        for item in report["deployments"]:
-            probes = sorted(item["probes"], key=lambda p: p["load"])
-            panel.add(named(item) or "probes", [(p["load"], p[key]) for p in probes])
-            if item.get("best"):
-                panel.marks.append((item["best"]["load"], item["best"][key], f"highest: {item['best']['load']:.4g}"))
+        burst = replace(probing, sustained=False)
+        for color, item in enumerate(report["deployments"]):
+            for how, searched, style, suffix in ((probing, item, "line", " sustained" if item.get("burst") else ""),
+                                                 (burst, item.get("burst"), "dashed", " played once")):
+                if not searched:
+                    continue
+                probes = sorted(searched["probes"], key=lambda p: p["load"])
+                panel.add((named(item) or "probes") + suffix, [(p["load"], how.figures(p)[key]) for p in probes],
+                          style, color)
+                best = searched.get("best")
+                if best:
+                    panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g}"))
         panel.levels.append((bound, f"slo {bound:g} ms"))
         return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}", [panel], columns=1, width=760, height=420)
     panel = Panel(f"{name.replace('_', ' ')} against cost", "USD an hour", label)
@@ -6712,7 +6730,7 @@ def cmd_search(args) -> int:
     elif not (args.confirm and chosen and not stopped):
         write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing
-        write_file(args.plot, search_svg(report, axes, slo))
+        write_file(args.plot, search_svg(report, axes, probing))
     if stopped:
         raise stopped
     if confirmed:
