@@ -2,7 +2,9 @@
 """Simulator speed and memory, measured in one run so the ratios hold on a noisy machine.
 
 1. The event engine against the per-step rule it is tested against (same results, checked
-   here too), on the 10,000-request case and a long-output case: wall seconds, best of 3.
+   here too), in every mode the issue names (Poisson, long outputs, prefix caching, 1 and 4
+   closed-loop clients, speculative decoding, --warmup, --timeline, replicas): wall seconds, best
+   of 2. The target is 10x in each.
 2. Peak memory (tracemalloc) when every request's output is 10x longer: it follows requests and
    steps, not tokens; and --warmup and --timeline against the same run without them (they count
    per request and per second, so the target is within 1.5x the time and memory).
@@ -21,10 +23,19 @@ import tracemalloc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import main  # noqa: E402
 
-TIMED = [
-    ("10,000 requests, h100, --rate 30", main.RunSpec(rate=30, requests=10000)),
+TIMED = [     # (name, spec, with a timeline)
+    ("10,000 requests, h100, --rate 30", main.RunSpec(rate=30, requests=10000), False),
     ("1,000 requests, outputs 1,024-2,048, 64 clients",
-     main.RunSpec(concurrency=64, requests=1000, output_tokens=main.TokenRange(1024, 2048))),
+     main.RunSpec(concurrency=64, requests=1000, output_tokens=main.TokenRange(1024, 2048)), False),
+    ("prefix caching, 4 shared 1,000-token prefixes",
+     main.RunSpec(rate=20, requests=3000, prefix_tokens=1000, num_prefixes=4, prefix_caching=True), False),
+    ("1 closed-loop client, 300 requests", main.RunSpec(concurrency=1, requests=300), False),
+    ("4 closed-loop clients, 1,000 requests", main.RunSpec(concurrency=4, requests=1000), False),
+    ("speculative decoding, 4 proposals, 32 clients",
+     main.RunSpec(concurrency=32, requests=1000, speculative_tokens=4), False),
+    ("5,000 requests at 30 req/s, --warmup 500", main.RunSpec(rate=30, requests=5000, warmup=500), False),
+    ("5,000 requests at 30 req/s, --timeline", main.RunSpec(rate=30, requests=5000), True),
+    ("4 replicas, 5,000 requests at 100 req/s", main.RunSpec(rate=100, requests=5000, data_parallel_size=4), False),
 ]
 MEMORY = [
     ("1,000 requests, outputs 64-256, 64 clients",
@@ -53,9 +64,9 @@ def peak_mib(spec):
 
 
 print(f"{'per-step rule vs event engine':<50}{'step s':>8}{'event s':>9}{'ratio':>7}{'steps':>9}  same output")
-for name, spec in TIMED:
-    step_s, step = best_of(3, lambda: main.run(main.replace(spec, engine="step")))
-    event_s, event = best_of(3, lambda: main.run(spec))
+for name, spec, timeline in TIMED:
+    step_s, step = best_of(2, lambda: main.run(main.replace(spec, engine="step"), timeline=timeline))
+    event_s, event = best_of(2, lambda: main.run(spec, timeline=timeline))
     print(f"{name:<50}{step_s:>8.2f}{event_s:>9.3f}{step_s / event_s:>6.1f}x{event['engine']['steps']:>9,}  "
           f"{'yes' if step == event else 'NO'}")
 
