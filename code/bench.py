@@ -65,7 +65,7 @@ def peak_mib(spec):
 
 print(f"{'per-step rule vs event engine':<50}{'step s':>8}{'event s':>9}{'ratio':>7}{'steps':>9}  same output")
 for name, spec, timeline in TIMED:
-    step_s, step = best_of(2, lambda: main.run(main.replace(spec, engine="step"), timeline=timeline))
+    step_s, step = best_of(2, lambda: main.run(main.replace(spec, simulator="step"), timeline=timeline))
     event_s, event = best_of(2, lambda: main.run(spec, timeline=timeline))
     print(f"{name:<50}{step_s:>8.2f}{event_s:>9.3f}{step_s / event_s:>6.1f}x{event['engine']['steps']:>9,}  "
           f"{'yes' if step == event else 'NO'}")

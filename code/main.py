@@ -95,12 +95,17 @@ class Hardware:
     gemm_efficiency: float = 0.8       # share of dense peak a large BF16 GEMM achieves
     attention_efficiency: float = 0.6  # share of dense peak flash attention achieves in prefill
     bandwidth_efficiency: float = 0.9  # share of peak bandwidth a streaming read achieves
-    # Between devices: NVLink or PCIe, GB/s per direction per GPU, and the latency of one hop of a
-    # ring. 0 GB/s: none known, so tensor parallelism refuses this device. A file that gives the
-    # bandwidth but not the latency gets 5 us, between NVLink's 3 and PCIe's 10.
+    # Between devices: NVLink or PCIe, GB/s per direction per GPU, and the latency of one step of a
+    # ring all-reduce (NCCL's hwLat: 0.6 us on NVLink, 1.0 us over PCIe). 0 GB/s: none known, so
+    # tensor parallelism refuses this device. A file that gives the bandwidth but not the latency
+    # gets PCIe's 1.0 us.
     interconnect_gbs: float = 0.0
-    interconnect_latency_us: float = 5.0
+    interconnect_latency_us: float = 1.0
     price_per_hour: float = 0.0        # typical on-demand USD per GPU-hour (see the presets' sources)
+    # What the kernel model charges each kernel, however small: its floor inside a CUDA graph, and
+    # the launch it adds outside one (0 on a CPU: llama.cpp's overheads are calibrated instead).
+    kernel_floor_us: float = 1.3
+    kernel_launch_us: float = 1.2
 
 
 @dataclass(frozen=True)
@@ -188,37 +193,40 @@ HARDWARE = {h.name: h for h in [
     # 4090 (151-169 TFLOPS, apache/tvm flash_perf); bandwidth from clpeak on the 4090 (921 GB/s,
     # krrishnarraj/clpeak#106). Devices without a measurement keep the defaults (0.8, 0.6, 0.9).
     # Interconnect per direction: NVLink 4 450 GB/s (H100, H200), NVLink 3 300 (A100), NVLink 5 900
-    # (B200), Infinity Fabric 7 x 64 (MI300X); PCIe Gen4 x16 31.5, Gen5 x16 63. A hop of a ring costs
-    # 3 us on NVLink (a 2-GPU small all-reduce on H100 takes about 6 us: NVIDIA/nccl#1259) and, with
-    # no measurement found, 10 us over PCIe. Prices: typical on-demand USD per GPU-hour as read in
+    # (B200), Infinity Fabric 7 x 64 (MI300X); PCIe Gen4 x16 31.5, Gen5 x16 63. A step of a ring
+    # all-reduce costs NCCL's hwLat: 0.6 us on NVLink, 1.0 us over PCIe (NVIDIA/nccl src/graph/tuning.cc
+    # at 5067397c, LL protocol; see Parallel). A kernel's floor in a CUDA graph, 1.3 us, and the 1.2 us
+    # a launch adds outside one: a streaming kernel on 64 KB takes 1.3 us graphed and 2.5 us eager on
+    # an H200 (te42kyfo/gpu-benches gpu-small-kernels, h200_graph.txt and h200.txt). Prices: typical on-demand USD per GPU-hour as read in
     # Aug-Sep 2026 from Lambda (H100 3.99, A100 2.79, B200 6.69; 8-GPU instances), Crusoe (H200 4.29,
     # MI300X 3.45), AWS us-east-1 g6.xlarge (L4 0.80), RunPod secure cloud (RTX 4090 0.74,
     # L40S 1.09) and Hyperstack (RTX PRO 6000 1.85); pass --price-per-hour for your own.
     Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=3, price_per_hour=3.99),
+             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=3.99),
     Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6,
-             interconnect_gbs=300, interconnect_latency_us=3, price_per_hour=2.79),
+             interconnect_gbs=300, interconnect_latency_us=0.6, price_per_hour=2.79),
     Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=3, price_per_hour=4.29),
+             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=4.29),
     Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5,
-             interconnect_gbs=31.5, interconnect_latency_us=10, price_per_hour=0.80),
+             interconnect_gbs=31.5, interconnect_latency_us=1.0, price_per_hour=0.80),
     Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3, gemm_efficiency=0.9,
              attention_efficiency=0.9, bandwidth_efficiency=0.91, interconnect_gbs=31.5,
-             interconnect_latency_us=10, price_per_hour=0.74),
+             interconnect_latency_us=1.0, price_per_hour=0.74),
     # Memory as nvidia-smi (or rocm-smi) reports it. L40S datasheet; RTX PRO Blackwell architecture
     # whitepaper table 4 (Workstation Edition; FP8 is twice its BF16); NVIDIA HGX B200 table;
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
-    Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=10,
+    Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=1.0,
              price_per_hour=1.09),
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
-             interconnect_latency_us=10, price_per_hour=1.85),
+             interconnect_latency_us=1.0, price_per_hour=1.85),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
-             interconnect_latency_us=3, price_per_hour=6.69),
+             interconnect_latency_us=0.6, price_per_hour=6.69),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
-             interconnect_latency_us=3, price_per_hour=3.45),
+             interconnect_latency_us=0.6, price_per_hour=3.45),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
-    Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
+    Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5,
+             kernel_floor_us=0.0, kernel_launch_us=0.0),
 ]}
 
 MODELS = {m.name: m for m in [
@@ -246,6 +254,11 @@ MODELS = {m.name: m for m in [
               active_params=5.13e9 + 201088 * 2880, experts=128, experts_per_token=4, expert_dtype_bytes=17 / 32,
               sliding_layers=18, sliding_window=128),
     ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 64 heads, 4 KV heads, head_dim 128, 128
+    # experts of moe_intermediate_size 1536, 8 per token, vocabulary 151,936; the model card's 235 B and
+    # 22 B: 94 x 128 experts x 3 x 4096 x 1536 = 227.1 B in experts, 8.0 B shared, 22.2 B active.
+    ModelSpec("qwen3-235b-a22b", 235.1e9, 94, 4, 128, hidden_size=4096, heads=64, vocab_size=151936,
+              active_params=22.2e9, experts=128, experts_per_token=8),
 ]}
 
 
@@ -1299,35 +1312,155 @@ def detailed_arrays(requests: list) -> dict:
 # overrides what differs and nothing else; deleting a section deletes a feature.
 # ---------------------------------------------------------------------------------------------
 
+# Serving engines (--engine): what differs between vLLM, SGLang, TensorRT-LLM and llama.cpp once
+# the GPU's work is priced: the engine's own CPU work each step and for each sequence in it, whether
+# it prepares the next step while the GPU runs this one (async scheduling: a step then costs the
+# slower of the two, not their sum), the batch sizes its CUDA graphs are captured at (a decode step
+# computes its batch padded up to the next one), and its scheduling rules. The kernel cost model
+# prices with the first three; the scheduler takes the rules. Sources, read in each engine's code at
+# the version named: vLLM 0.19 (vllm/config/*.py, vllm/v1/cudagraph_dispatcher.py), SGLang 0.5.23
+# (python/sglang/srt/arg_groups/*.py, managers/scheduler.py), TensorRT-LLM 1.0 (tensorrt_llm/
+# commands/serve.py, llm_args.py, and its docs), llama.cpp 0c1e570 (common/common.h, server).
+
+# The kernel model's one fitted constant: how much longer a real step's kernels take than the
+# kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
+# the fit); validate scores each source with the fit from the others alone.
+KERNEL_SCALE = 1.28
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    step_cpu_ms: float        # the engine's CPU work a step, whatever its size
+    seq_cpu_ms: float         # ... and per sequence in the step (inputs, sampling, detokenizing)
+    overlap: bool             # async scheduling: a step costs max(GPU, CPU), not their sum
+    graph_sizes: Callable     # max_num_seqs -> the decode batch sizes captured as CUDA graphs, ascending
+    pad_to_graph: bool        # a decode batch runs at the next captured size (else only at a captured one)
+    prefill_apart: bool       # a step prefills or decodes, never both (SGLang)
+    reserve_output: bool      # admit a request only if its prompt and all its output fit (TensorRT-LLM)
+    defaults: Callable        # Hardware -> the knobs as the engine sets them when not given
+    kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
+
+
+def vllm_graphs(max_num_seqs: int) -> list[int]:
+    # [1, 2, 4] + 8..248 by 8 + 256.. by 16, up to min(2 x max_num_seqs, 512) (vllm/config/vllm.py
+    # _set_cudagraph_sizes at v0.33.0, the same pattern since 0.12).
+    top = min(2 * max_num_seqs, 512)
+    return [n for n in [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] if n <= top]
+
+
+def vllm_defaults(hardware: Hardware) -> dict:
+    # vllm serve's batch limits by device memory (vllm/engine/arg_utils.py get_batch_defaults):
+    # 160 GiB and up 1024 sequences / 16,384 tokens; 70 GiB and up, A100 excluded, 1024 / 8,192;
+    # others 256 / 2,048. 16-token blocks, 0.9 of memory (vllm/config/cache.py at v0.19.0).
+    memory = hardware.memory_gib
+    seqs, tokens = (1024, 16384) if memory >= 160 else (1024, 8192) if memory >= 70 and "a100" not in hardware.name \
+        else (256, 2048)
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "block_size": 16, "gpu_memory_utilization": 0.9}
+
+
+def sglang_defaults(hardware: Hardware) -> dict:
+    # chunked_prefill_size by memory (arg_groups/memory_hook.py): under 35 GiB 4,096, under 60 4,096,
+    # under 160 8,192, else 16,384; max_running_requests is bounded by memory (2,048 to 4,096), the
+    # radix cache is on; 0.88 of memory at TP 1 (sgl-project/sglang benchmark_vllm_060's launch).
+    memory = hardware.memory_gib
+    chunk = 4096 if memory < 60 else 8192 if memory < 160 else 16384
+    return {"max_num_seqs": 2048, "max_num_batched_tokens": chunk, "block_size": 16, "prefix_caching": True,
+            "gpu_memory_utilization": 0.88}
+
+
+def trtllm_defaults(hardware: Hardware) -> dict:
+    # trtllm-serve: max_batch_size 2,048, max_num_tokens 8,192 (BuildConfig), chunked prefill off,
+    # tokens_per_block 32 and block reuse on (KvCacheConfig).
+    return {"max_num_seqs": 2048, "max_num_batched_tokens": 8192, "block_size": 32, "chunked_prefill": False,
+            "prefix_caching": True}
+
+
+def llamacpp_defaults(hardware: Hardware) -> dict:
+    # llama-server with --parallel left to auto: 4 slots over one unified KV buffer, batches of
+    # n_batch 2,048 tokens (common/common.h; tools/server/server.cpp).
+    return {"max_num_seqs": 4, "max_num_batched_tokens": 2048}
+
+
+ENGINES = {e.name: e for e in [
+    # vLLM V1: framework overhead about 0.4 ms per decode step (vllm-project/vllm#42131, B200) and about
+    # 1.1 us per sequence in the scheduler alone (#46112, a lower bound); async scheduling on from 0.14
+    # (vllm/config/scheduler.py, vllm/config/vllm.py).
+    EngineProfile("vllm", 0.4, 0.0011, True, vllm_graphs, True, False, False, vllm_defaults),
+    # SGLang: no published per-step figure; the overlap scheduler is on (disable_overlap_schedule
+    # False); a step runs a prefill batch when it has one, else decodes (managers/scheduler.py); decode
+    # graphs [1, 2, 4, 8, 12] + 16..256 by 8 + 272..496 by 16 + 512.. by 32 (cuda_graph_hook.py).
+    EngineProfile("sglang", 0.0, 0.0, True,
+                  lambda seqs: [n for n in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16)] if n <= 256],
+                  True, True, False, sglang_defaults),
+    # TensorRT-LLM 1.0's PyTorch backend: 45 ms of host time an iteration at batch 1,536 (NVIDIA/
+    # TensorRT-LLM#10273), about 0.029 ms a sequence, hidden by the overlap scheduler (on by default);
+    # decode-only CUDA graphs at 1..31, 32, 64, 128 without padding (llm_args.py); admission by
+    # GUARANTEED_NO_EVICT, the default capacity policy: prompt + max output must fit.
+    EngineProfile("trtllm", 0.0, 0.029, True, lambda seqs: [*range(1, 33), 64, 128], False, False, True,
+                  trtllm_defaults),
+    # llama.cpp: its CPU costs are the device's (calibrate them); no CUDA graphs on a CPU.
+    EngineProfile("llamacpp", 0.0, 0.0, False, lambda seqs: [], False, False, False, llamacpp_defaults),
+]}
+
+
+class NoEvict:
+    """Mixed in before a scheduler class: TensorRT-LLM's GUARANTEED_NO_EVICT. A request is admitted
+    only if the blocks it needs to finish, its prompt and all its output, fit beside what every
+    running request still needs to finish; so nothing is ever preempted."""
+
+    def admissible(self, request: Request, hits: list[int], need: int) -> bool:
+        owed = sum(self.blocks_for(r.total - 1) - len(r.blocks) for r in self.running)
+        whole = self.blocks_for(request.total - 1) - len(hits)
+        # The pool's own count: blocks a cruising decode grew into and has not taken yet (the event
+        # engine's) are missing from its blocks and still in the pool, so they cancel.
+        return super().admissible(request, hits, need) and whole + owed <= self.pool.free_count()
+
+
+class PrefillApart:
+    """Mixed in before a scheduler class: SGLang's rule, a step prefills (running prompts' next
+    chunks, then new requests) when it can and decodes only when there is nothing to prefill."""
+
+    def schedule(self, now: float) -> Batch:
+        decoding = [r for r in self.running if r.generated and r.remaining == 1]
+        if len(decoding) == len(self.running) and not self.waiting:
+            return super().schedule(now)
+        set_aside = {id(r) for r in decoding}
+        self.running = [r for r in self.running if id(r) not in set_aside]
+        batch = super().schedule(now)
+        self.running = sorted(self.running + decoding, key=operator.attrgetter("admitted"))
+        return batch if batch.seqs else super().schedule(now)
+
+
 # The kernel-level cost model (--cost-model kernels): the lesson's roofline, applied per kernel.
 # A step runs two kinds of kernel that do not overlap: the linear layers (GEMMs), which stream
 # the weights once and do 2 FLOPs per weight per token, and attention, which streams each
 # sequence's KV and does 4 FLOPs per head dimension per (query, key) pair. Each kind costs the
-# slower of its arithmetic and its memory traffic; the step costs both, plus the overhead.
+# slower of its arithmetic and its memory traffic; the step costs both, each kernel's fixed floor,
+# and the serving engine's CPU work (hidden behind the GPU's when the engine overlaps them).
 # What it adds to the lesson's roofline, each from a published source:
 # - Embeddings are gathered, a row per token, not streamed (vLLM's VocabParallelEmbedding is an
 #   index lookup); the output projection runs once per sequence, for its last token, because vLLM
 #   computes logits only at each request's last position (logits_indices in its model runner).
 # - GEMMs run in tiles of 128 rows, so a step of T tokens costs ceil(T / 128) tiles (tile
 #   quantization: NVIDIA's "Matrix Multiplication Background" guide; Sarathi-Serve measures a
-#   257-token chunk 32% slower than a 256-token one).
+#   257-token chunk 32% slower than a 256-token one); a decode batch is first padded up to the
+#   engine's next CUDA graph size.
 # - Attention's arithmetic is counted, so a long prefill is quadratic in its prompt, and a chunk
 #   attends to everything before it.
 # - Efficiencies are achieved fractions from published kernel measurements, per device, in the
 #   Hardware fields gemm_efficiency, attention_efficiency and bandwidth_efficiency.
+# - Each kernel takes at least the device's kernel_floor_us (a decoder layer runs 9: four GEMMs
+#   (qkv, o, gate_up, down), two fused add-norms, rotary, attention, the activation), plus its
+#   kernel_launch_us when the step runs outside a CUDA graph (a prefill, or a batch too big for one).
 
 GEMM_TILE = 128
-# The serving engine's own work per sequence per step, on the CPU: preparing inputs, processing
-# outputs, detokenizing. vLLM's own issues describe it (a CPU overhead that grows with the batch:
-# vllm-project/vllm#18760; NVIDIA's aiconfigurator models vLLM decode steps with a batch-dependent
-# correction, ai-dynamo/aiconfigurator#1164), but no source gives a figure, so this one is fitted:
-# on the published RTX PRO 6000 run (code/fixtures/vllm-runs/rtxpro6000-llama-3.1-8b), and then
-# predicts the RTX 4090 run (README: "compare").
-SERVER_SEQ_OVERHEAD_MS = 0.07
+KERNELS_PER_LAYER = 9
 
 
 class KernelCost(Roofline):
-    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
+    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None,
+                 engine: Optional[EngineProfile] = None, max_num_seqs: int = 256):
         super().__init__(hardware, model, gemm_tflops)
         embedding, lm_head = model.embedding_params, model.lm_head_params
         tied = model.tie_word_embeddings
@@ -1340,6 +1473,11 @@ class KernelCost(Roofline):
         self.attention_flops_per_pair = 4 * model.layers * model.query_heads * model.head_dim
         self.attention_flops_per_second = hardware.tflops * 1e12 * hardware.attention_efficiency
         self.stream_bytes_per_second = hardware.bandwidth_gbs * 1e9 * hardware.bandwidth_efficiency
+        self.engine = engine or ENGINES["vllm"]
+        self.graphs = self.engine.graph_sizes(max_num_seqs)
+        kernels = KERNELS_PER_LAYER * model.layers
+        self.graphed_floor = kernels * hardware.kernel_floor_us / 1e6
+        self.eager_floor = kernels * (hardware.kernel_floor_us + hardware.kernel_launch_us) / 1e6
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
@@ -1347,14 +1485,23 @@ class KernelCost(Roofline):
         return compute, memory
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
-        tiles = -(-tokens // GEMM_TILE) * GEMM_TILE
+        rows, floor = tokens, self.eager_floor
+        if tokens == seqs and self.graphs and tokens <= self.graphs[-1]:      # a decode step in a CUDA graph
+            captured = self.graphs[bisect.bisect_left(self.graphs, tokens)]
+            if self.engine.pad_to_graph or captured == tokens:
+                rows, floor = captured, self.graphed_floor
+        tiles = -(-rows // GEMM_TILE) * GEMM_TILE
         head_tiles = -(-seqs // GEMM_TILE) * GEMM_TILE
         gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
                    / self.gemm_flops_per_second, self.weights_read(tokens) / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
-        overhead = self.step_overhead_ms + seqs * (self.seq_overhead_ms + SERVER_SEQ_OVERHEAD_MS)
-        return overhead / 1000 + gemm + attention
+        # A device with no kernel floors (a CPU) pays its calibrated step and sequence overheads instead.
+        calibrated = 0.0 if floor else (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000
+        # Real kernels run slower than this ideal by one factor, fitted on published runs (KERNEL_SCALE).
+        gpu = calibrated + (floor + gemm + attention) * self.engine.kernel_scale
+        cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
+        return max(gpu, cpu) if self.engine.overlap else gpu + cpu
 
 
 COST_MODELS = {"roofline": Roofline, "kernels": KernelCost}
@@ -1538,24 +1685,33 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
                    vocab_size=-(-model.vocab_size // tp))
 
 
+# An all-reduce priced as NCCL's tuning model prices a ring (NVIDIA/nccl src/graph/tuning.cc at
+# 5067397c, LL protocol): a base latency of 6.6 us, plus 2(N - 1) steps of the link's latency
+# (interconnect_latency_us), plus 2(N - 1)/N of the bytes at the link's achieved bandwidth, 0.85 of
+# its peak (H200 NVSwitch copies at 88%, an A100 all-reduce at 80% of NVLink: stas00/ml-engineering
+# network/README.md). vLLM's custom all-reduce runs small messages in the same time: 9-12 us up to
+# 32 KB on 2-8 H100s, launch included (sgl-project/sglang#2904).
+ALLREDUCE_BASE_US = 6.6
+LINK_EFFICIENCY = 0.85
+
+
 class Parallel:
     """One device's step in a tensor-parallel group: its own share of the work, plus the group's
-    all-reduces. A ring all-reduce of B bytes over N devices moves 2(N - 1)/N x B per device and
-    takes 2(N - 1) hops, on the interconnect's bandwidth per direction."""
+    two all-reduces a layer (after attention and after the MLP), each of one step's activations."""
 
     def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int):
         if hardware.interconnect_gbs <= 0:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {tp} of them as one group")
         self.inner, self.tp = inner, tp
-        self.link = hardware.interconnect_gbs * 1e9
-        self.hop = hardware.interconnect_latency_us / 1e6
+        self.link = hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY
+        self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
 
     def communication_seconds(self, tokens: float) -> float:
-        ring = 2 * (self.tp - 1)
-        return 2 * self.layers * (ring / self.tp * tokens * self.activation_bytes / self.link + ring * self.hop)
+        ring = 2 * (self.tp - 1) / self.tp
+        return 2 * self.layers * (self.latency + ring * tokens * self.activation_bytes / self.link)
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
@@ -1671,8 +1827,8 @@ class ExpertRead:
     E x (1 - (1 - k/E)^T) of them: a few for one decode, all for a long prefill. With expert
     parallelism a device's experts see the tokens of every device in the group."""
 
-    def __init__(self, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None):
-        super().__init__(hardware, model, gemm_tflops)
+    def __init__(self, hardware: Hardware, model: ModelSpec, *args, **kwargs):
+        super().__init__(hardware, model, *args, **kwargs)
         self.expert_bytes = model.expert_bytes
         self.miss = 1 - model.experts_per_token / model.experts
         self.tokens_per_expert_token = 1 / model.expert_share
@@ -1681,12 +1837,16 @@ class ExpertRead:
         return self.weight_bytes - self.expert_bytes * self.miss ** (tokens * self.tokens_per_expert_token)
 
 
-def cost_model(name: str, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None) -> Roofline:
-    """How a step of this model on this device is priced: the cost model `name`, reading only
-    the experts a step touches when the model is a mixture of experts."""
+def cost_model(name: str, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None,
+               engine: Optional[EngineProfile] = None, max_num_seqs: int = 256) -> Roofline:
+    """How a step of this model on this device is priced: the cost model `name` (the kernel model
+    with the serving engine's costs), reading only the experts a step touches when the model is a
+    mixture of experts."""
     cls = COST_MODELS[name]
     if model.experts:
         cls = type(f"Expert{cls.__name__}", (ExpertRead, cls), {})
+    if cls is KernelCost or issubclass(cls, KernelCost):
+        return cls(hardware, model, gemm_tflops, engine, max_num_seqs)
     return cls(hardware, model, gemm_tflops)
 
 
@@ -1697,23 +1857,25 @@ def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
 
 
 class ExpertParallel:
-    """A device's step in an expert-parallel group: an all-to-all sends (N - 1)/N of each token's
-    expert copies to the other devices in one hop, to dispatch and again to combine, on the
-    interconnect's bandwidth per direction."""
+    """A device's step in an expert-parallel group, as vLLM runs one by default (all2all_backend
+    allgather_reducescatter, vllm/distributed/device_communicators/all2all.py): before each MoE
+    layer every rank gathers every rank's tokens, and after it reduce-scatters their results; each
+    moves (N - 1) ranks' tokens' activations, the ranks taken as busy as this one, at the
+    interconnect's achieved bandwidth, with NCCL's ring latency (see Parallel)."""
 
     def __init__(self, inner, hardware: Hardware, model: ModelSpec, ep: int):
         if hardware.interconnect_gbs <= 0:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {ep} of them as one group")
         self.inner, self.ep = inner, ep
-        self.link = hardware.interconnect_gbs * 1e9
-        self.hop = hardware.interconnect_latency_us / 1e6
+        self.link = hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY
+        self.latency = (ALLREDUCE_BASE_US + (ep - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
-        self.layers, self.routed = model.layers, model.experts_per_token
+        self.layers = model.layers
 
     def communication_seconds(self, tokens: float) -> float:
-        copies = tokens * self.routed * self.activation_bytes * (self.ep - 1) / self.ep
-        return 2 * self.layers * (copies / self.link + self.hop)
+        moved = (self.ep - 1) * tokens * self.activation_bytes
+        return 2 * self.layers * (self.latency + moved / self.link)     # gather, then reduce-scatter
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
@@ -2333,9 +2495,19 @@ class RunSpec:
         metavar="N")
     # Output, engine and cost model.
     detailed: bool = False               # keep every token's time, for --detailed arrays
-    engine: str = setting(
-        "event", "--engine", choice("event", "step"), "event: work per event (arrivals, block boundaries, finishes); "
-        "step: the per-step rule the event engine is tested against, slower, same results", "simulator",
+    profile: Optional[EngineProfile] = None     # a fit's engine constants, in place of --engine's own
+    engine: Optional[str] = setting(
+        None, "--engine", choice(*ENGINES), "the serving engine whose CPU costs, async scheduling, CUDA graphs and "
+        "scheduling rules the run takes: vllm, sglang, trtllm or llamacpp; naming one also takes its own defaults "
+        "for the knobs not given (batch limits, block size, memory share)", "scheduler", metavar="|".join(ENGINES),
+        default_text="vLLM's rules and costs with the lesson's knobs: 256 sequences, 8,192 tokens")
+    async_scheduling: Optional[bool] = setting(
+        None, "--async-scheduling", on_off, "the engine prepares the next step while the GPU runs this one, so a "
+        "step costs the slower of its GPU and CPU work, not their sum (vLLM's flag; on from vLLM 0.14)", "scheduler",
+        switch=True, default_text="the engine's")
+    simulator: str = setting(
+        "event", "--simulator", choice("event", "step"), "event: work per event (arrivals, block boundaries, "
+        "finishes); step: the per-step rule the event engine is tested against, slower, same results", "simulator",
         metavar="event|step")
     cost_model: str = setting(
         DEFAULT_COST_MODEL, "--cost-model", choice(*COST_MODELS), "how a step is priced: roofline (the lesson's: "
@@ -2386,6 +2558,21 @@ class RunSpec:
 
 SETTINGS = {f.name: f for f in fields(RunSpec) if f.metadata}
 SWEPT = sorted((f.name for f in SETTINGS.values() if f.metadata["axis"]), key=lambda n: SETTINGS[n].metadata["axis"])
+
+
+def engine_profile(spec: RunSpec) -> EngineProfile:
+    """The serving engine a run prices and schedules with, its async scheduling as the run sets it."""
+    profile = spec.profile or ENGINES[spec.engine or "vllm"]
+    return profile if spec.async_scheduling is None else replace(profile, overlap=spec.async_scheduling)
+
+
+def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
+    """The spec with its engine's own defaults for every knob not in `given` (no engine named: the
+    lesson's knobs as they are)."""
+    if not spec.engine:
+        return spec
+    defaults = ENGINES[spec.engine].defaults(spec.hardware)
+    return replace(spec, **{k: v for k, v in defaults.items() if k not in set(given)})
 
 
 def flag_of(name: str) -> str:
@@ -2497,7 +2684,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
     words, default = ["python3", "code/main.py", "simulate"], RunSpec()
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
-        if value == getattr(default, f.name) or f.name == "engine" or \
+        if value == getattr(default, f.name) or f.name == "simulator" or \
                 (f.name == "kv_link_gbs" and not spec.disaggregate):
             continue
         said = flag_words(f, value)
@@ -2527,14 +2714,20 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
                             f"less than one token each; lower --max-num-seqs")
         classes.append(SlotLayout)
         options["kv_tokens"] = plan.kv_tokens
+    profile = engine_profile(spec)
+    if profile.reserve_output:
+        classes.append(NoEvict)
+    if profile.prefill_apart:
+        classes.append(PrefillApart)
     if spec.batching == "static":
         classes.append(StaticBatchScheduler)
     elif spec.speculative_tokens:
         classes.append(SpeculativeScheduler)
         options.update(speculative_tokens=spec.speculative_tokens, acceptance_rate=spec.acceptance_rate,
                        seed=spec.seed, draft=draft)
-    else:
-        classes.append(EventScheduler if spec.engine == "event" else Scheduler)
+    else:      # SGLang's rule is stepped one by one; the event engine follows the rest
+        event = spec.simulator == "event" and not profile.prefill_apart
+        classes.append(EventScheduler if event else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
     return cls(config, plan.num_blocks, spec.detailed, **options)
 
@@ -2548,7 +2741,8 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     draft = spec.draft_model if spec.speculative_tokens else None
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
-    cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization))
+    cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
+                      engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
         cost = Parallel(cost, hardware, model, tp)
     if ep > 1:
@@ -2564,7 +2758,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     def engine(hardware: Hardware) -> Engine:
         plan, cost = device_plan(spec, hardware)
         draft = spec.draft_model if spec.speculative_tokens else None
-        draft_cost = cost_model(spec.cost_model, hardware, draft) if draft else None
+        draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec)) if draft else None
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         engine.plan_note = plan.note
@@ -3374,7 +3568,9 @@ PRESET_RANGES = {
     "experts_per_token": (0, 100_000, ""), "expert_dtype_bytes": (0, 8, "0 for weight_dtype_bytes"),
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
     "interconnect_gbs": (0, 100_000, "GB/s per direction, 0 for none"),
-    "interconnect_latency_us": (0, 10_000, "us per hop"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
+    "interconnect_latency_us": (0, 10_000, "us per step of a ring"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
+    "kernel_floor_us": (0, 1_000, "us a kernel takes at least, in a CUDA graph"),
+    "kernel_launch_us": (0, 1_000, "us a kernel's launch adds outside a CUDA graph"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings",)
 INTERNAL_FIELDS = ("expert_share",)        # set by --enable-expert-parallel, never by a file
@@ -3665,6 +3861,91 @@ def read_timeline(path: str) -> list[dict]:
         except (TypeError, ValueError):
             raise UserError(f"timeseries {path} line {number}: expected numbers") from None
     return rows
+
+
+@dataclass
+class PublishedRun:
+    """A published run as servesim replays it: where it comes from, the deployment, the load, and
+    what was measured (summarize()'s keys)."""
+    source: str                       # the folder of its source: runs of one source are fitted and scored together
+    name: str
+    engine: str
+    engine_version: str
+    settings: dict                    # RunSpec fields: hardware and model read, the deployment's knobs
+    load: dict                        # {"replay": folder}, {"concurrency", "requests", "warmup", ...} or {"all_at_once", ...}
+    measured: dict
+    cite: str
+    folder: str
+
+
+PUBLISHED_LOADS = {"concurrency": (1, 100_000), "requests": (1, MAX_REQUESTS), "warmup": (0, MAX_REQUESTS),
+                   "prompt_tokens": (1, 10**7), "output_tokens": (1, 10**7)}
+PUBLISHED_FIGURES = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+
+
+def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
+    """Every run in the runs.json of each source folder under `folder`, and the runs skipped, each
+    with its reason: a run a reader cannot replay is listed, and the rest still score."""
+    if not os.path.isdir(folder):
+        raise UserError(f"corpus {folder}: not a directory of sources (each a folder with a runs.json)")
+    runs, skipped = [], []
+    for source in sorted(os.listdir(folder)):
+        path = os.path.join(folder, source, "runs.json")
+        if not os.path.isfile(path):
+            continue
+        data = parse_json(read_text(path, "runs"), f"runs {path}", "expected {\"runs\": [...]}")
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            raise UserError(f"runs {path}: expected an object with a list of runs")
+        for i, row in enumerate(data["runs"]):
+            where = f"runs {path} run {i + 1}"
+            try:
+                runs.append(published_run(row, source, os.path.join(folder, source), where))
+            except UserError as e:
+                skipped.append(str(e))
+    if not runs:
+        raise UserError(f"corpus {folder}: no runs to score" + (f" ({skipped[0]})" if skipped else ""))
+    return runs, skipped
+
+
+def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
+    if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+        raise UserError(f"{where}: expected an object with a name")
+    where = f"{where} ({row['name']})"
+    engine = row.get("engine")
+    if engine not in ENGINES:
+        raise UserError(f"{where}: engine {engine!r} has no profile; use one of {', '.join(ENGINES)}")
+    settings = dict(row.get("settings") or {})
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise UserError(f"{where}: unknown setting {unknown[0]!r}")
+    for name, table, cls in (("hardware", HARDWARE, Hardware), ("model", MODELS, ModelSpec)):
+        if row.get(name) is not None:
+            if row[name] not in table:
+                raise UserError(f"{where}: {name} {row[name]!r} has no preset")
+            settings[name] = table[row[name]]
+    load = row.get("load")
+    if not isinstance(load, dict):
+        raise UserError(f"{where}: no load to replay")
+    if "replay" in load:
+        if not os.path.isfile(os.path.join(folder, str(load["replay"]), "requests.jsonl")):
+            raise UserError(f"{where}: no {load['replay']}/requests.jsonl to replay")
+    else:
+        for key, (low, high) in PUBLISHED_LOADS.items():
+            value = load.get(key, 0 if key == "warmup" else None)
+            if key == "concurrency" and load.get("all_at_once"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UserError(f"{where}: load.{key} must be a whole number from {low:,} to {high:,}")
+        if "model" not in settings or "hardware" not in settings:
+            raise UserError(f"{where}: a run without per-request data needs its hardware and model")
+    measured = row.get("measured") or {}
+    if not isinstance(measured, dict) or any(k not in PUBLISHED_FIGURES for k in measured) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e9 for v in measured.values()):
+        raise UserError(f"{where}: measured must give positive numbers for some of {', '.join(PUBLISHED_FIGURES)}")
+    if not measured and "replay" not in load:
+        raise UserError(f"{where}: nothing measured to score")
+    return PublishedRun(source, row["name"], engine, str(row.get("engine_version") or ""), settings, load, measured,
+                        str(row.get("cite") or ""), folder)
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
@@ -5089,6 +5370,185 @@ def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) ->
             "servesim": simulated}
 
 
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "published-runs")
+NEAR_CAPACITY = 80       # requests running at once: a run this busy is scored on TTFT apart
+
+
+def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Optional[float] = None) -> dict:
+    """One published run through the simulator, as it was measured: its engine (its kernels priced
+    at `kernel_scale`, as a fit gives it, in place of KERNEL_SCALE), its device, its load. Returns
+    the measured and predicted figures, their errors, and both sustained verdicts."""
+    profile = ENGINES[published.engine]
+    if kernel_scale is not None:
+        profile = replace(profile, kernel_scale=kernel_scale)
+    measured, spec_args = dict(published.measured), dict(published.settings)
+    if "replay" in published.load:
+        log = read_request_log(os.path.join(published.folder, published.load["replay"], "requests.jsonl"))
+        spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
+        spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
+        summary = summarize(log.requests)
+        measured = {key: summary[key] for key in PUBLISHED_FIGURES}
+        busy = sum(t.get("running", 0) for t in log.timeline) / len(log.timeline) if log.timeline else 0
+        verdict = steady_window(log.requests, spec.steady_skip, spec.min_served, spec.max_queue_growth, False)
+        simulated = simulate_measured(log, replace(spec, profile=profile))
+    else:
+        spec = RunSpec(engine=published.engine, cost_model=cost_model, **spec_args)
+        spec = engine_defaults(spec, spec_args)
+        load = published.load
+        if load.get("all_at_once"):
+            rows = tuple((0.0, load["prompt_tokens"], load["output_tokens"], ()) for _ in range(load["requests"]))
+            spec = replace(spec, trace=Trace(published.name, rows), max_model_len=load["prompt_tokens"] + load["output_tokens"])
+            busy, verdict = spec.max_num_seqs, None
+        else:
+            spec = replace(spec, concurrency=load["concurrency"], requests=load["requests"], warmup=load.get("warmup", 0),
+                           prompt_tokens=TokenRange(load["prompt_tokens"], load["prompt_tokens"]),
+                           output_tokens=TokenRange(load["output_tokens"], load["output_tokens"]),
+                           max_model_len=load["prompt_tokens"] + load["output_tokens"])
+            busy, verdict = load["concurrency"], {"sustained": True, "closed_loop": True}
+        simulated = run(replace(spec, profile=profile))
+    rows = {key: {"measured": measured[key], "servesim": simulated.get(key),
+                  "error": simulated[key] / measured[key] - 1 if simulated.get(key) is not None else None}
+            for key in PUBLISHED_FIGURES if measured.get(key)}
+    predicted = simulated.get("steady_state")
+    return {"name": published.name, "source": published.source, "engine": published.engine, "engine_version": published.engine_version,
+            "hardware": spec.hardware.name, "model": spec.model.name,
+            "gpus": spec.tensor_parallel_size * spec.data_parallel_size, "near_capacity": busy >= NEAR_CAPACITY,
+            "rows": rows, "sustained": {"measured": None if verdict is None else verdict.get("sustained"),
+                                        "servesim": None if predicted is None or verdict is None else predicted.get("sustained")},
+            "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite}
+
+
+# Validation: every published run replayed, scored out of sample. The kernel model's one fitted
+# constant, KERNEL_SCALE, is fitted leaving one source out: each source's runs are scored with the
+# scale fitted on the other sources' runs alone, so no run is scored by a fit that read its source.
+
+def step_ratio(result: dict) -> Optional[float]:
+    """How much longer the run's steps took than servesim priced them: measured over predicted TPOT,
+    or predicted over measured throughput where no TPOT was published."""
+    rows = result["rows"]
+    for key, flip in (("mean_tpot_ms", False), ("output_throughput", True)):
+        row = rows.get(key)
+        if row and row["servesim"]:
+            ratio = row["measured"] / row["servesim"]
+            return 1 / ratio if flip else ratio
+    return None
+
+
+def fit_kernel_scale(results: list[dict]) -> Optional[float]:
+    """The scale that best prices these runs, replayed unscaled: the median log step ratio of each
+    source's runs, averaged over the sources (a source with many runs gets one vote, not many).
+    First order: a step's time is taken to scale with its kernels' time."""
+    by_source = defaultdict(list)
+    for result in results:
+        ratio = step_ratio(result)
+        if ratio:
+            by_source[result["source"]].append(math.log(ratio))
+    if not by_source:
+        return None
+    middles = []
+    for logs in by_source.values():
+        logs.sort()
+        middles.append((logs[(len(logs) - 1) // 2] + logs[len(logs) // 2]) / 2)
+    return math.exp(sum(middles) / len(middles))
+
+
+def left_out_fits(results: list[dict]) -> dict[str, Optional[float]]:
+    """For each source, the scale fitted on every other source's runs: the one that scores it."""
+    sources = sorted({r["source"] for r in results})
+    return {source: fit_kernel_scale([r for r in results if r["source"] != source]) for source in sources}
+
+
+def replay_or_skip(published: PublishedRun, cost_model: str, kernel_scale: Optional[float] = None) -> dict:
+    try:
+        return replay_published(published, cost_model, kernel_scale)
+    except (UserError, CapacityError) as e:
+        return {"name": published.name, "source": published.source, "skipped": str(e)}
+
+
+def replay_all(runs: list[PublishedRun], cost_model: str, scales: list, jobs: int,
+               progress: Optional[Callable[[str], None]]) -> list[dict]:
+    tasks = [functools.partial(replay_or_skip, run, cost_model, scale) for run, scale in zip(runs, scales)]
+    results = []
+    if jobs <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            results.append(task())
+            if progress:
+                progress(f"{len(results)} of {len(tasks)} runs replayed ({results[-1]['name']})")
+        return results
+    pool = multiprocessing.Pool(min(jobs, len(tasks)), initializer=quiet_worker)
+    try:
+        for result in pool.imap(call, tasks):
+            results.append(result)
+            if progress:
+                progress(f"{len(results)} of {len(tasks)} runs replayed ({result['name']})")
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+    return results
+
+
+def call(task: Callable):
+    return task()
+
+
+def validate(folder: str, cost_model: str = "kernels", jobs: int = 1,
+             progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Every published run under `folder` replayed and scored. With the kernel model, twice: once
+    unscaled, to fit the scale leaving each source out, then each source at its own left-out fit.
+    The fit over every source, the one KERNEL_SCALE should hold, is reported beside them."""
+    runs, skipped = read_corpus(folder)
+    fits: dict = {}
+    every = None
+    if cost_model == "kernels":
+        unscaled = replay_all(runs, cost_model, [1.0] * len(runs), jobs, progress)
+        scored = [r for r in unscaled if "skipped" not in r]
+        fits, every = left_out_fits(scored), fit_kernel_scale(scored)
+        results = replay_all(runs, cost_model, [fits.get(run.source) or 1.0 for run in runs], jobs, progress)
+    else:
+        results = replay_all(runs, cost_model, [None] * len(runs), jobs, progress)
+    skipped += [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]
+    results = [r for r in results if "skipped" not in r]
+    return {"corpus": folder, "cost_model": cost_model, "runs": results, "skipped": skipped,
+            "kernel_scale": {"left_out": fits, "all_sources": every, "in_use": KERNEL_SCALE} if fits else None,
+            "summary": validation_summary(results)}
+
+
+VALIDATION_BOUND = 0.25         # the issue's bar for any one run, on throughput and TPOT
+
+
+def validation_summary(results: list[dict]) -> dict:
+    """Median |error| of each figure (TTFT apart for runs near capacity, where it is queueing),
+    the runs within VALIDATION_BOUND on throughput and TPOT, and the sustained verdicts."""
+    def errors(key, runs):
+        return [abs(r["rows"][key]["error"]) for r in runs if key in r["rows"] and r["rows"][key]["error"] is not None]
+
+    def median_of(values):
+        values = sorted(values)
+        return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2 if values else None
+
+    quiet = [r for r in results if not r["near_capacity"]]
+    busy = [r for r in results if r["near_capacity"]]
+    medians = {}
+    for label, key, runs in (("throughput", "output_throughput", results), ("tpot", "mean_tpot_ms", results),
+                             ("ttft", "mean_ttft_ms", quiet), ("ttft near capacity", "mean_ttft_ms", busy),
+                             ("e2e", "mean_e2el_ms", results)):
+        found = errors(key, runs)
+        medians[label] = {"median": median_of(found), "runs": len(found)}
+    within = [r["name"] for r in results
+              if all(abs(r["rows"][k]["error"]) <= VALIDATION_BOUND for k in ("output_throughput", "mean_tpot_ms")
+                     if k in r["rows"] and r["rows"][k]["error"] is not None)]
+    judged = [r for r in results if r["sustained"]["measured"] is not None and r["sustained"]["servesim"] is not None]
+    wrong = [r["name"] for r in judged if r["sustained"]["measured"] != r["sustained"]["servesim"]]
+    by_source = {}
+    for source in sorted({r["source"] for r in results}):
+        mine = [r for r in results if r["source"] == source]
+        by_source[source] = {label: median_of(errors(key, mine)) for label, key in
+                             (("throughput", "output_throughput"), ("tpot", "mean_tpot_ms"), ("ttft", "mean_ttft_ms"))}
+    return {"medians": medians, "within_bound": len(within), "runs": len(results), "verdicts_judged": len(judged),
+            "verdicts_wrong": wrong, "by_source": by_source}
+
+
 def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: ModelSpec) -> dict:
     """loadgen --simulate: the run just measured (its send times and lengths, the server's own
     shape where /props gives it) simulated, each figure beside the measured one."""
@@ -5802,6 +6262,51 @@ def print_compared(title: str, rows: dict, w) -> None:
         w(f"{name:<18}{number(row['measured']):>12}{number(row['servesim']):>12}{error:>9}\n")
 
 
+def print_validation(report: dict, w) -> None:
+    """One row per published run, grouped by source, then the medians the defaults are chosen by."""
+    summary, runs = report["summary"], report["runs"]
+    scale = report["kernel_scale"]
+    sources = len(summary["by_source"])
+    w(f"validate: {len(runs)} published run{'s' * (len(runs) != 1)} from {sources} source{'s' * (sources != 1)}, "
+      f"{report['cost_model']} cost model"
+      + ("; each source scored with the kernel scale fitted on the other sources alone\n" if scale else "\n"))
+    figures = (("tok/s", "output_throughput"), ("TPOT ms", "mean_tpot_ms"), ("TTFT ms", "mean_ttft_ms"),
+               ("E2E ms", "mean_e2el_ms"))
+    width = max([3, *(len(r["name"]) for r in runs)]) + 4
+    w(f"{'run':<{width}}{'engine':<8}{'GPUs':>4}{'scale':>7}"
+      + "".join(f"{label:>10}{'error':>8}" for label, _ in figures) + "  kept up\n")
+    for source in summary["by_source"]:
+        w(f"{source}\n")
+        for r in (r for r in runs if r["source"] == source):
+            cells = ""
+            for _, key in figures:
+                row = r["rows"].get(key)
+                cells += f"{number(row['measured']):>10}{row['error']:>+8.0%}" if row and row["error"] is not None \
+                    else f"{'-':>10}{'-':>8}"
+            measured, predicted = r["sustained"]["measured"], r["sustained"]["servesim"]
+            verdict = "-" if measured is None or predicted is None else ("yes" if measured else "no") + (
+                "" if measured == predicted else f", predicted {'yes' if predicted else 'no'}")
+            near = " (busy)" if r["near_capacity"] else ""
+            w(f"  {r['name']:<{width - 2}}{r['engine']:<8}{r['gpus']:>4}"
+              f"{'-' if r['kernel_scale'] is None else format(r['kernel_scale'], '.2f'):>7}{cells}  {verdict}{near}\n")
+    medians = summary["medians"]
+    parts = [f"{label} {m['median']:.1%} ({m['runs']} runs)" for label, m in medians.items() if m["median"] is not None]
+    w(f"median |error|: {', '.join(parts)}\n")
+    w(f"within {VALIDATION_BOUND:.0%} on throughput and TPOT: {summary['within_bound']} of {summary['runs']} runs\n")
+    wrong = summary["verdicts_wrong"]
+    w(f"sustained verdicts: {summary['verdicts_judged']} judged, {len(wrong)} wrong"
+      + (f" ({', '.join(wrong)})" if wrong else "") + "\n")
+    for source, m in summary["by_source"].items():
+        w(f"  {source}: median |error| " + ", ".join(
+            f"{label} {value:.1%}" for label, value in m.items() if value is not None) + "\n")
+    if scale:
+        w("kernel scale fitted without each source: "
+          + ", ".join(f"{source} {'unfitted' if fit is None else format(fit, '.2f')}" for source, fit in scale["left_out"].items())
+          + f"; on all sources {scale['all_sources']:.2f} (KERNEL_SCALE holds {scale['in_use']:.2f})\n")
+    for reason in report["skipped"]:
+        w(f"skipped: {reason}\n")
+
+
 SWEEP_COLUMNS = (
     ("out tok/s", lambda r: number(r["output_throughput"])),
     ("ttft p50", lambda r: number(r["median_ttft_ms"])),
@@ -5912,7 +6417,7 @@ def settings_line(spec: RunSpec, axes: list[str]) -> str:
     """Every setting the flags changed from its default, as the flags, except the swept axes and
     what the title already says (hardware, model, workload)."""
     shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
-             "num_prefixes", "engine", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
+             "num_prefixes", "simulator", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
              "turns", "think_time", "burstiness", "ramp_up",         # the arrivals in the title say these
              "rate", "concurrency", *(("batching", "kv_layout") if "compare" in axes else ())}
     default, words = RunSpec(), []
@@ -6111,7 +6616,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     if isinstance(cost, Parallel):
         share = cost.communication_seconds(1) * 1000
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers} layers over "
-                  f"{h.interconnect_gbs:g} GB/s, {h.interconnect_latency_us:g} us a hop\n")
+                  f"{h.interconnect_gbs:g} GB/s, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
+                  f"{h.interconnect_latency_us:g} us each\n")
     out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
               f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
@@ -6486,7 +6992,7 @@ def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
         values["disaggregate"] = True          # a flag of the link, or of either engine, turns it on
     if getattr(args, "detailed", False):
         values["detailed"] = True
-    spec = replace(base or RunSpec(), **values)
+    spec = engine_defaults(replace(base or RunSpec(), **values), values)
     check_spec(spec)
     return spec
 
@@ -6866,6 +7372,17 @@ def compare_mode(text: str) -> str:
     return text
 
 
+def cmd_validate(args) -> int:
+    report = validate(args.corpus, args.cost_model, args.jobs, Progress("validate"))
+    if args.json:
+        write_json(report)
+    else:
+        out = io.StringIO()
+        print_validation(report, out.write)
+        write_text(out.getvalue())
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     found, model_names = [], set()
     for path in args.reports:
@@ -7116,6 +7633,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: off)")
     p.add_argument("--json", action="store_true", help="one JSON object: rows, measured and servesim reports")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("validate", help="replay every published run and score servesim on it, out of sample",
+                       description="Replay each run of a corpus of published runs (a folder of sources, each a folder "
+                                   "with a runs.json) on its engine, device and load, and print measured against "
+                                   "predicted throughput, TPOT, TTFT and E2E with their errors, and whether it kept up, "
+                                   "then the medians. The kernel model's one fitted constant (KERNEL_SCALE) is fitted "
+                                   "leaving one source out: each source is scored with the fit from the others.")
+    p.add_argument("corpus", nargs="?", default=CORPUS, metavar="FOLDER",
+                   help="the corpus (default: the published runs committed with servesim, code/fixtures/published-runs)")
+    add_settings(p, ["cost_model"])
+    p.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
+                   help="replay runs in N processes; the output is the same as with 1 (default: the number of cores, "
+                        "%(default)s here)")
+    p.add_argument("--json", action="store_true", help="one JSON object: every run's figures, the fits and the medians")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overheads to measured runs",
                        description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead to loadgen --json (or "

@@ -10,7 +10,7 @@ H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
 
 def engine(blocks=1000, block_size=16, hardware=H100, **config):
     """An engine stepping the per-step rule, with the variation the config names."""
-    spec = main.RunSpec(hardware=hardware, num_gpu_blocks=blocks, block_size=block_size, engine="step", **config)
+    spec = main.RunSpec(hardware=hardware, num_gpu_blocks=blocks, block_size=block_size, simulator="step", **config)
     return main.build_engines(spec)[0][0]
 
 
@@ -144,7 +144,7 @@ class SlotLayout(unittest.TestCase):
 
     def slots(self, kv_layout="slots"):
         spec = main.RunSpec(hardware=main.HARDWARE["cpu-4vcpu"], model=main.MODELS["smollm2-135m-q8_0"],
-                            kv_tokens=4096, max_num_seqs=4, kv_layout=kv_layout, engine="step")
+                            kv_tokens=4096, max_num_seqs=4, kv_layout=kv_layout, simulator="step")
         return main.build_engines(spec)[0][0]
 
     def test_a_request_longer_than_one_slot_fails_even_with_idle_slots(self):

@@ -9,7 +9,7 @@ H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
 
 def engine(blocks=100, block_size=4, **config):
     """An engine stepping the per-step rule (test_engine checks the event engine against it)."""
-    return main.build_engines(main.RunSpec(num_gpu_blocks=blocks, block_size=block_size, engine="step", **config))[0][0]
+    return main.build_engines(main.RunSpec(num_gpu_blocks=blocks, block_size=block_size, simulator="step", **config))[0][0]
 
 
 def req(id, prompt, output=10, **kw):

@@ -1,0 +1,146 @@
+"""validate: the published runs replayed and scored out of sample. The rule pinned here: a source's
+runs are scored with a kernel scale fitted on the other sources alone, so nothing a source
+measured can move the scale it is scored with. Engine profiles and their sources are checked
+against the values the engines' own code sets."""
+import json
+import math
+import os
+import tempfile
+import unittest
+
+from helpers import FIXTURES, call_cli, main
+
+
+def closed_loop_run(name, engine="vllm", tpot=10.0, ttft=100.0, concurrency=2):
+    return {"name": name, "engine": engine, "hardware": "h100-sxm-80gb", "model": "llama-3.1-8b",
+            "load": {"concurrency": concurrency, "requests": 12, "warmup": 2, "prompt_tokens": 64, "output_tokens": 16},
+            "measured": {"mean_tpot_ms": tpot, "mean_ttft_ms": ttft}}
+
+
+def write_corpus(folder, sources):
+    for source, runs in sources.items():
+        os.makedirs(os.path.join(folder, source))
+        with open(os.path.join(folder, source, "runs.json"), "w") as f:
+            json.dump({"runs": runs}, f)
+
+
+def result(source, tpot_measured, tpot_predicted):
+    return {"source": source, "rows": {"mean_tpot_ms": {"measured": tpot_measured, "servesim": tpot_predicted,
+                                                         "error": tpot_predicted / tpot_measured - 1}}}
+
+
+class LeaveOneSourceOut(unittest.TestCase):
+    def test_each_source_is_scored_with_the_fit_from_the_others(self):
+        results = [result("a", 12, 10), result("a", 14, 10), result("b", 20, 10), result("c", 10, 10)]
+        fits = main.left_out_fits(results)
+        # b alone says 2.0, c alone 1.0: a's scale is their geometric mean; a's own 1.2-1.4 is not read.
+        self.assertAlmostEqual(fits["a"], math.sqrt(2.0))
+        self.assertAlmostEqual(fits["c"], math.exp((math.log(math.sqrt(1.2 * 1.4)) + math.log(2.0)) / 2))
+
+    def test_nothing_a_source_measured_moves_its_own_scale(self):
+        base = [result("a", 12, 10), result("b", 20, 10), result("c", 10, 10)]
+        poisoned = [result("a", 1200, 10), *base[1:]]
+        self.assertEqual(main.left_out_fits(base)["a"], main.left_out_fits(poisoned)["a"])
+        self.assertNotEqual(main.left_out_fits(base)["b"], main.left_out_fits(poisoned)["b"])
+
+    def test_a_source_with_many_runs_gets_one_vote(self):
+        many = [result("a", 30, 10)] * 20 + [result("b", 10, 10)]
+        self.assertAlmostEqual(main.fit_kernel_scale(many), math.sqrt(3.0))
+
+    def test_throughput_counts_where_no_tpot_was_published(self):
+        r = {"source": "a", "rows": {"output_throughput": {"measured": 100.0, "servesim": 150.0, "error": 0.5}}}
+        self.assertAlmostEqual(main.step_ratio(r), 1.5)        # predicted 1.5x as fast: steps 1.5x too cheap
+
+    def test_validate_replays_a_source_at_the_scale_the_others_fit(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {"a": [closed_loop_run("a1", tpot=5.0)], "b": [closed_loop_run("b1", tpot=8.0)],
+                    "c": [closed_loop_run("c1", engine="trtllm", tpot=3.0)]}
+            write_corpus(os.path.join(tmp, "one"), runs)
+            runs["a"][0]["measured"]["mean_tpot_ms"] = 500.0
+            write_corpus(os.path.join(tmp, "two"), runs)
+            one = main.validate(os.path.join(tmp, "one"), "kernels")
+            two = main.validate(os.path.join(tmp, "two"), "kernels")
+        scored = {r["name"]: r for r in one["runs"]}
+        self.assertEqual(scored["a1"]["kernel_scale"], one["kernel_scale"]["left_out"]["a"])
+        self.assertEqual(one["kernel_scale"]["left_out"]["a"], two["kernel_scale"]["left_out"]["a"])
+        self.assertEqual(scored["a1"]["rows"]["mean_tpot_ms"]["servesim"],
+                         {r["name"]: r for r in two["runs"]}["a1"]["rows"]["mean_tpot_ms"]["servesim"])
+        self.assertNotEqual(one["kernel_scale"]["left_out"]["b"], two["kernel_scale"]["left_out"]["b"])
+
+
+class Corpus(unittest.TestCase):
+    def test_the_committed_corpus_meets_the_issues_coverage(self):
+        runs, skipped = main.read_corpus(main.CORPUS)
+        self.assertEqual(skipped, [])
+        self.assertGreaterEqual(len(runs), 12)
+        self.assertGreaterEqual(len({r.source for r in runs}), 3)
+        devices = {r.settings["hardware"].name for r in runs if "hardware" in r.settings}
+        self.assertTrue(devices & {"h100-sxm-80gb", "h200-141gb", "b200-180gb"}, devices)
+        self.assertTrue(any(r.settings.get("tensor_parallel_size", 1) >= 2 and "h100" in r.settings["hardware"].name
+                            for r in runs if "hardware" in r.settings))
+        self.assertTrue(any(r.engine != "vllm" for r in runs))
+        self.assertTrue(any(r.settings.get("model") and r.settings["model"].experts for r in runs))
+        for source in {r.source for r in runs}:
+            folder = os.path.join(main.CORPUS, source)
+            self.assertTrue(os.path.isfile(os.path.join(folder, "SOURCE.md")), source)
+
+    def test_a_run_without_what_validate_needs_is_skipped_with_its_reason(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = closed_loop_run("no-load")
+            del bad["load"]
+            write_corpus(tmp, {"a": [closed_loop_run("fine"), bad, {**closed_loop_run("odd"), "engine": "tgi"}]})
+            code, out, err = call_cli("validate", tmp, "--cost-model", "roofline", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("skipped: runs", out)
+        self.assertIn("(no-load): no load to replay", out)
+        self.assertIn("engine 'tgi' has no profile; use one of vllm, sglang, trtllm, llamacpp", out)
+        self.assertIn("  fine ", out)
+
+    def test_a_folder_with_no_runs_is_one_line_and_exit_2(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out, err = call_cli("validate", tmp)
+        self.assertEqual(code, 2)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("no runs to score", err)
+
+
+class EngineProfiles(unittest.TestCase):
+    def test_vllm_captures_graphs_at_its_sizes_and_pads_up_to_them(self):
+        self.assertEqual(main.vllm_graphs(256)[:6], [1, 2, 4, 8, 16, 24])
+        self.assertEqual(main.vllm_graphs(256)[-1], 512)
+        self.assertEqual(main.vllm_graphs(4), [1, 2, 4, 8])
+        no_cpu = main.replace(main.ENGINES["vllm"], step_cpu_ms=0.0, seq_cpu_ms=0.0)
+        h100, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+        padded = main.KernelCost(h100, model, engine=no_cpu)
+        exact = main.KernelCost(h100, model, engine=main.replace(no_cpu, pad_to_graph=False))
+        self.assertEqual(padded.step_seconds(9, 0, 9), padded.step_seconds(16, 0, 16))    # 9 runs in the 16 graph
+        # Without padding a 9 that has no graph of its own runs eagerly: each kernel's launch is paid.
+        launches = 9 * model.layers * h100.kernel_launch_us / 1e6 * main.KERNEL_SCALE
+        self.assertAlmostEqual(exact.step_seconds(9, 0, 9) - padded.step_seconds(9, 0, 9), launches, places=12)
+
+    def test_an_engine_that_overlaps_pays_the_slower_of_cpu_and_gpu_else_both(self):
+        h, m = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
+        slow_cpu = main.replace(main.ENGINES["vllm"], step_cpu_ms=50.0)
+        overlapped = main.KernelCost(h, m, engine=slow_cpu).step_seconds(1, 100, 1)
+        serial = main.KernelCost(h, m, engine=main.replace(slow_cpu, overlap=False)).step_seconds(1, 100, 1)
+        self.assertAlmostEqual(overlapped, 0.050 + 1.1e-6)
+        self.assertGreater(serial, overlapped + 0.001)
+
+    def test_tensorrt_llm_admits_only_what_can_finish_so_it_never_preempts(self):
+        spec = main.RunSpec(kv_tokens=2000, block_size=16, requests=40, concurrency=40,
+                            prompt_tokens=main.TokenRange(100, 100), output_tokens=main.TokenRange(300, 300))
+        vllm = main.run(spec)
+        trt = main.run(main.replace(spec, engine="trtllm"))
+        self.assertGreater(vllm["engine"]["preemptions"], 0)
+        self.assertEqual(trt["engine"]["preemptions"], 0)
+        self.assertLessEqual(trt["engine"]["peak_running"], 2000 // 400)
+
+    def test_an_unknown_engine_is_one_line_naming_the_known_ones(self):
+        code, _, err = call_cli("simulate", "--engine", "tgi")
+        self.assertEqual(code, 2)
+        self.assertIn("vllm", err)
+        self.assertIn("trtllm", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
