@@ -281,6 +281,8 @@ class CapacityPlan:
     note: str = ""    # what an explicit size implies, said once on stderr
     tensor_parallel_size: int = 1      # the plan is one GPU's of that many
     group_model: Optional[ModelSpec] = None     # the whole model, when `model` is one GPU's share
+    replicas: int = 1                  # data-parallel engines of this plan, each with its own cache
+    expert_parallel: bool = False      # ... sharing out the experts between them
 
     @property
     def kv_tokens(self) -> int:
@@ -1836,6 +1838,21 @@ class ExpertRead:
     def weights_read(self, tokens: float) -> float:
         return self.weight_bytes - self.expert_bytes * self.miss ** (tokens * self.tokens_per_expert_token)
 
+    def critical_batch(self) -> float:
+        """The tokens at which the arithmetic catches up with the read of the experts those tokens
+        touch (not of the few one token touches): the read grows with the batch, so bisect."""
+        def compute_bound(tokens: float) -> bool:
+            compute, memory = self.times(tokens, 0)
+            return compute >= memory
+
+        low, high = 1.0, 2.0
+        while not compute_bound(high) and high < 1e9:
+            low, high = high, high * 2
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (low, middle) if compute_bound(middle) else (middle, high)
+        return high
+
 
 def cost_model(name: str, hardware: Hardware, model: ModelSpec, gemm_tflops: Optional[float] = None,
                engine: Optional[EngineProfile] = None, max_num_seqs: int = 256) -> Roofline:
@@ -2644,6 +2661,9 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("--data-parallel-size with --disaggregate is not modelled: one prefill and one decode engine")
     if spec.enable_expert_parallel and not spec.model.experts:
         raise UserError(f"--enable-expert-parallel spreads a mixture of experts' experts; {spec.model.name} is dense")
+    if spec.enable_expert_parallel and spec.data_parallel_size == 1 and spec.tensor_parallel_size == 1:
+        raise UserError("--enable-expert-parallel spreads the experts over data-parallel replicas: add -dp N "
+                        "(N of 2 or more), or drop it")
     if spec.enable_expert_parallel and spec.tensor_parallel_size > 1:
         raise UserError("servesim models expert parallelism across data-parallel replicas (-tp 1 -dp N "
                         "--enable-expert-parallel); with tensor parallelism it is not modelled: drop one of them")
@@ -2748,6 +2768,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     if ep > 1:
         cost = ExpertParallel(cost, hardware, model, ep)
     plan.tensor_parallel_size, plan.group_model = tp, model
+    plan.replicas, plan.expert_parallel = spec.data_parallel_size, ep > 1
     return plan, cost
 
 
@@ -3788,6 +3809,16 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
     config = report.get("config") or {}
     settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
+    shape = (report.get("server") or {}).get("shape") if isinstance(report.get("server"), dict) else None
+    if isinstance(shape, dict) and "unknown" not in shape:       # loadgen kept the server's /props
+        for key, (low, high) in SERVER_SHAPE.items():
+            value = shape.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UserError(f"report {name}: server.shape.{key} must be a whole number from {low:,} to {high:,}, "
+                                f"got {str(value)[:40]}")
+            settings[key] = value
+        notes.append(f"the server's shape as loadgen read it from /props: {shape['max_num_seqs']} slots, "
+                     f"{shape['kv_tokens']:,} KV tokens")
     return MeasuredRun(name, requests, settings, [], notes)
 
 
@@ -5019,6 +5050,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
         result["server"]["problem"] = sampler.problem
+    # The server's own shape, kept so that compare simulates this server and not the defaults.
+    shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
+    result["server"]["shape"] = shape or {"unknown": note}
     result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
     short = [r for r in records if r.error is None and config.ignore_eos and r.usage_seen
@@ -5209,12 +5243,16 @@ def nelder_mead(f: Callable[[list[float]], float], start: list[float], step: flo
     return min(simplex, key=f)
 
 
-def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, name: str) -> tuple[Hardware, list[float]]:
+def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
+              name: str) -> tuple[Hardware, list[float], list[str]]:
     """Effective figures (mbu = mfu = 1) that best fit the observed step times by relative error:
     bandwidth, TFLOPS, overhead per step and overhead per sequence. A small prior keeps the
     per-sequence cost at zero unless the data needs it: a GPU fits the plain roofline, while a
     CPU llama.cpp pays milliseconds per extra sequence that no FLOPS figure explains.
-    Returns the hardware and each observation's error (predicted / measured - 1)."""
+    A figure no measured step depends on is not fitted: the bandwidth when no step is memory-bound
+    at the fit, the FLOPS when none is compute-bound (a step costs the slower of the two, so the
+    other moves nothing). It keeps the base preset's effective value, and is named in the result.
+    Returns the hardware, each observation's error (predicted / measured - 1), and what was kept."""
     def hardware(params: list[float]) -> Hardware:
         bandwidth, tflops, overhead = (float(f"{math.exp(v):.6g}") for v in params[:3])
         return Hardware(name, base.memory_gib, bandwidth, tflops, mbu=1.0, mfu=1.0, step_overhead_ms=overhead,
@@ -5230,15 +5268,26 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware, na
     overhead = shortest / 2
     tflops = 2 * model.params * biggest.tokens / max(biggest.seconds - overhead, 1e-9) / 1e12
     bandwidth = (model.weight_bytes + smallest.context * model.kv_bytes_per_token) / max(smallest.seconds - overhead, 1e-9) / 1e9
-    # Weak priors, for what the runs may leave open: no per-sequence cost, and the base preset's
-    # bandwidth when no measured step was memory-bound (a CPU llama.cpp often has none).
+    start = [math.log(bandwidth), math.log(tflops), math.log(overhead * 1000), 0.0]
+    preset = {0: math.log(base.bandwidth_gbs * base.mbu), 1: math.log(base.tflops * base.mfu)}
     seq_prior = 1e-4 / (shortest * 1000) ** 2
-    base_bandwidth = math.log(base.bandwidth_gbs * base.mbu)
-    best = nelder_mead(lambda p: sum(e * e for e in errors(hardware(p))) + seq_prior * p[3] ** 4
-                       + 1e-6 * (p[0] - base_bandwidth) ** 2,
-                       [math.log(bandwidth), math.log(tflops), math.log(overhead * 1000), 0.0])
-    fitted = hardware(best)
-    return fitted, errors(fitted)
+    kept: dict[int, float] = {}
+    while True:
+        free = [i for i in range(4) if i not in kept]
+
+        def full(values: list[float]) -> list[float]:
+            params = {**kept, **dict(zip(free, values))}
+            return [params[i] for i in range(4)]
+
+        best = full(nelder_mead(lambda v: sum(e * e for e in errors(hardware(full(v)))) + seq_prior * full(v)[3] ** 4,
+                                [start[i] for i in free]))
+        fitted = hardware(best)
+        bound = [memory_bound(fitted, model, o) for o in found]
+        unmeasured = {i: preset[i] for i, seen in ((0, any(bound)), (1, not all(bound))) if not seen and i not in kept}
+        if not unmeasured:
+            names = {0: "bandwidth", 1: "tflops"}
+            return fitted, errors(fitted), [names[i] for i in sorted(kept)]
+        kept.update(unmeasured)
 
 
 def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bool:
@@ -5298,6 +5347,9 @@ def compared_rows(measured: dict, simulated: dict, timeline: list = ()) -> dict:
         rows["goodput req/s"] = (measured["request_goodput"], simulated.get("request_goodput"))
     return {label: {"measured": m, "servesim": s, "error": s / m - 1 if m and s is not None else None}
             for label, (m, s) in rows.items() if m is not None or s is not None}
+
+
+SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "max_num_batched_tokens": (1, 10**7)}
 
 
 def server_shape(client: Http) -> tuple[dict, str]:
@@ -5552,8 +5604,9 @@ def validation_summary(results: list[dict]) -> dict:
 def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: ModelSpec) -> dict:
     """loadgen --simulate: the run just measured (its send times and lengths, the server's own
     shape where /props gives it) simulated, each figure beside the measured one."""
-    client = Http(config.url, config.timeout_s, config.api_key)
-    shape, note = server_shape(client)
+    kept = (report.get("server") or {}).get("shape") or {}
+    shape, note = ({}, kept["unknown"]) if "unknown" in kept else (kept, "") if kept else \
+        server_shape(Http(config.url, config.timeout_s, config.api_key))
     spec = RunSpec(hardware=hardware, model=model, **shape)
     title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
     try:
@@ -6613,11 +6666,21 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
               f"at ~{cost.critical_batch():.0f} tokens per step\n")
-    if isinstance(cost, Parallel):
-        share = cost.communication_seconds(1) * 1000
+    parallel = cost.inner if isinstance(cost, ExpertParallel) else cost
+    if isinstance(parallel, Parallel):
+        share = parallel.communication_seconds(1) * 1000
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers} layers over "
                   f"{h.interconnect_gbs:g} GB/s, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
                   f"{h.interconnect_latency_us:g} us each\n")
+    if isinstance(cost, ExpertParallel):
+        share = cost.communication_seconds(1) * 1000
+        held = round(m.expert_share * m.experts)
+        out.write(f"{'expert parallel':<17}{held} of {m.experts} experts on each GPU; gathering every rank's tokens "
+                  f"and scattering back costs {share:.2f} ms of the step ({share / step:.0%}) at batch 1 on each\n")
+    if plan.replicas > 1:
+        out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
+                  f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
+                  f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
     out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
               f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
@@ -6635,7 +6698,10 @@ def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
         "decode_step_ms": cost.step_seconds(1, 0, 1, 1) * 1000,
         "critical_batch_tokens": cost.critical_batch(),
         "tensor_parallel_size": plan.tensor_parallel_size,     # every figure above is one GPU's
-        "all_reduce_ms": cost.communication_seconds(1) * 1000 if isinstance(cost, Parallel) else 0.0,
+        "data_parallel_size": plan.replicas, "enable_expert_parallel": plan.expert_parallel,
+        "all_reduce_ms": (cost.inner if isinstance(cost, ExpertParallel) else cost).communication_seconds(1) * 1000
+        if isinstance(cost.inner if isinstance(cost, ExpertParallel) else cost, Parallel) else 0.0,
+        "expert_parallel_ms": cost.communication_seconds(1) * 1000 if isinstance(cost, ExpertParallel) else 0.0,
     }
 
 
@@ -7404,18 +7470,20 @@ def cmd_calibrate(args) -> int:
     base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     if args.out:
         check_writable(args.out, "--out")
-    hardware, errors = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
+    hardware, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     if args.out:
         write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
     else:
         write_json(asdict(hardware))
     fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
-    if not any(memory_bound(hardware, model, o) for o in found):
-        fit += f"; no measured step was memory-bound, so the bandwidth stays near {args.hardware}'s"
-    summary = (f"calibrated {hardware.name} for {model.name}: {hardware.bandwidth_gbs:.2f} GB/s, "
-               f"{hardware.tflops:.4g} TFLOPS, {hardware.step_overhead_ms:.2f} ms per step "
-               f"+ {hardware.seq_overhead_ms:.2f} ms per sequence "
-               f"(knee at ~{cost_model('roofline', hardware, model).critical_batch():.1f} tokens); fit: {fit}"
+    why = {"bandwidth": "no measured step was memory-bound", "tflops": "no measured step was compute-bound"}
+    figures = [f"{hardware.bandwidth_gbs:.2f} GB/s", f"{hardware.tflops:.4g} TFLOPS"]
+    for i, name in enumerate(("bandwidth", "tflops")):
+        if name in kept:
+            figures[i] += f" ({base.name}'s, kept: {why[name]})"
+    knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', hardware, model).critical_batch():.1f} tokens per step"
+    summary = (f"calibrated {hardware.name} for {model.name}: {', '.join(figures)}, {hardware.step_overhead_ms:.2f} ms per step "
+               f"+ {hardware.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}"
                + (f"; wrote {args.out}" if args.out else ""))
     (sys.stdout if args.out else sys.stderr).write(summary + "\n")
     return 0
@@ -7497,7 +7565,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the memory plan: weights, KV bytes per token, memory budget, KV blocks, "
                                    "max concurrency, the decode step at batch 1 and the batch where compute "
                                    "catches up with the weight read, plus vLLM's startup line for the same plan.")
-    add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["group"] == "plan"])
+    add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["group"] == "plan"]
+                 + ["data_parallel_size", "enable_expert_parallel"])
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=cmd_capacity)
 

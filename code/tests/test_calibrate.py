@@ -63,6 +63,18 @@ class Recovery(unittest.TestCase):
             self.assertAlmostEqual(fitted[key] / value, 1, delta=0.05, msg=key)
 
 
+    def test_a_figure_no_step_depends_on_keeps_the_presets_value_and_says_so(self):
+        """Every step compute-bound: the bandwidth moves no prediction, so it is not fitted (a
+        fit once wrote 208 GB/s here for a 20 GB/s preset and a knee at ~1.0 tokens)."""
+        known = self.hardware_file(bandwidth_gbs=2000.0, tflops=0.05, step_overhead_ms=1.0)
+        fitted, summary = self.calibrate(self.report(known, 1, 40), self.report(known, 4, 40))
+        self.assertAlmostEqual(fitted["bandwidth_gbs"] / 20.0, 1, delta=0.10)
+        self.assertAlmostEqual(fitted["tflops"] / 0.05, 1, delta=0.05)
+        self.assertIn("20.00 GB/s (cpu-4vcpu's, kept: no measured step was memory-bound)", summary)
+        self.assertNotIn("knee", summary)
+        self.assertNotIn("catches up", summary)
+
+
 class BadReports(unittest.TestCase):
     def test_too_few_measured_steps_and_unreadable_files_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:

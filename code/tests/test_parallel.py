@@ -112,6 +112,43 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertAlmostEqual(cost.communication_seconds(10), 2 * 2 * (moved / (100e9 * 0.85) + 6.6e-6 + 5e-6),
                                places=15)
 
+    def test_the_moe_crossover_reads_the_experts_the_batch_touches(self):
+        """Compute catches up with the weight read where 2 x active params x T / (TFLOPS x mfu)
+        equals (shared + experts x (1 - (1 - k/E)^T)) / (GB/s x mbu), worked here by bisection by
+        hand; the read of one token's experts would put it ~9x lower."""
+        h100, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["qwen3-30b-a3b"]
+        flops = 2 * model.compute_params / (h100.tflops * 1e12 * h100.mfu)
+        read = lambda t: (model.weight_bytes - model.expert_bytes * (1 - model.experts_per_token / model.experts) ** t) \
+            / (h100.bandwidth_gbs * 1e9 * h100.mbu)
+        low, high = 1.0, 1e6
+        for _ in range(100):
+            middle = (low + high) / 2
+            low, high = (low, middle) if flops * middle >= read(middle) else (middle, high)
+        crossover = main.cost_model("roofline", h100, model).critical_batch()
+        self.assertAlmostEqual(crossover, high, delta=0.01)
+        self.assertGreater(crossover, 8 * read(1) / flops)
+        code, out, _ = call_cli("capacity", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb")
+        self.assertIn(f"at ~{crossover:.0f} tokens per step", out)
+
+    def test_capacity_plans_replicas_and_expert_parallelism(self):
+        code, out, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb", "-dp", "2",
+                                  "--enable-expert-parallel", "--json")
+        self.assertEqual(code, 0, err)
+        plan = json.loads(out)
+        model = main.MODELS["qwen3-30b-a3b"]
+        # Each GPU holds everything but the experts, and half of those.
+        self.assertAlmostEqual(plan["weight_bytes"], model.weight_bytes - model.expert_bytes / 2, delta=1e6)
+        cost = main.ExpertParallel(None, main.HARDWARE["h100-sxm-80gb"], model, 2)
+        self.assertAlmostEqual(plan["expert_parallel_ms"], cost.communication_seconds(1) * 1000)
+        self.assertEqual(plan["data_parallel_size"], 2)
+        code, text, _ = call_cli("capacity", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb", "-dp", "2",
+                                 "--enable-expert-parallel")
+        self.assertIn("64 of 128 experts on each GPU", text)
+        self.assertIn(f"{2 * plan['kv_tokens']:,} KV tokens", text)
+        code, _, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "--enable-expert-parallel")
+        self.assertEqual(code, 2)
+        self.assertIn("add -dp N", err)
+
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
         device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)
