@@ -3272,6 +3272,15 @@ def read_run(path: str) -> MeasuredRun:
     return run_from_report(report, os.path.basename(path))
 
 
+def run_files(path: str) -> list[str]:
+    """The files read_run reads for a run given as `path`."""
+    if os.path.isdir(path) or path.endswith(".jsonl"):
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        log = os.path.join(path, "requests.jsonl") if os.path.isdir(path) else path
+        return [log, os.path.join(folder, "meta.json"), os.path.join(folder, "timeseries.csv")]
+    return [path]
+
+
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -3658,7 +3667,8 @@ class StreamRecord:
 @dataclass
 class LoadConfig:
     """A load run described once; each field with a flag is a row of loadgen's settings table."""
-    url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address", "server")
+    url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address (a pasted endpoint ending "
+                       "in /v1 or /v1/chat/completions is taken for it)", "server")
     model: Optional[str] = setting(None, "--model", str, "model id to request", "server",
                                    default_text="the first id from GET /v1/models")
     api_key: Optional[str] = setting(None, "--api-key", str, "sent as a Bearer token, never printed", "server",
@@ -3746,11 +3756,18 @@ MAX_LINE_BYTES = 1 << 20      # an event stream line longer than this is a broke
 
 
 def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
-    """scheme, host, port, base path and (user, password) of --url, checked into one-line errors."""
+    """scheme, host, port, base path and (user, password) of --url, checked into one-line errors.
+    A pasted endpoint (.../v1, .../v1/chat/completions) is taken for the base address it ends."""
+    netloc = ""
     try:
         parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        netloc = parts.netloc
         port = parts.port
     except ValueError:
+        given = netloc.rpartition("@")[2].rpartition(":")[2]
+        if given.isdigit() and int(given) > 65535:
+            raise UserError(f"--url {redact_url(url)!r}: port {given} is out of range; a port is from 1 "
+                            f"to 65,535") from None
         raise UserError(f"--url {redact_url(url)!r}: not a URL (a password with / ? # or @ must be "
                         f"percent-encoded); expected http://HOST:PORT") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -3763,16 +3780,31 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
     except (OSError, UnicodeError) as e:
         raise UserError(f"--url {redact_url(url)!r}: cannot resolve the host {parts.hostname!r} ({e}); "
                         f"expected http://HOST:PORT") from None
-    base = parts.path.rstrip("/")
-    base = base[:-3] if base.endswith("/v1") else base
+    base = re.sub(r"/v1(/chat/completions|/completions|/models)?/*$", "", parts.path.rstrip("/"))
     credentials = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) \
         if parts.username is not None else None
     return parts.scheme, parts.hostname, port, base, credentials
 
 
+# What a terminal acts on instead of printing (C0 and C1 controls: ESC starts a sequence that can
+# set the window title or clear the screen; bidirectional overrides reorder what is shown), and
+# what no encoding can write (a lone surrogate, which JSON's \ud800 escape makes).
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text from a server, safe to print, store and draw: whitespace controls become spaces, the
+    other characters above their escapes (\\x1b, \\ud800)."""
+    def escaped(match) -> str:
+        c = match.group()
+        return " " if c in "\t\n\r" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return UNPRINTABLE.sub(escaped, text)
+
+
 def redact_url(url: str) -> str:
-    """The URL as reports print it: any user:password@ replaced."""
-    return re.sub(r"(?<=://).*@", "***@", url)
+    """The URL as reports print it: everything up to its last @ (a user and password, with or
+    without a scheme in front, whether or not the URL parses) replaced by ***."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*@", r"\1***@", url, flags=re.S)
 
 
 class Http:
@@ -3799,10 +3831,11 @@ class Http:
             self.secrets.append(token)
 
     def redact(self, text: str) -> str:
-        """A server's words with our secrets taken out, and anything that looks like a key."""
+        """A server's words as servesim shows and stores them: our secrets taken out, and
+        anything that looks like a key, and no control characters (printable())."""
         for secret in self.secrets:
             text = text.replace(secret, "***")
-        return re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text)
+        return printable(re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text))
 
     def open(self, method: str, path: str, body: Optional[bytes] = None, answer_within: Optional[float] = None):
         """Send a request and read the answer's status and headers; with answer_within, a server
@@ -4035,6 +4068,8 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             connection.close()
         if record.error:
             record.error = client.redact(record.error)
+        if record.finish_reason:
+            record.finish_reason = client.redact(record.finish_reason)[:80]
 
 
 def words_for(config: LoadConfig, tokens: float) -> int:
@@ -4320,6 +4355,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
     model = config.model or first_model(client)
+    shown_model = client.redact(model)         # the id is the server's text: sent back as it is, shown redacted
     sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     rows = config.trace.rows if config.trace else None
     limit = config.requests if config.requests is not None else math.inf
@@ -4358,7 +4394,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             refused.append(str(e))
             stop.set()                # the server is gone: send nothing more
         except Exception as e:        # a bug of ours: keep the request, say what happened
-            record.error = f"client error: {type(e).__name__}: {e}"[:240]
+            record.error = client.redact(f"client error: {type(e).__name__}: {e}")[:240]
         with lock:
             if in_flight.pop(index, None) is not None:   # else the main thread already counted it
                 records.append(record)
@@ -4506,8 +4542,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                        trace=config.trace).arrivals() if not rows else f"trace arrivals ({config.trace.name})"
     shape = arrivals + (f", at most {config.concurrency} in flight" if open_loop and config.concurrency else "")
     result["config"] = {
-        "title": f"loadgen {model} at {client.url}  {len(records):,} requests  {shape}",
-        "url": client.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
+        "title": f"loadgen {shown_model} at {client.url}  {len(records):,} requests  {shape}",
+        "url": client.url, "model": shown_model, "max_concurrency": config.concurrency, "request_rate": config.rate,
         "num_prompts": len(records), "duration_limit_s": config.duration_s, "max_tokens": config.max_tokens,
         "ignore_eos": config.ignore_eos, "prompt_words": None if config.prompts else config.prompt_words,
         "prefix_words": config.prefix_words, "prompts_file": bool(config.prompts), "seed": config.seed,
@@ -4762,7 +4798,8 @@ def server_shape(client: Http) -> tuple[dict, str]:
         return {}, f"no usable llama.cpp /props ({type(e).__name__}): simulator defaults"
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, context)) \
             or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
-        return {}, f"/props reports {slots!r} slots of {context!r} tokens, not a server shape: simulator defaults"
+        return {}, client.redact(f"/props reports {str(slots)[:40]!r} slots of {str(context)[:40]!r} tokens, not a "
+                                 f"server shape: simulator defaults")
     return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
 
 
@@ -5296,8 +5333,16 @@ def finite(value):
 def write_text(text: str, out=None) -> None:
     """A finished report, written at once so an interrupt never leaves half of it."""
     out = out or sys.stdout
+    text = text if text.endswith("\n") else text + "\n"
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    try:        # what the terminal's encoding cannot hold is shown as its escape, never a traceback
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        pass
     try:
-        out.write(text if text.endswith("\n") else text + "\n")
+        out.write(text)
         out.flush()
     except BrokenPipeError:
         raise
@@ -5309,32 +5354,64 @@ def write_json(report, out=None) -> None:
     write_text(json.dumps(finite(report), indent=2, allow_nan=False), out)
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Before the work: a file we are asked to write must have a directory to go in."""
+# The arguments that name files a command reads: an output must not be one of them.
+INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardware", "model": "--model",
+              "draft_model": "--draft-model", "prefill_hardware": "--prefill-hardware",
+              "decode_hardware": "--decode-hardware", "simulate": "--simulate", "run": "the run",
+              "reports": "a report", "files": "an input"}
+
+
+def check_writable(path: str, flag: str, args=None) -> None:
+    """Before the work: a file we are asked to write must have a directory to go in, and must not
+    be a file the command reads (writing it would destroy the input)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UserError(f"{flag} {path}: the directory {directory} does not exist")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    for name, what in INPUT_ARGS.items():
+        given = getattr(args, name, None)
+        for value in given if isinstance(given, list) else [given]:
+            if not isinstance(value, str):
+                continue
+            for read in run_files(value) if name == "run" else [value]:
+                if os.path.realpath(read) == os.path.realpath(path) or \
+                        (os.path.exists(read) and os.path.exists(path) and os.path.samefile(read, path)):
+                    raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
+                                    f"the input, so give {flag} another file")
 
 
 def write_file(path: str, text: str) -> None:
-    """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1."""
+    """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1. The
+    text goes to a new file of a random name beside it (created exclusively, so a planted file or
+    link of that name cannot redirect it), then replaces the file."""
+    data = text.encode("utf-8", "backslashreplace")
     if os.path.exists(path) and not os.path.isfile(path):
         try:                          # a device or a pipe: write to it, there is nothing to replace
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+            with open(path, "wb") as f:
+                f.write(data)
             return
         except OSError as e:
             raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
-    partial = f"{path}.partial"
+    partial = None
     try:
-        with open(partial, "w", encoding="utf-8") as f:
-            f.write(text)
+        for _ in range(100):
+            candidate = f"{path}.{os.urandom(6).hex()}.partial"
+            try:
+                fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            except FileExistsError:
+                continue
+            partial = candidate
+            break
+        else:
+            raise CapacityError(f"cannot write {path}: no free name for its temporary file beside it")
+        with open(fd, "wb") as f:
+            f.write(data)
         os.replace(partial, path)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
+        if partial:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
         raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
 
 
@@ -5794,8 +5871,12 @@ class Panel:
             self.series.append((name, points, style, len(self.series) if color is None else color))
 
 
+# What XML 1.0 cannot hold at all, escaped or not: control characters, lone surrogates, U+FFFE/F.
+NOT_XML = re.compile(r"[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def escape(text) -> str:
-    return xml_escape(str(text), {'"': "&quot;"})
+    return xml_escape(NOT_XML.sub("?", str(text)), {'"': "&quot;"})
 
 
 def nice_ticks(low: float, high: float, log: bool) -> list[float]:
@@ -6178,7 +6259,7 @@ def write_timeline(args, title: str, rows: list[dict]) -> None:
 def cmd_simulate(args) -> int:
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
-            check_writable(path, flag)
+            check_writable(path, flag, args)
     spec = spec_from_args(args)
     pictured = bool(args.timeline or args.plot)
     result = run(spec, Progress("simulate"), timeline=pictured)
@@ -6221,7 +6302,7 @@ def cmd_sweep(args) -> int:
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
     if args.plot:
-        check_writable(args.plot, "--plot")
+        check_writable(args.plot, "--plot", args)
     progress = Progress("sweep")
     table = None
     if not (args.json or args.csv):
@@ -6287,7 +6368,7 @@ def cmd_search(args) -> int:
     if args.confirm:
         confirm_check(args.confirm, spec)
     if args.plot:
-        check_writable(args.plot, "--plot")
+        check_writable(args.plot, "--plot", args)
     progress = Progress("search")
     found, stopped = [], None
     try:
@@ -6392,7 +6473,7 @@ def cmd_loadgen(args) -> int:
     config = load_from_args(args)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
-            check_writable(path, flag)
+            check_writable(path, flag, args)
     if args.simulate:
         # Resolve the presets before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
@@ -6436,10 +6517,10 @@ def cmd_merge(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.timeline:
+        check_writable(args.timeline, "--timeline", args)
     measured = read_run(args.run)
     spec = recorded_spec(measured, settings_from_args(RunSpec, args))
-    if args.timeline:
-        check_writable(args.timeline, "--timeline")
     compared = compare_run(measured, spec, timeline=bool(args.timeline))
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
@@ -6447,14 +6528,14 @@ def cmd_compare(args) -> int:
     for note in measured.notes:
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
     timeline = simulated.pop("timeline", None)
-    if args.timeline:
-        write_file(args.timeline, timeline_csv(timeline))
     if args.json:
         write_json(compared)
     else:
         out = io.StringIO()
         print_compared(compared["title"], compared["rows"], out.write)
         write_text(out.getvalue())
+    if args.timeline:        # after the report, so a failed write loses nothing
+        write_file(args.timeline, timeline_csv(timeline))
     return 0
 
 
@@ -6484,7 +6565,7 @@ def cmd_calibrate(args) -> int:
                         f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
     base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     if args.out:
-        check_writable(args.out, "--out")
+        check_writable(args.out, "--out", args)
     hardware, errors = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     if args.out:
         write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
