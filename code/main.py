@@ -28,8 +28,20 @@ one (code/tests/test_layout.py). Standard library only.
 """
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":      # Ctrl-C or SIGTERM while the rest loads: one line, as later on
+    def stopped_while_loading(signum, frame):
+        os.write(2, b"servesim: interrupted\n" if signum == signal.SIGINT else b"servesim: terminated\n")
+        os._exit(130 if signum == signal.SIGINT else 143)
+    signal.signal(signal.SIGINT, stopped_while_loading)
+    signal.signal(signal.SIGTERM, stopped_while_loading)
+
 import argparse
 import base64
+import concurrent.futures
 import contextlib
 import bisect
 import heapq
@@ -44,13 +56,10 @@ import json
 import math
 import multiprocessing
 import operator
-import os
 import random
 import re
 import shlex
-import signal
 import socket
-import sys
 import threading
 import time
 import urllib.parse
@@ -2790,24 +2799,75 @@ def quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def map_points(task: Callable, points: list[dict], jobs: int = 1,
-               progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
+class WorkerDied(CapacityError):
+    """A worker process of a parallel sweep or search died (the out-of-memory killer, a kill)."""
+
+
+def point_label(settings: dict) -> str:
+    return " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
+
+
+class PointRunner:
     """task(settings, progress) for each point, yielded in the order of `points` as soon as it and
     those before it are done. With jobs > 1 the points run in that many processes (without
-    progress lines); the results are the same."""
-    if jobs <= 1 or len(points) <= 1:
-        for settings in points:
-            label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
-            point = (lambda text, label=label: progress(f"{label}: {text}" if label else text)) if progress else None
-            yield task(settings, point)
-        return
-    pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
-    try:
-        yield from pool.imap(task, points)
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+    progress lines); the results are the same. A worker that dies is WorkerDied, not a wait
+    forever. However the iteration ends (done, a dead worker, Ctrl-C), the workers are stopped;
+    finished() then gives the points that did finish but were not yielded, having waited behind
+    an unfinished one."""
+
+    def __init__(self, task: Callable, points: list[dict], jobs: int = 1,
+                 progress: Optional[Callable[[str], None]] = None):
+        self.task, self.points, self.progress = task, points, progress
+        self.executor, self.futures, self.next, self.rest = None, [], 0, None
+        if jobs > 1 and len(points) > 1:
+            self.executor = concurrent.futures.ProcessPoolExecutor(min(jobs, len(points)), initializer=quiet_worker)
+            self.futures = [self.executor.submit(task, settings) for settings in points]
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            while self.next < len(self.points):
+                yield self.result(self.points[self.next])
+        finally:
+            self.finished()
+
+    def result(self, settings: dict) -> dict:
+        """The next point's result (run here, or waited for)."""
+        if self.executor is None:
+            label = point_label(settings)
+            point = (lambda text: self.progress(f"{label}: {text}" if label else text)) if self.progress else None
+            result = self.task(settings, point)
+        else:
+            try:
+                result = self.futures[self.next].result()
+            except concurrent.futures.BrokenExecutor:
+                lost = [point_label(p) for p, f in zip(self.points, self.futures) if not self.succeeded(f)]
+                raise WorkerDied(f"a worker process died (killed, perhaps by the out-of-memory killer) before "
+                                 f"{len(lost):,} of {len(self.points):,} points finished, the first "
+                                 f"{lost[0] or 'the only one'}; the output holds the points that finished") from None
+        self.next += 1
+        return result
+
+    @staticmethod
+    def succeeded(future) -> bool:
+        return future.done() and not future.cancelled() and future.exception() is None
+
+    def finished(self) -> list[tuple[int, dict]]:
+        """(index, result) of the points after the last one yielded that finished anyway; the
+        workers stop."""
+        if self.rest is None:
+            self.rest = [(i, f.result()) for i, f in enumerate(self.futures) if i >= self.next and self.succeeded(f)]
+            executor, self.executor = self.executor, None
+            if executor is not None:
+                for process in list((getattr(executor, "_processes", None) or {}).values()):
+                    with contextlib.suppress(OSError, ValueError, AttributeError):
+                        process.kill()
+                executor.shutdown(wait=True, cancel_futures=True)
+        return self.rest
+
+
+def map_points(task: Callable, points: list[dict], jobs: int = 1,
+               progress: Optional[Callable[[str], None]] = None) -> PointRunner:
+    return PointRunner(task, points, jobs, progress)
 
 
 def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
@@ -3752,7 +3812,12 @@ class ServerUnreachable(CapacityError):
     pass
 
 
-MAX_LINE_BYTES = 1 << 20      # an event stream line longer than this is a broken stream
+MAX_LINE_BYTES = 1 << 20      # an event stream line (or event) longer than this is a broken stream
+MAX_PAGE_BYTES = 16 << 20     # a GET answer (/metrics, /v1/models, /props) longer than this is refused
+
+
+class PageTooLarge(http.client.HTTPException):
+    pass
 
 
 def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
@@ -3874,9 +3939,23 @@ class Http:
             raise
 
     def get(self, path: str) -> tuple[int, bytes]:
-        connection, response = self.open("GET", path)
+        """A whole page within --timeout: a server that drips it, or stalls part way, is a timeout,
+        and one longer than MAX_PAGE_BYTES an error, never a page silently cut short."""
+        deadline = time.perf_counter() + self.timeout_s
+        connection, response = self.open("GET", path, answer_within=self.timeout_s)
         try:
-            return response.status, response.read(MAX_LINE_BYTES)
+            body = bytearray()
+            while True:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise socket.timeout(f"{path} did not arrive whole within {self.timeout_s:g} s (--timeout)")
+                response.socket.settimeout(remaining)
+                chunk = response.read1(65536)
+                if not chunk:
+                    return response.status, bytes(body)
+                body += chunk
+                if len(body) > MAX_PAGE_BYTES:
+                    raise PageTooLarge(f"{path} is longer than {MAX_PAGE_BYTES >> 20} MiB")
         finally:
             connection.close()
 
@@ -3951,6 +4030,7 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
 
     data_lines: list[str] = []
     event_at = 0.0
+    event_bytes = 0
     done = False
     events = 0
     for raw, at in stream_lines(response, sock, deadline):
@@ -3961,14 +4041,17 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
             if name == "data":
                 if not data_lines:
                     event_at = at
+                event_bytes += len(raw)
+                if event_bytes > MAX_LINE_BYTES:
+                    raise StreamError(f"bad stream: an event longer than {MAX_LINE_BYTES // 1024:,} KiB")
                 data_lines.append(value)
-                last_event = at
             elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
                 raise StreamError(f"server error in stream: {value}")
             continue                  # comments (": keep-alive"), event:, id:, unknown fields
         if not data_lines:
             continue
-        data, data_lines = "\n".join(data_lines), []
+        # A whole event (its blank line came) is progress; a data: line without one is not.
+        data, data_lines, event_bytes, last_event = "\n".join(data_lines), [], 0, at
         events += 1
         if events > max_events:
             raise StreamError(f"bad stream: more than {max_events:,} events for this request")
@@ -4162,7 +4245,13 @@ def read_prompts(path: str) -> list:
 # Prometheus text format, by exact name. Labelled series of one name are summed (vLLM has one
 # per engine); `_created` samples are timestamps, not values.
 
-def parse_prometheus(text: str) -> dict[str, float]:
+# No gauge or counter of a serving engine comes near this; a sample beyond it is left out.
+PROMETHEUS_LIMIT = 1e15
+
+
+def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, float]:
+    """name -> value; samples that are not finite or beyond PROMETHEUS_LIMIT are left out (and
+    counted by name in `ignored`)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -4181,44 +4270,60 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(parts[0])
         except ValueError:
             continue
-        if math.isfinite(value):
+        if math.isfinite(value) and abs(value) <= PROMETHEUS_LIMIT:
             values[name] = values.get(name, 0.0) + value
+        elif ignored is not None:
+            ignored[name] += 1
     return values
 
 
 class MetricsSampler:
     """Scrapes /metrics before, every interval during, and after a run; reports a missing
-    endpoint once and carries on. Also measures how late a sleeping thread wakes, the client's
-    own worst scheduling delay, which bounds how late an event's timestamp can be."""
+    endpoint once and carries on. Each scrape ends within --timeout (Http.get); the last one is
+    optional: if it fails, the window ends at the last scrape that answered. Also measures how
+    late a sleeping thread wakes, the client's own worst scheduling delay, which bounds how late
+    an event's timestamp can be."""
     def __init__(self, client: Http, interval_s: float):
         self.client = client
         self.interval_s = interval_s
         self.final_scrape = True
         self.scrapes: list[dict[str, float]] = []
         self.times: list[float] = []           # when each scrape was read (perf_counter)
-        self.problem: Optional[str] = None
+        self.problem: Optional[str] = None     # why /metrics cannot be read: no more scrapes
+        self.final_problem: Optional[str] = None
+        self.ignored: Counter = Counter()      # samples out of range, by name
         self.worst_wake_delay_s = 0.0
         self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.closed = False                    # the report has taken the scrapes: keep no more
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
-    def scrape(self) -> None:
+    def scrape(self, final: bool = False) -> None:
         if self.problem:
             return
+        problem = None
         try:
             status, body = self.client.get("/metrics")
         except (OSError, http.client.HTTPException, CapacityError) as e:
-            self.problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
-            return
-        if status != 200:
-            detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
-            self.problem = f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang --enable-metrics"
-            return
-        values = parse_prometheus(body.decode("utf-8", errors="replace"))
-        if not values:
-            self.problem = "/metrics answered but held no samples in Prometheus text format"
-            return
-        self.scrapes.append(values)
-        self.times.append(time.perf_counter())
+            problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
+        else:
+            values = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
+            if status != 200:
+                detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
+                problem = (f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang "
+                           f"--enable-metrics")
+            elif not values:
+                problem = "/metrics answered but held no samples in Prometheus text format"
+        with self.lock:
+            if self.closed:
+                return
+            if problem and final and self.scrapes:
+                self.final_problem = f"the last scrape failed, so the window ends at the one before: {problem}"
+            elif problem:
+                self.problem = problem
+            else:
+                self.scrapes.append(values)
+                self.times.append(time.perf_counter())
 
     def loop(self) -> None:
         next_scrape = time.perf_counter() + self.interval_s
@@ -4229,17 +4334,31 @@ class MetricsSampler:
             if time.perf_counter() >= next_scrape:
                 self.scrape()
                 next_scrape = time.perf_counter() + self.interval_s
+        if self.final_scrape:
+            self.scrape(final=True)
 
     def __enter__(self):
         self.scrape()
         self.thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def finish(self) -> None:
+        """The run is over: take the last scrape and stop. The thread takes it; this one only
+        waits, so Ctrl-C or SIGTERM during a slow last scrape ends the wait, not the report."""
         self.stop.set()
-        self.thread.join(timeout=self.client.timeout_s if self.final_scrape else 0.5)
-        if exc[0] is None and self.final_scrape:
-            self.scrape()
+        while self.thread.is_alive():
+            self.thread.join(0.05)
+        self.close()
+
+    def close(self) -> None:
+        """Keep the scrapes taken so far; any later one is dropped."""
+        self.final_scrape = False
+        self.stop.set()
+        with self.lock:
+            self.closed = True
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def server_window(scrapes: list[dict[str, float]]) -> dict:
@@ -4343,6 +4462,43 @@ class Stopped(Exception):
         """Ctrl-C (130) or SIGTERM (143), with what was kept: "interrupted after ..."."""
         code = 143 if isinstance(e, Terminated) else 130
         return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
+
+
+# Ctrl-C and SIGTERM, once main() has installed on_signal. The first one stops the work (raised as
+# KeyboardInterrupt or Terminated); from then on the program only writes what it has, so a second
+# one (a double Ctrl-C, or `timeout` signalling the process and then its group) is noted and the
+# report still comes out; a third quits at once. While held even the first is only
+# noted (hold_signals()), so a report being built from what was measured always comes out whole.
+SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+stops = {"held": False, "noted": []}
+
+
+def on_signal(signum, frame) -> None:
+    stops["noted"].append(signum)
+    first = stops["noted"][0]
+    if len(stops["noted"]) >= 3:
+        os.write(2, f"servesim: {SIGNAL_WORDS[first]} three times: quitting without the output\n".encode())
+        os._exit(SIGNAL_CODES[first])
+    if not stops["held"]:
+        stops["held"] = True
+        raise signal_exception(signum)
+
+
+def signal_exception(signum: int) -> BaseException:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def hold_signals(hold: bool = True) -> None:
+    """hold_signals(): from now on Ctrl-C and SIGTERM are noted, not raised (see noted_stop());
+    hold_signals(False): raised again, unless one was noted (the program is then finishing)."""
+    if hold or not stops["noted"]:
+        stops["held"] = hold
+
+
+def noted_stop(what: str) -> Optional[Stopped]:
+    """A Stopped for the first signal noted while held, or None."""
+    return Stopped.by_signal(signal_exception(stops["noted"][0]), what) if stops["noted"] else None
 
 
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
@@ -4480,9 +4636,10 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         try:
             while any(t.is_alive() for t in list(threads)):
                 time.sleep(0.05)
+            sampler.finish()
         except (KeyboardInterrupt, Terminated) as e:
             stop.set()
-            sampler.final_scrape = False
+            sampler.close()
             stopped = Stopped.by_signal(e, f"{len(records):,} requests ended; {len(in_flight):,} in flight "
                                            f"were stopped")
         with lock:
@@ -4490,6 +4647,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                 record.error = "interrupted: the run was stopped before this request ended"
                 records.append(record)
             in_flight.clear()
+    hold_signals()       # what was measured becomes a report, whatever arrives from now on
     if refused and not stopped:
         if not any(r.error is None or not r.error.startswith("connection: refused") for r in records):
             raise ServerUnreachable(refused[0])
@@ -4505,6 +4663,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
         result["server"]["problem"] = sampler.problem
+    if sampler.final_problem:
+        result["server"]["final_scrape"] = sampler.final_problem
+    if sampler.ignored:
+        names = ", ".join(f"{name} ({n:,})" for name, n in sampler.ignored.most_common(3))
+        result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
+                                               f"within {PROMETHEUS_LIMIT:g} and were left out: {names}")
     result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
     short = [r for r in records if r.error is None and config.ignore_eos and r.usage_seen
@@ -4558,6 +4722,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     }
     if config.timeline:
         result["timeline"] = timeline
+    stopped = stopped or noted_stop("the run had ended; the report is whole")
     if stopped:
         result["stopped"] = stopped.message
     kinds = {error_kind(r.error) for r in records if r.error}
@@ -5519,6 +5684,9 @@ def print_server(result: dict, w) -> None:
         if server.get("generated_tokens") is not None:
             w(f"{'':<12}client counted {server['client_output_tokens']:,} output tokens, the server "
               f"{server['generated_tokens']:,.0f} (difference {server['client_minus_server_tokens']:,.0f})\n")
+    for note in ("final_scrape", "ignored_samples"):
+        if server.get(note):
+            w(f"{'':<12}{server[note]}\n")
     timings = result.get("timings")
     if timings:
         w(f"{'timings':<12}llama.cpp per request (p50/p95): prompt {number(timings['prompt_ms']['p50'])}/"
@@ -5591,8 +5759,9 @@ class SweepTable:
         self.out.write(f"{self.title}\n")
         self.line(self.headers + [name for name, _ in self.columns])
 
-    def row(self, result: dict) -> None:
-        labels = self.labels[self.printed]
+    def row(self, result: dict, index: Optional[int] = None) -> None:
+        """The next point's row, or point `index`'s (one that finished out of turn)."""
+        labels = self.labels[self.printed if index is None else index]
         self.printed += 1
         if result.get("does_not_fit"):
             self.out.write("  ".join(c.rjust(w) for c, w in zip(labels, self.width))
@@ -6319,15 +6488,24 @@ def cmd_sweep(args) -> int:
                            axes, points, sweep_columns(spec, axes))
         table.header()
     results, stopped = [], None
+
+    def take(result: dict, index: Optional[int] = None) -> None:
+        result["config"]["sweep_points"] = len(points)
+        results.append(result)
+        progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
+        if table:
+            table.row(result, index)
+    runner = iter_sweep(spec, points, args.jobs, progress)
     try:
-        for result in iter_sweep(spec, points, args.jobs, progress):
-            result["config"]["sweep_points"] = len(points)
-            results.append(result)
-            progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
-            if table:
-                table.row(result)
-    except (KeyboardInterrupt, Terminated) as e:
-        stopped = Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
+        for result in runner:
+            take(result)
+    except (KeyboardInterrupt, Terminated, WorkerDied) as e:
+        hold_signals()
+        for index, result in runner.finished():       # points that finished behind an unfinished one
+            take(result, index)
+        stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
+            Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
+    hold_signals()           # the output is written whole, whatever arrives now
     if args.json:
         write_json(results)
     elif args.csv:
@@ -6375,9 +6553,9 @@ def cmd_search(args) -> int:
         for item in search_points(spec, points, slo, by, target, args.tolerance, args.jobs, progress):
             found.append(item)
             progress(f"{len(found)}/{len(points)} deployments done")
-    except (KeyboardInterrupt, Terminated) as e:
-        stopped = Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the "
-                                       f"finished ones")
+    except (KeyboardInterrupt, Terminated, WorkerDied) as e:
+        stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
+            Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the finished ones")
     sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
     sources[spec.model.name] = args.model or spec.model.name
     report = search_report(spec, points, found, slo, by, target, args.tolerance, sources, bool(stopped))
@@ -6478,11 +6656,16 @@ def cmd_loadgen(args) -> int:
         # Resolve the presets before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
-    result, records, stopped = run_load(config, Progress("loadgen"))
+    result, records, stopped = run_load(config, Progress("loadgen"))     # returns with signals held
+    if args.simulate and not stopped:
+        try:        # Ctrl-C or SIGTERM here costs the side by side, never the report
+            hold_signals(False)
+            result["side_by_side"] = beside_the_run(config, {**result, **detailed_arrays(records)}, hardware, model)
+        except (KeyboardInterrupt, Terminated) as e:
+            stopped = Stopped.by_signal(e, "the run had ended, during --simulate; the report has no side by side")
+        hold_signals()
     timeline = result.pop("timeline", None)
     arrays = detailed_arrays(records)
-    if args.simulate and not stopped:
-        result["side_by_side"] = beside_the_run(config, {**result, **arrays}, hardware, model)
     if args.json or args.detailed:
         write_json({**result, **arrays} if args.detailed else result)
     else:
@@ -6836,16 +7019,21 @@ def quiet_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    previous = signal.signal(signal.SIGTERM, raise_terminated) \
-        if threading.current_thread() is threading.main_thread() else None
+def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
+    """The command line: one line on stderr for every error, the exit code returned. `program`:
+    the process ends after this, so Ctrl-C and SIGTERM are ignored from then on (never a
+    traceback or a death by the signal after the output is written)."""
+    stops.update(held=False, noted=[])
+    previous = {signum: signal.signal(signum, on_signal) for signum in SIGNAL_CODES} \
+        if threading.current_thread() is threading.main_thread() else {}
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        if stops["noted"]:          # arrived while the output was being written: it is whole
+            first = stops["noted"][0]
+            sys.stderr.write(f"servesim: {SIGNAL_WORDS[first]} after the output was written\n")
+            return SIGNAL_CODES[first]
+        return code
     except UserError as e:
         sys.stderr.write(f"servesim: {e}\n")
         return 2
@@ -6869,9 +7057,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.write(f"servesim: cannot write the output: {e.strerror or e}\n")
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            # Ignored, not left to Python: the interpreter puts its own handlers back to the default
+            # as it exits, so a signal arriving then would kill the process after the output.
+            signal.signal(signum, signal.SIG_IGN if program else handler)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(program=True))

@@ -72,6 +72,11 @@ def start(args, env=None, as_bytes=DEFAULT_AS_LIMIT, stdout=None, cwd=ROOT, pref
     return proc, out_f, err_f
 
 
+def alive(proc):
+    """Whether the process is still running, without reaping it (finish() needs it unreaped)."""
+    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+
+
 def kill_group(proc):
     """SIGKILL the process group this test started (the CLI and any workers it forked)."""
     try:

@@ -144,7 +144,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         fake = self.server.fake
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        try:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        except ValueError:          # the client was killed mid-request
+            return
         with fake.lock:
             fake.bodies.append(body)
             fake.headers.append(dict(self.headers))
