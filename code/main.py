@@ -3055,7 +3055,19 @@ def sweep_grid(given: dict, gpus: Optional[int] = None, trace: Optional[str] = N
     values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
     if "kv_link_gbs" in values:
         values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
+    check_points(list(values.values()))
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+
+
+MAX_SWEEP_POINTS = 1_000      # each point is a whole simulation whose report is kept
+
+
+def check_points(lists: list) -> None:
+    """Refuse a grid with more points than a sweep runs, before building it."""
+    count = math.prod(len(values) for values in lists)
+    if count > MAX_SWEEP_POINTS:
+        raise UserError(f"a sweep of {count:,} points ({' x '.join(f'{len(v):,}' for v in lists)} values); sweep runs "
+                        f"at most {MAX_SWEEP_POINTS:,}, each a whole simulation: shorten the lists")
 
 
 def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
@@ -3076,6 +3088,7 @@ def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str]
         raise UserError(f"--gpus {gpus} varies {flag_of(by)} and one more setting; "
                         f"{' and '.join(flag_of(a) for a in rest)} both have several values")
     loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
+    check_points([given[by], *loads.values()])
     points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
               for v in given[by] for combination in itertools.product(*loads.values())]
     return [by, other, *rest], points
@@ -3131,6 +3144,43 @@ def read_text(path: str, kind: str) -> str:
     except UnicodeDecodeError as e:
         raise UserError(f"{kind} {path}: is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start:,}); "
                         f"save it as UTF-8") from None
+
+
+def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = "") -> Iterator[tuple[int, str]]:
+    """(number, line) of a text file read a line at a time, so a big file is never held whole,
+    with read_text's one-line errors; a line longer than max_line bytes is refused (saying `why`)
+    before it is read whole."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    with f:
+        head = f.read(65536)
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
+        if b"\0" in head:
+            raise UserError(f"{kind} {path}: is a binary file, not text")
+        try:
+            f.seek(0)
+        except OSError:                # a pipe: what was read is all there is to go on
+            f = io.BytesIO(head + f.read())
+        offset = 0
+        for number in itertools.count(1):
+            raw = f.readline(max_line + 2) if max_line else f.readline()
+            if not raw:
+                return
+            if max_line and len(raw.rstrip(b"\r\n")) > max_line:
+                raise UserError(f"{kind} {path} line {number}: longer than {max_line // KIB:,} KiB"
+                                + (f"; {why}" if why else ""))
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{kind} {path}: is not UTF-8 text (byte {raw[e.start]:#04x} at offset "
+                                f"{offset + e.start:,}); save it as UTF-8") from None
+            offset += len(raw)
+            yield number, line
 
 
 def parse_json(text: str, where: str, expect: str):
@@ -3223,6 +3273,12 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             f"0 < active_params < params")
     if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
         raise UserError(f"{where}: sliding_layers must be fewer than layers")
+    if isinstance(preset, ModelSpec) and shape_params(preset) > preset.compute_params:
+        count = "active_params" if preset.experts else "params"
+        raise UserError(f"{where}: its shape alone holds {shape_params(preset) / 1e9:.3g} B parameters (vocab_size x "
+                        f"hidden_size embeddings{'' if preset.tie_word_embeddings else ' and output projection'}, "
+                        f"and {preset.layers} layers of attention projections), more than {count} "
+                        f"{preset.compute_params:g}; check vocab_size, hidden_size, heads, head_dim and {count}")
     if isinstance(preset, Hardware) and 0 < preset.interconnect_gbs < 0.1:
         raise UserError(f"{where}: interconnect_gbs {preset.interconnect_gbs:g} GB/s is no link to run a group on: "
                         f"0 for none, or the link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
@@ -3231,10 +3287,20 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     return preset
 
 
-def read_jsonl(path: str, kind: str, text: Optional[str] = None) -> Iterable[tuple[str, object]]:
-    """(where, parsed line) for each non-blank line of the file (or of its `text`, already read);
-    an unreadable file or line is a UserError."""
-    for number, line in enumerate((read_text(path, kind) if text is None else text).splitlines(), 1):
+def shape_params(model: ModelSpec) -> float:
+    """The fewest parameters a token computes that the shape itself implies: the embedding table
+    (and the output projection, unless tied) and each layer's query, key, value and output
+    projections. A model file whose params are fewer is inconsistent (the kernel cost model
+    would price the rest of its weights below zero)."""
+    hidden = model.hidden_size or model.query_heads * model.head_dim
+    attention = model.layers * 2 * hidden * model.head_dim * (model.query_heads + model.kv_heads)
+    return model.embedding_params * (1 if model.tie_word_embeddings else 2) + attention
+
+
+def read_jsonl(path: str, kind: str, lines: Optional[Iterable[tuple[int, str]]] = None) -> Iterable[tuple[str, object]]:
+    """(where, parsed line) for each non-blank line of the file (or of its `lines`, text_lines
+    of it), read a line at a time; an unreadable file or line is a UserError."""
+    for number, line in text_lines(path, kind) if lines is None else lines:
         if line.strip():
             where = f"{kind} {path} line {number}"
             yield where, parse_json(line, where, "each line must be one JSON object")
@@ -3345,15 +3411,22 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
     columns = {k: report.get(k) for k in keys}
+    if not isinstance(columns["input_lens"], list) or not columns["input_lens"]:
+        raise UserError(f"{kind} {name}: no requests in it (input_lens is "
+                        f"{'empty' if columns['input_lens'] == [] else 'not a list'})")
     n = len(columns["input_lens"])
     for k, values in columns.items():
         if values is not None and (not isinstance(values, list) or len(values) != n):
             raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
+    config = report.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise UserError(f"{kind} {name}: config must be an object, got {str(config)[:40]}")
+    config = config or {}
     notes = []
     starts = columns["start_times"]
     if starts is None:
-        rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
-        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        rate = report.get("request_rate") or config.get("request_rate")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
             raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
                             f"loadgen --detailed save start_times")
         starts = arrival_times(n, random.Random(0), rate)
@@ -3391,8 +3464,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
         first = sent + seconds(ttft, i, "ttft")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
-    config = report.get("config") or {}
-    settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
+    settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
+                for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
     return MeasuredRun(name, requests, settings, [], notes)
 
 
@@ -3404,19 +3477,25 @@ def read_request_log(path: str) -> MeasuredRun:
     for where, row in read_jsonl(path, "run"):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
-        try:
-            prompt, output = int(row["input_toks"]), int(row["output_toks"])
-            sent = float(row["queued_ts"])
-            first, last = row.get("first_token_ts"), row.get("last_token_ts")
-            first, last = (float(first), float(last)) if first and last else (None, None)
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: needs numeric input_toks, output_toks, queued_ts, first_token_ts and "
-                            f"last_token_ts ({type(e).__name__}: {e})") from None
+        prompt = trace_number(where, row, "input_toks", 0, 10**8)
+        output = trace_number(where, row, "output_toks", 0, 10**8)
+        sent = trace_number(where, row, "queued_ts", 0, 1e11, whole_number=False)     # seconds, engine clock
+        first, last = None, None
+        if row.get("first_token_ts") and row.get("last_token_ts"):       # else the request failed
+            first = trace_number(where, row, "first_token_ts", 0, 1e11, whole_number=False)
+            last = trace_number(where, row, "last_token_ts", 0, 1e11, whole_number=False)
+            if not sent <= first <= last:
+                raise UserError(f"{where}: the times must run queued_ts <= first_token_ts <= last_token_ts, got "
+                                f"{sent:g}, {first:g}, {last:g}")
         sends.append(sent)
         requests.append((len(requests), sent, first, last, prompt, output))
     if not requests:
         raise UserError(f"run {path}: no requests in it")
     t0 = min(sends)
+    ends = [last for _, _, _, last, _, _ in requests if last is not None]
+    if max(sends + ends) - t0 > MAX_ARRIVAL_S:
+        raise UserError(f"run {path}: its requests span more than a year (queued_ts from {t0:g} to "
+                        f"{max(sends + ends):g} s); servesim compares up to a year")
     measured = [measured_request(i, sent - t0, None if first is None else first - t0, None if last is None else last - t0,
                                  prompt, output, None if first is not None else "failed: no token times")
                 for i, sent, first, last, prompt, output in requests]
@@ -3435,70 +3514,144 @@ def read_request_log(path: str) -> MeasuredRun:
 
 
 def settings_from_meta(meta: dict, where: str) -> dict:
-    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan)."""
+    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan), each
+    held to what its flag accepts."""
     if not isinstance(meta, dict):
         raise UserError(f"{where}: expected a JSON object")
-    engine = meta.get("engine_kwargs") or {}
-    kv = meta.get("kv_cache") or {}
-    scheduler = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
-    device = meta.get("hardware") or {}
-    found = {"max_num_seqs": engine.get("max_num_seqs"), "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
-             "max_model_len": engine.get("max_model_len"), "num_gpu_blocks": kv.get("num_gpu_blocks"),
-             "block_size": kv.get("block_size"), "prefix_caching": kv.get("enable_prefix_caching"),
-             "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
-             "chunked_prefill": scheduler.get("enable_chunked_prefill"),
-             "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
-             "tensor_parallel_size": engine.get("tensor_parallel_size"),
-             "data_parallel_size": engine.get("data_parallel_size"),
-             "enable_expert_parallel": engine.get("enable_expert_parallel"),
-             "kv_cache_dtype": "fp8" if str(engine.get("kv_cache_dtype", "")).startswith("fp8") else None,
-             "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
-             "device_name": str(device.get("device_name") or "").lower(),
-             "device_bytes": device.get("device_total_memory_bytes")}
+
+    def section(parent: dict, key: str, label: str) -> dict:
+        value = parent.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise UserError(f"{where}: {label} must be an object, got {str(value)[:40]}")
+        return value or {}
+    engine = section(meta, "engine_kwargs", "engine_kwargs")
+    kv = section(meta, "kv_cache", "kv_cache")
+    scheduler = section(section(meta, "resolved_config", "resolved_config"), "scheduler_config",
+                        "resolved_config.scheduler_config")
+    device = section(meta, "hardware", "hardware")
+    recorded = {   # setting: (section, its key there, the section's name)
+        "max_num_seqs": (engine, "max_num_seqs", "engine_kwargs"),
+        "max_num_batched_tokens": (engine, "max_num_batched_tokens", "engine_kwargs"),
+        "max_model_len": (engine, "max_model_len", "engine_kwargs"),
+        "tensor_parallel_size": (engine, "tensor_parallel_size", "engine_kwargs"),
+        "data_parallel_size": (engine, "data_parallel_size", "engine_kwargs"),
+        "enable_expert_parallel": (engine, "enable_expert_parallel", "engine_kwargs"),
+        "num_gpu_blocks": (kv, "num_gpu_blocks", "kv_cache"), "block_size": (kv, "block_size", "kv_cache"),
+        "prefix_caching": (kv, "enable_prefix_caching", "kv_cache"),
+        "gpu_memory_utilization": (kv, "gpu_memory_utilization", "kv_cache"),
+        "reserve_full_isl": (scheduler, "scheduler_reserve_full_isl", "resolved_config.scheduler_config"),
+        "chunked_prefill": (scheduler, "enable_chunked_prefill", "resolved_config.scheduler_config"),
+    }
+    found = {name: recorded_setting(name, part[key], where, f"{label}.{key}")
+             for name, (part, key, label) in recorded.items() if part.get(key) is not None}
+    for key, value in (("model", meta.get("model") or engine.get("model")), ("kv_cache_dtype", engine.get("kv_cache_dtype")),
+                       ("device_name", device.get("device_name"))):
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{where}: {key} must be a string, got {str(value)[:40]}")
+    if str(engine.get("kv_cache_dtype") or "").startswith("fp8"):
+        found["kv_cache_dtype"] = "fp8"
+    found["model_name"] = (meta.get("model") or engine.get("model") or "").lower()
+    found["device_name"] = (device.get("device_name") or "").lower()
+    memory = device.get("device_total_memory_bytes")
+    if memory is not None:
+        low, high, _ = PRESET_RANGES["memory_gib"]
+        if isinstance(memory, bool) or not isinstance(memory, (int, float)) or not low <= memory / GIB <= high:
+            raise UserError(f"{where}: hardware.device_total_memory_bytes must be a device's memory in bytes, "
+                            f"{low:g} to {high:,} GiB, got {str(memory)[:40]}")
+        found["device_bytes"] = memory
     return {k: v for k, v in found.items() if v is not None and v != ""}
 
 
+def recorded_setting(name: str, value, where: str, label: str):
+    """A setting a measured run recorded, held to what its flag accepts: the same type (a JSON
+    true or false for a switch, a number for a number) and the same range."""
+    f = SETTINGS[name]
+    if f.metadata["switch"] or f.metadata["kind"] is None:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {label} must be true or false, got {str(value)[:40]!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{where}: {label} must be a number, got {str(value)[:40]!r}")
+    try:
+        return f.metadata["kind"](str(value))
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"{where}: {label} {e} (the range {f.metadata['flag']} takes)") from None
+
+
 def read_timeline(path: str) -> list[dict]:
+    """vLLM's logged per-second stats: every figure a finite number, none negative, KV use a percent."""
     rows = []
-    for number, row in enumerate(csv.DictReader(io.StringIO(read_text(path, "timeseries"))), 2):
+    for number, row in csv_rows(read_text(path, "timeseries"), f"timeseries {path}"):
         try:
-            rows.append({k: float(v) for k, v in row.items() if k})
+            values = {k: float(v) for k, v in row.items() if k}
         except (TypeError, ValueError):
             raise UserError(f"timeseries {path} line {number}: expected numbers") from None
+        for k, v in values.items():
+            if not (math.isfinite(v) and 0 <= v <= (100 if k == "kv_cache_pct" else 1e15)):
+                raise UserError(f"timeseries {path} line {number}: {k} is {v:g}; expected a finite number from 0 "
+                                f"to {'100 (a percent)' if k == 'kv_cache_pct' else '10^15'}")
+        rows.append(values)
     return rows
+
+
+def csv_rows(text: str, where: str) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a CSV file with a header; a field too long for the csv module, or
+    a broken quote, is a one-line error."""
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise UserError(f"{where} line {reader.line_num}: not readable as CSV ({e})") from None
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
                 "prefix": str, "prefix_tokens": int}
 
 
-def read_trace(path: str, fmt: str = "auto") -> Trace:
+# The longest trace row servesim reads: far past any real row, short of one that would fill memory.
+TRACE_LINE_BYTES = 1 << 20
+MAX_HASH_IDS = 65_536        # a row's hash_ids: 1M tokens at Bailian's 16 a block, 33M at Mooncake's 512
+
+
+def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Trace:
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
-    content runs). `auto` tells the format from the file's first line."""
-    text = read_text(path, "trace")
+    content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
+    only the first that many requests are read: a big trace is read a line at a time, never whole."""
     if fmt == "auto":
-        fmt = trace_format(text, path)
-    rows, notes = TRACE_READERS[fmt](text, path)
+        fmt = trace_format(path)
+    notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
+    wanted = limit or MAX_REQUESTS + 1
+    rows = list(itertools.islice(TRACE_READERS[fmt](path, notes), wanted))
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     if len(rows) > MAX_REQUESTS:
-        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
+        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS}) "
+                        f"or read its first --requests N")
     if fmt in ("azure", "vllm-bench"):          # wall-clock times: count from the first request
         first = min(row[0] for row in rows)
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
-    return Trace(path, tuple(rows), fmt, tuple(notes))
+    return Trace(path, tuple(rows), fmt, tuple(note.format(count) for note, count in notes.items()))
 
 
-def trace_format(text: str, path: str) -> str:
+def trace_format(path: str) -> str:
     """The format, from the first line: a JSON object's keys, or a CSV header's columns. Anything
     else is read as servesim's JSONL, whose reader says what is wrong with which line."""
-    line = text.lstrip().split("\n", 1)[0].strip()
     try:
-        first = json.loads(line) if line.startswith("{") else None
+        with open(path, "rb") as f:
+            head = f.read(1_000_000).decode("utf-8", errors="replace").lstrip("\ufeff")
+    except OSError as e:
+        raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+    line, newline, _ = head.lstrip().partition("\n")
+    line = line.strip()
+    try:
+        first = json.loads(line) if line.startswith("{") and newline else None
     except (ValueError, RecursionError):
         first = None
+    if line.startswith("{") and not newline:      # a line longer than what was read: go by its keys
+        first = {key: None for key in ("chat_id", "hash_ids", "input_length", "input_lens") if f'"{key}"' in line}
     if isinstance(first, dict):
         if "chat_id" in first or "parent_chat_id" in first:
             return "bailian"
@@ -3507,7 +3660,7 @@ def trace_format(text: str, path: str) -> str:
         if "input_lens" in first:
             return "vllm-bench"
         return "servesim"
-    if line.startswith("{") and "\"input_lens\"" in text[:1_000_000]:
+    if line.startswith("{") and "\"input_lens\"" in head:
         return "vllm-bench"      # a vllm bench serve result, one object over many lines
     if "ContextTokens" in line:
         return "azure"
@@ -3540,25 +3693,26 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
         raise UserError(f"{where}: missing field 'hash_ids'")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise UserError(f"{where}: field 'hash_ids' must be a list of whole numbers")
+    if len(ids) > MAX_HASH_IDS:
+        raise UserError(f"{where}: {len(ids):,} hash_ids; servesim reads at most {MAX_HASH_IDS:,} a row")
     if len(ids) != -(-tokens // block):
         raise UserError(f"{where}: {len(ids)} hash_ids for {tokens:,} input tokens; this format has one per "
                         f"{block} tokens, so {-(-tokens // block)}")
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
-def jsonl_rows(text: str, path: str) -> Iterator[tuple[str, dict]]:
-    """A JSONL trace's lines, each a JSON object."""
-    for where, row in read_jsonl(path, "trace", text):
+def jsonl_rows(path: str, max_line: int = TRACE_LINE_BYTES, why: str = "") -> Iterator[tuple[str, dict]]:
+    """A JSONL trace's lines, each a JSON object, read a line at a time."""
+    for where, row in read_jsonl(path, "trace", text_lines(path, "trace", max_line, why)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
         yield where, row
 
 
-def servesim_trace(text: str, path: str) -> tuple[list, list]:
+def servesim_trace(path: str, notes: Counter) -> Iterator[tuple]:
     """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
     prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
-    rows = []
-    for where, row in jsonl_rows(text, path):
+    for where, row in jsonl_rows(path):
         unknown = set(row) - set(TRACE_FIELDS)
         if unknown:
             raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
@@ -3573,45 +3727,55 @@ def servesim_trace(text: str, path: str) -> tuple[list, list]:
         if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
-        rows.append((arrival, prompt, output, prefix))
-    return rows, []
+        yield arrival, prompt, output, prefix
 
 
 def hashed_trace(block: int, seconds_per_unit: float):
     """Mooncake (timestamp in ms, 512-token blocks) and Bailian (seconds, 16-token blocks)."""
-    def read(text: str, path: str) -> tuple[list, list]:
-        rows, zero = [], 0
-        for where, row in jsonl_rows(text, path):
+    def read(path: str, notes: Counter) -> Iterator[tuple]:
+        # A row of MAX_HASH_IDS ids of up to 20 digits each, and its other fields.
+        longest, why = MAX_HASH_IDS * 22 + 65536, f"a row holds at most {MAX_HASH_IDS:,} hash_ids"
+        for where, row in jsonl_rows(path, longest, why):
             arrival = trace_number(where, row, "timestamp", 0, MAX_ARRIVAL_S / seconds_per_unit, whole_number=False)
             prompt = trace_number(where, row, "input_length", 1, 10**8)
             output = trace_number(where, row, "output_length", 0, 10**8)
-            zero += output == 0
-            rows.append((arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)))
-        notes = [f"{zero:,} requests ask for 0 output tokens; servesim generates 1, the first token"] if zero else []
-        return rows, notes
+            if output == 0:
+                notes["{:,} requests ask for 0 output tokens; servesim generates 1, the first token"] += 1
+            yield arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)
     return read
 
 
 def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
-    def read(text: str, path: str) -> tuple[list, list]:
-        reader = csv.DictReader(io.StringIO(text))
-        missing = [f for f in (time_field, prompt_field, output_field) if f not in (reader.fieldnames or [])]
+    def read(path: str, notes: Counter) -> Iterator[tuple]:
+        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES))
+        reader = csv.DictReader(lines)
+        try:
+            header = reader.fieldnames or []
+        except csv.Error as e:
+            raise UserError(f"trace {path} line 1: not readable as CSV ({e})") from None
+        missing = [f for f in (time_field, prompt_field, output_field) if f not in header]
         if missing:
-            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(reader.fieldnames or [])}")
-        rows, failed = [], 0
-        for number, row in enumerate(reader, 2):
-            where = f"trace {path} line {number}"
+            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(header)}")
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise UserError(f"trace {path} line {reader.line_num}: not readable as CSV ({e})") from None
+            where = f"trace {path} line {reader.line_num}"
+            if any(row[f] is None for f in (time_field, prompt_field, output_field)):
+                raise UserError(f"{where}: {len([v for v in row.values() if v is not None])} columns where the "
+                                f"header has {len(header)}")
             arrival = clock(where, row[time_field])
             prompt = trace_number(where, row, prompt_field, 1, 10**8)
             output = trace_number(where, row, output_field, 0, 10**8)
             if output == 0:      # the service answered nothing: a failed request in these traces
-                failed += 1
+                notes["{:,} rows with 0 " + output_field.lower() + " (failed in the original service) are not "
+                      "replayed"] += 1
                 continue
-            rows.append((arrival, prompt, output, ()))
-        notes = [f"{failed:,} rows with 0 {output_field.lower()} (failed in the original service) are not replayed"] \
-            if failed else []
-        return rows, notes
+            yield arrival, prompt, output, ()
     return read
 
 
@@ -3648,18 +3812,19 @@ def plain_seconds(where: str, text: str) -> float:
     return value
 
 
-def vllm_bench_trace(text: str, path: str) -> tuple[list, list]:
+def vllm_bench_trace(path: str, notes: Counter) -> Iterator[tuple]:
     """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
-    report = parse_json(text, f"trace {path}", "expected a vllm bench serve --save-detailed result")
+    report = parse_json(read_text(path, "trace"), f"trace {path}", "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
     if report.get("start_times") is None:
         raise UserError(f"trace {path}: no start_times (vLLM records them since January 2026, loadgen --detailed "
                         f"always); without them there are no arrivals to replay")
-    measured = run_from_report(report, path, "trace")
-    rows = [(r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in measured.requests if r.error is None]
-    failed = len(measured.requests) - len(rows)
-    return rows, [f"{failed:,} requests failed in the measured run and are not replayed"] if failed else []
+    for r in run_from_report(report, path, "trace").requests:
+        if r.error is None:
+            yield r.sent_s, r.prompt_tokens, r.output_tokens, ()
+        else:
+            notes["{:,} requests failed in the measured run and are not replayed"] += 1
 
 
 TRACE_READERS = {
@@ -4812,14 +4977,18 @@ def observations(report: dict, name: str) -> list[StepObservation]:
         raise UserError(f"{name}: total_input_tokens and total_output_tokens must be whole numbers")
     prompt = report["total_input_tokens"] / done
     output = report["total_output_tokens"] / done
-    config = report.get("config", {})
+    config = report.get("config") or {}
     clients = config.get("max_concurrency")
     if not clients:
         raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs")
     if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
         raise UserError(f"{name}: config.max_concurrency must be a whole number of clients, got {clients!r}")
     # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
-    batch = (report.get("server") or {}).get("mean_batch_per_decode") or min(clients, config.get("max_num_seqs") or clients)
+    measured, seqs = (report.get("server") or {}).get("mean_batch_per_decode"), config.get("max_num_seqs")
+    for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+            raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
+    batch = measured or min(clients, seqs or clients)
     found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
                              batch, batch * (prompt + output / 2), batch)]
     if clients == 1 and report.get("median_ttft_ms"):
@@ -5087,21 +5256,32 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes = [], []
+    parts, notes, seen = [], [], {}
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
         measured = run_from_report(report, path)
         config, starts = report.get("config") or {}, report.get("start_times") or []
-        number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        # Clocks: started_unix is the wall clock (2001 to 2286), started_perf the clock start_times use.
+        for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", -1e10, 1e10)):
+            value = config.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not low <= value <= high):
+                raise UserError(f"report {path}: config.{key} is {str(value)[:40]}; expected seconds from {low:g} "
+                                f"to {high:g}")
         anchor = (config["started_unix"] + min(starts) - config["started_perf"]
-                  if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
-        same = [other for other, _, _, run in parts if run is not None and run == (config.get("run_id"), anchor)]
-        if same or path in [other for other, _, _, _ in parts]:
-            raise UserError(f"report {path} is the same run as {same[0] if same else path}: merging it twice would "
-                            f"count its requests twice")
-        parts.append((path, measured, anchor, (config.get("run_id"), anchor) if anchor is not None else None))
-    parts = [part[:3] for part in parts]
+                  if starts and config.get("started_unix") is not None and config.get("started_perf") is not None
+                  else None)
+        # The same run twice: the same run id at the same moment, or the same per-request arrays.
+        marks = [json.dumps([report.get(k) for k in ("input_lens", "output_lens", "ttfts", "itls", "start_times")])]
+        if anchor is not None:
+            marks.append(repr((config.get("run_id"), anchor)))
+        same = next((seen[mark] for mark in marks if mark in seen), None)
+        if same:
+            raise UserError(f"report {path} is the same run as {same}: merging it twice would count its requests "
+                            f"twice")
+        seen.update({mark: path for mark in marks})
+        parts.append((path, measured, anchor))
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -5284,15 +5464,16 @@ def server_flags(text: str) -> dict:
 
 
 def mean_of(scrape: dict, histogram: str, scale: float = 1000) -> Optional[float]:
-    """A histogram's mean from its _sum and _count; seconds become ms unless scale says otherwise."""
-    count = scrape.get(f"{histogram}_count")
-    return scrape[f"{histogram}_sum"] / count * scale if count else None
+    """A histogram's mean from its _sum and _count; seconds become ms unless scale says otherwise.
+    None when either is missing or the count is not positive."""
+    count, total = scrape.get(f"{histogram}_count"), scrape.get(f"{histogram}_sum")
+    return total / count * scale if count and count > 0 and total is not None and total >= 0 else None
 
 
 def signals_from_scrape(text: str, name: str) -> Signals:
     m = parse_prometheus(text)
     if any(k.startswith("vllm:") for k in m):
-        queries = m.get("vllm:prefix_cache_queries_total")
+        queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),
                        queue_ms=mean_of(m, "vllm:request_queue_time_seconds"),
                        prefill_ms=mean_of(m, "vllm:request_prefill_time_seconds"),
@@ -5301,7 +5482,8 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        running=m.get("vllm:num_requests_running"), waiting=m.get("vllm:num_requests_waiting"),
                        kv_peak=m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc")),
                        preemptions=m.get("vllm:num_preemptions_total"),
-                       prefix_hit_rate=m["vllm:prefix_cache_hits_total"] / queries if queries else None,
+                       prefix_hit_rate=hits / queries if queries and hits is not None and 0 <= hits <= queries
+                       else None,
                        mean_batch=m.get("vllm:num_requests_running"),
                        prompt_tokens=mean_of(m, "vllm:request_prompt_tokens", scale=1),
                        output_tokens=mean_of(m, "vllm:request_generation_tokens", scale=1))
@@ -5320,44 +5502,62 @@ def signals_from_scrape(text: str, name: str) -> Signals:
 
 
 def signals_from_report(report: dict, name: str, previous: Optional[dict] = None) -> Signals:
-    done = report.get("completed") or 0
-    config, engine = report.get("config", {}), report.get("engine")
+    def number_at(section: dict, key: str, label: str = "") -> Optional[float]:
+        """A figure of the report: None if it is not there, a one-line error if it is not a number."""
+        value = section.get(key) if isinstance(section, dict) else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"explain input {name}: {label or key} is {str(value)[:40]!r}; expected a number")
+        return value
+
+    done = number_at(report, "completed") or 0
+    config, engine = report.get("config") or {}, report.get("engine")
     server = report.get("server") or {}
-    sig = Signals(name, "servesim" if engine else server.get("server", "unknown"),
-                  ttft_ms=report.get("median_ttft_ms"), queue_ms=report.get("median_queue_ms"),
-                  e2e_ms=report.get("median_e2el_ms"), tpot_ms=report.get("median_tpot_ms"),
-                  prompt_tokens=report["total_input_tokens"] / done if done else None,
-                  output_tokens=report["total_output_tokens"] / done if done else None)
-    if previous and previous.get("output_throughput"):
+    totals = [number_at(report, key) for key in ("total_input_tokens", "total_output_tokens")]
+    sig = Signals(name, "servesim" if engine else str(server.get("server", "unknown")),
+                  ttft_ms=number_at(report, "median_ttft_ms"), queue_ms=number_at(report, "median_queue_ms"),
+                  e2e_ms=number_at(report, "median_e2el_ms"), tpot_ms=number_at(report, "median_tpot_ms"),
+                  prompt_tokens=totals[0] / done if done and totals[0] is not None else None,
+                  output_tokens=totals[1] / done if done and totals[1] is not None else None)
+    if previous and number_at(previous, "output_throughput") and number_at(report, "output_throughput") is not None:
         sig.throughput_trend = report["output_throughput"] / previous["output_throughput"]
     if engine:
-        sig.running, sig.waiting = engine["peak_running"], engine["peak_waiting"]
-        sig.max_seqs, sig.kv_peak = config.get("max_num_seqs"), engine["kv_peak"]
-        sig.kv_tokens, sig.preemptions = engine["num_blocks"] * engine["block_size"], engine["preemptions"]
-        sig.prefix_hit_rate, sig.mean_batch = engine["prefix_hit_rate"], engine["mean_batch"]
-        sig.waited_at_cap = engine["steps_waiting_at_seq_cap"] > 0.05 * engine["steps"]
-        sig.budget = config.get("max_num_batched_tokens")
-        sig.prefix_caching = config.get("prefix_caching")
+        figure = lambda key: number_at(engine, key, f"engine.{key}")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_waiting")
+        sig.max_seqs, sig.kv_peak = number_at(config, "max_num_seqs", "config.max_num_seqs"), figure("kv_peak")
+        blocks, block_size = figure("num_blocks"), figure("block_size")
+        sig.kv_tokens = int(blocks * block_size) if blocks is not None and block_size is not None else None
+        sig.preemptions = figure("preemptions")
+        sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("mean_batch")
+        capped, steps = figure("steps_waiting_at_seq_cap"), figure("steps")
+        sig.waited_at_cap = capped > 0.05 * steps if capped is not None and steps is not None else None
+        sig.budget = number_at(config, "max_num_batched_tokens", "config.max_num_batched_tokens")
+        sig.prefix_caching = config.get("prefix_caching") is True
         if sig.queue_ms is not None and sig.ttft_ms is not None:
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
-        if config.get("hardware") in HARDWARE and config.get("model") in MODELS:
+        if isinstance(config.get("hardware"), str) and config["hardware"] in HARDWARE \
+                and isinstance(config.get("model"), str) and config["model"] in MODELS:
             h, m = HARDWARE[config["hardware"]], MODELS[config["model"]]
             cost = cost_model("roofline", h, m)
             sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, 0) * 1000
-    elif server.get("server") == "llama.cpp":
-        sig.running, sig.waiting = server.get("peak_requests_processing"), server.get("peak_requests_deferred")
-        sig.mean_batch = server.get("mean_batch_per_decode")
+        return sig
+    figure = lambda key: number_at(server, key, f"server.{key}")
+    if server.get("server") == "llama.cpp":
+        sig.running, sig.waiting = figure("peak_requests_processing"), figure("peak_requests_deferred")
+        sig.mean_batch = figure("mean_batch_per_decode")
         timings = report.get("timings") or {}
-        if timings:
-            sig.prefill_ms = timings["prompt_ms"]["p50"]
-            sig.queue_ms = timings["ttft_minus_prompt_ms"]["p50"]
+        prompt, waited = timings.get("prompt_ms"), timings.get("ttft_minus_prompt_ms")
+        if isinstance(prompt, dict) and isinstance(waited, dict):
+            sig.prefill_ms = number_at(prompt, "p50", "timings.prompt_ms.p50")
+            sig.queue_ms = number_at(waited, "p50", "timings.ttft_minus_prompt_ms.p50")
     elif server.get("server") == "vllm":
-        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_waiting")
-        sig.kv_peak, sig.preemptions = server.get("peak_kv_cache_usage"), server.get("preemptions")
-        sig.prefix_hit_rate, sig.mean_batch = server.get("prefix_hit_rate"), server.get("peak_running")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_waiting")
+        sig.kv_peak, sig.preemptions = figure("peak_kv_cache_usage"), figure("preemptions")
+        sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("peak_running")
     elif server.get("server") == "sglang":
-        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_queued")
-        sig.kv_peak, sig.mean_batch = server.get("peak_token_usage"), server.get("peak_running")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
+        sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
     return sig
 
 
@@ -5411,7 +5611,7 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                            if past_knee else "throughput flat from the previous point",
                                            f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1"]
     if waiting and at_cap and kv_room:
-        return REMEDIES["sequence-bound"], [f"{sig.running:.0f} running of {sig.max_seqs} allowed",
+        return REMEDIES["sequence-bound"], [f"{number(sig.running, 0)} running of {number(sig.max_seqs, 0)} allowed",
                                             f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
                                             f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV not reported"]
     if waiting and kv_room and sig.budget and sig.prompt_tokens and sig.prompt_tokens >= sig.budget / 4:
@@ -5436,13 +5636,14 @@ def explain(sig: Signals) -> dict:
     if sig.kv_tokens and length:
         fit = sig.kv_tokens / length
         arithmetic.append(f"the KV cache holds {sig.kv_tokens:,} tokens: {fit:,.1f} requests of "
-                          f"{length:,.0f} tokens (prompt {sig.prompt_tokens:,.0f} + output {sig.output_tokens:,.0f})")
+                          f"{length:,.0f} tokens (prompt {number(sig.prompt_tokens, 0)} + output "
+                          f"{number(sig.output_tokens, 0)})")
         if sig.max_seqs:
             arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}, so "
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
         arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
-                          f"the mean batch was {sig.mean_batch:,.1f}")
+                          f"the mean batch was {number(sig.mean_batch)}")
     if sig.running is not None:
         arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}")
     if not arithmetic:
@@ -6318,7 +6519,7 @@ def read_setting(args, f):
         return load_preset("hardware", value, HARDWARE, Hardware) if f.name.endswith("hardware") else \
             load_preset("model", value, MODELS, ModelSpec)
     if f.name == "trace" and value:
-        trace = read_trace(value, args.trace_format)
+        trace = read_trace(value, args.trace_format, getattr(args, "requests", None))
         for note in trace.notes:
             sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
         return trace
@@ -6736,7 +6937,10 @@ def cmd_calibrate(args) -> int:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
-            model_names.add(report.get("config", {}).get("model"))
+            name = (report.get("config") or {}).get("model")
+            if name is not None and not isinstance(name, str):
+                raise UserError(f"report {path}: config.model must be a model preset's name, got {str(name)[:40]}")
+            model_names.add(name)
     if args.model:
         model = load_preset("model", args.model, MODELS, ModelSpec)
     elif len(model_names) == 1 and next(iter(model_names)) in MODELS:

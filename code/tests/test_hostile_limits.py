@@ -208,6 +208,59 @@ class Finding07DeadWorker(unittest.TestCase):
                     self.assertEqual(rows, ["64"], r.out)
 
 
+class Finding09WholeInputs(unittest.TestCase):
+    """# issue 20 finding 9 (the inputs): a trace read whole, hash ids without a cap, a sweep
+    grid without a cap. (Search's grid and probes are left to issue 17's rewrite of search.)"""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.big = os.path.join(cls.tmp.name, "mooncake-150mb.jsonl")
+        with open(cls.big, "w") as f:
+            size, i = 0, 0
+            while size < 150 * 2**20:               # a 150 MiB Mooncake trace, 3,000-token prompts
+                row = mooncake_row(i)
+                f.write(row)
+                size += len(row)
+                i += 1
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_simulate_the_first_1000_requests_of_a_150_mb_trace_under_200_mb(self):
+        # issue 20 finding 9, and the Done-when target (simulate on a 150 MB trace, --requests 1000, < 200 MB)
+        r = run("simulate", "--trace", self.big, "--requests", 1000, "--json", as_bytes=2**30, timeout=120)
+        self.assertNotIn("Traceback", r.err[-3000:], r.err[-600:])
+        self.assertEqual(r.code, 0, r.err[-600:])
+        self.assertLess(r.peak_mb, 200, f"peak RSS {r.peak_mb:.0f} MB for a {os.path.getsize(self.big) >> 20} MiB trace")
+        self.assertEqual(r.json()["completed"], 1000)
+
+    def test_a_bailian_row_with_3_million_hash_ids_is_refused_in_little_memory(self):
+        # issue 20 finding 9: one Bailian row with 3.1M hash ids uses 0.9 GB; cap ids per row
+        n = 3_100_000
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "bailian.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 16 * n,
+                                    "output_length": 10, "type": "text", "turn": 1, "hash_ids": list(range(n))}) + "\n")
+            r = run("simulate", "--trace", path, "--requests", 1, as_bytes=2**30, timeout=60)
+        self.assertNotIn("Traceback", r.err[-3000:])
+        self.assertLess(r.peak_mb, 200, f"peak RSS {r.peak_mb:.0f} MB for one row")
+        self.assertEqual(r.code, 2, r.err[-300:])
+        self.assertEqual(len(r.lines()), 1, r.err)
+        self.assertIn("hash_ids", r.lines()[0])
+
+    def test_a_sweep_of_20000_points_is_refused_before_it_runs(self):
+        # issue 20 finding 9: sweep has no cap on points (20,000 points: 650 MB)
+        values = ",".join(str(i) for i in range(1, 20_001))
+        r = run("sweep", "--concurrency", values, "--requests", 8, "--jobs", 1, "--json", timeout=30)
+        self.assertEqual(r.code, 2, f"exit {r.code}: {r.err[-300:]}")
+        self.assertEqual(len(r.lines()), 1, r.err)
+        self.assertRegex(r.lines()[0], r"20,?000")
+        self.assertEqual(r.out, "")
+
+
 class Finding13Signals(unittest.TestCase):
     """# issue 20 finding 13: a double Ctrl-C (or `timeout`, which signals the process and then
     its group) loses the loadgen report or prints a traceback; Ctrl-C while main.py is still
