@@ -3887,6 +3887,7 @@ class StreamRecord:
     scheduled_s: Optional[float] = None  # when the arrival schedule said to send it (open loop)
     asked_prompt_tokens: Optional[int] = None
     text: Optional[list] = None         # the reply's text, kept to carry a conversation on
+    left_out: list = field(default_factory=list)   # (field, why) of server figures not believed
 
 
 @dataclass
@@ -4275,13 +4276,31 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         record.usage_seen = True
         record.prompt_tokens, record.output_tokens = counts
         details = usage.get("prompt_tokens_details")       # OpenAI's, and vLLM's with details on
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            record.cached_tokens = max(0, details["cached_tokens"])
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            cached = server_figure(record, "usage.prompt_tokens_details.cached_tokens", details["cached_tokens"])
+            if cached is not None:
+                record.cached_tokens = min(int(cached), record.prompt_tokens)
     if isinstance(event.get("timings"), dict):
-        record.timings = event["timings"]
-        cached = record.timings.get("cache_n")                # llama.cpp's prompt tokens from its cache
-        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-            record.cached_tokens = cached
+        # llama.cpp's own per-request figures: only numbers in range are kept, the rest are noted
+        record.timings = {key: figure for key in TIMINGS if key in event["timings"]
+                          for figure in [server_figure(record, f"timings.{key}", event["timings"][key])]
+                          if figure is not None}
+        if "cache_n" in record.timings:                       # its prompt tokens from its cache
+            cached = int(record.timings["cache_n"])
+            record.cached_tokens = min(cached, record.prompt_tokens) if record.usage_seen else cached
+
+
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_token_ms", "cache_n")
+
+
+def server_figure(record: StreamRecord, name: str, value) -> Optional[float]:
+    """A number a server sent, if it is one in range (0 to 10^9, finite); else None, and the
+    record notes it was left out."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                             and 0 <= value <= 1e9):
+        record.left_out.append((name, f"{name} {printable(str(value))[:40]!r} is not a number from 0 to 10^9"))
+        return None
+    return value
 
 
 def send_request(client: Http, body: dict, record: StreamRecord, config: LoadConfig) -> None:
@@ -4302,6 +4321,13 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
+            if record.usage_seen and record.output_tokens > body["max_tokens"]:
+                # max_tokens caps what a server generates: a count past it contradicts the request
+                record.left_out.append(("usage.completion_tokens",
+                                        f"usage.completion_tokens {record.output_tokens:,} is more than max_tokens "
+                                        f"{body['max_tokens']:,}; the stream's {len(record.token_times):,} content "
+                                        f"events were counted instead"))
+                record.output_tokens = len(record.token_times)
     except StreamError as e:
         record.error = client.redact(str(e))[:300]
     except (socket.timeout, TimeoutError):
@@ -4593,12 +4619,14 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
 
 
 def timings_report(records: list[StreamRecord]) -> Optional[dict]:
-    """llama.cpp's own per-request timings: prefill time, and TTFT minus it (queue plus network)."""
+    """llama.cpp's own per-request timings: prefill time, and TTFT minus it (queue plus network).
+    take_event kept only numbers in range."""
     timed = [r for r in records if r.error is None and r.timings and r.first_token_s is not None]
     if not timed:
         return None
-    prefill = Counter(float(r.timings.get("prompt_ms") or 0) for r in timed)
-    waited = Counter((r.first_token_s - r.sent_s) * 1000 - float(r.timings.get("prompt_ms") or 0) for r in timed)
+    prompted = [r for r in timed if "prompt_ms" in r.timings]
+    prefill = Counter(float(r.timings["prompt_ms"]) for r in prompted)
+    waited = Counter((r.first_token_s - r.sent_s) * 1000 - float(r.timings["prompt_ms"]) for r in prompted)
     per_token = Counter(float(r.timings["predicted_per_token_ms"]) for r in timed if r.timings.get("predicted_per_token_ms"))
     return {
         "requests": len(timed),
@@ -4833,7 +4861,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     if sampler.ignored:
         names = ", ".join(f"{name} ({n:,})" for name, n in sampler.ignored.most_common(3))
         result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
-                                               f"within {PROMETHEUS_LIMIT:g} and were left out: {names}")
+                                               f"within +-10^15 and were left out: {names}")
     result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
     short = [r for r in records if r.error is None and config.ignore_eos and r.usage_seen
@@ -4848,6 +4876,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
         **dispatch_report(records, result),
     }
+    left_out: dict = {}
+    for r in records:
+        for name, why in dict(r.left_out).items():
+            left_out.setdefault(name, {"answers": 0, "first": why})["answers"] += 1
+    if left_out:
+        result["client"]["server_figures_left_out"] = left_out
     if sizing is not None:
         asked = [r for r in measured if r.asked_prompt_tokens and r.usage_seen and r.error is None]
         result["prompt_sizing"] = {**sizing, "requests": len(asked),
@@ -5910,6 +5944,8 @@ def print_server(result: dict, w) -> None:
                                 f"template tokens, measured by two probe requests")
           + (f"; asked {number(sizing['asked_prompt_tokens_mean'])}, received {number(sizing['received_prompt_tokens_mean'])} "
              f"prompt tokens a request" if sizing.get("asked_prompt_tokens_mean") is not None else "") + "\n")
+    for name, seen in (client.get("server_figures_left_out") or {}).items():
+        w(f"{'':<12}left out of {seen['answers']:,} answers: {seen['first']}\n")
     if client.get("short_of_max_tokens"):
         w(f"{'':<12}--ignore-eos was not honoured: {client['short_of_max_tokens']:,} answers were shorter than "
           f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "
@@ -6835,8 +6871,8 @@ def load_from_args(args) -> LoadConfig:
     if given.get("warmup") and given["requests"] is not None and \
             given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
         raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
-    sized = "prompt_words" in given or bool(given.get("prefix_words")) or bool(trace)
-    given["size_prompts"] = given.get("size_prompts", True) and sized
+    # Generated prompts, the default 40 tokens included, are sized to the tokens asked.
+    given["size_prompts"] = given.get("size_prompts", True) and not given.get("prompts")
     if given.get("prompts"):
         given["prompts"] = read_prompts(given["prompts"])
     if "slos" in given:

@@ -4,6 +4,7 @@ in them, and every number a server sends is validated where it is read; a stream
 final scrape end within their bounds, and a pasted URL is understood. Each test runs main.py in
 its own process group, as a user does (bounded.py), against a server of its own on 127.0.0.1."""
 import base64
+import re
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 from bounded import CONTROL, run, strings
 from fake_server import chunk, data, usage
-from hostile_server import FakeServer, closed_port, paced, reply_with, scripted
+from hostile_server import Drip, FakeServer, closed_port, paced, reply_with, scripted
 
 PASSWORD = "s3cretPASS"
 USER_PASS = f"alice:{PASSWORD}"
@@ -23,6 +24,14 @@ OTHER_KEY = "tok_live_9f8e7d6c5b4a3210ZYXW"       # not sk-shaped: only knowing 
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"       # set the window title, clear the screen, red
 SEARCH = ("search", "--slo", "ttft_p95:100000", "--rate", "1", "--requests", "10", "--prompt-tokens", "20",
           "--output-tokens", "5", "--jobs", "1")
+
+
+WORDS = re.compile(r"\S+")
+
+
+def last_user_words(body):
+    """What a server's tokenizer would count, in words: the last user message."""
+    return len(WORDS.findall(body["messages"][-1]["content"]))
 
 
 def svg_ok(test, path):
@@ -215,6 +224,121 @@ class Finding22Urls(unittest.TestCase):
                 self.assertRegex(r.lines()[0], r"(?i)range|65,?535")
                 self.assertNotIn("percent", r.lines()[0])
 
+
+
+class Finding10ServerNumbers(unittest.TestCase):
+    """# issue 20 finding 10: a bad number or string from the server, read after the run, crashes
+    loadgen and discards every measurement. Each must be reported, never fatal to the report."""
+
+    def assert_report_kept(self, r, completed=2, code=0):
+        self.assertNotIn("Traceback", r.err, r.seen())
+        self.assertEqual(r.code, code, r.seen())
+        self.assertTrue(r.out.strip(), f"the report was lost: {r.seen()}")
+
+    def test_timings_prompt_ms_a_string_keeps_the_report(self):
+        # issue 20 finding 10: timings.prompt_ms a string
+        timings = {"prompt_n": 12, "prompt_ms": "fast", "predicted_n": 5, "predicted_ms": 50.0,
+                   "predicted_per_token_ms": 10.0, "cache_n": 0}
+        with FakeServer(paced(timings=timings)) as server:
+            for mode in ((), ("--json",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--requests", 2, *mode)
+                    self.assert_report_kept(r)
+                    if mode:
+                        self.assertEqual(r.json()["completed"], 2)
+
+    def test_timings_prompt_n_1e400_keeps_the_report(self):
+        # issue 20 finding 10: prompt_n 1e400 (json reads it as infinity)
+        raw = '{"prompt_n": 1e400, "prompt_ms": 5.0, "predicted_n": 5, "predicted_ms": 50.0, "cache_n": 0}'
+        with FakeServer(paced(timings_raw=raw)) as server:
+            for mode in ((), ("--json",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--requests", 2, *mode)
+                    self.assert_report_kept(r)
+
+    def test_a_lone_surrogate_in_an_error_message_keeps_the_report(self):
+        # issue 20 finding 10: an error message containing a lone surrogate (\ud800)
+        with FakeServer(scripted(data({"error": {"message": "broken \ud800 here"}}))) as server:
+            for mode in ((), ("--json",), ("--detailed",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 2, *mode)
+                    self.assert_report_kept(r, code=1)
+                    self.assertIn("server error in stream", r.out)
+
+    def test_a_lone_surrogate_in_the_model_id_keeps_the_report_and_the_svg(self):
+        # issue 20 finding 10: a model id containing a lone surrogate
+        models = {"object": "list", "data": [{"id": "model-\ud800"}]}
+        with tempfile.TemporaryDirectory() as tmp, FakeServer(paced(), models=models) as server:
+            svg = os.path.join(tmp, "run.svg")
+            for mode in ((), ("--json",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--requests", 2, "--plot", svg, *mode)
+                    self.assert_report_kept(r)
+                    ET.parse(svg)
+
+    def test_metrics_of_1e308_are_reported_as_bad_not_inf_nan_or_a_crash(self):
+        # issue 20 finding 10: /metrics series of 1e308 ("peak running inf", "generated tokens nan",
+        # then --plot OverflowError)
+        page = ('vllm:num_requests_running{engine="0"} 1e308\nvllm:num_requests_running{engine="1"} 1e308\n'
+                'vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n'
+                'vllm:generation_tokens_total{engine="0"} 1e308\nvllm:generation_tokens_total{engine="1"} 1e308\n')
+        with tempfile.TemporaryDirectory() as tmp, \
+                FakeServer(paced(), pages={"/metrics": (200, page, "text/plain; version=0.0.4")}) as server:
+            svg = os.path.join(tmp, "run.svg")
+            r = run("loadgen", "--url", server.url, "--requests", 2, "--plot", svg)
+            self.assert_report_kept(r)
+            self.assertIsNone(re.search(r"(?i)\b(inf|nan)\b", r.out), f"inf or nan printed:\n{r.out}")
+            ET.parse(svg)
+
+
+class Finding20Contradictions(unittest.TestCase):
+    """# issue 20 finding 20: usage counts that contradict the stream are believed; a /metrics page
+    over 1 MiB is truncated silently and the server called "unknown"."""
+
+    def test_usage_of_1e8_tokens_for_2_events_is_flagged(self):
+        # issue 20 finding 20: 10^8 completion tokens for 2 events with max_tokens 64
+        with FakeServer(paced(tokens=2, completion_tokens=10**8)) as server:
+            r = run("loadgen", "--url", server.url, "--requests", 2, "--max-tokens", 64, "--json")
+            text = run("loadgen", "--url", server.url, "--requests", 2, "--max-tokens", 64)
+        self.assertNotIn("Traceback", r.err)
+        report = r.json()
+        warning = re.compile(r"(?i)usage.*(contradict|exceed|more than|max.?tokens|implausible|disagree|events)")
+        flagged = [s for s in strings(report) if warning.search(s)] + [l for l in r.err.splitlines()
+                                                                        if warning.search(l)]
+        self.assertTrue(flagged or report["total_output_tokens"] <= 2 * 64,
+                        f"{report['total_output_tokens']:,} output tokens, {report['output_throughput']:,.0f} tok/s, "
+                        f"believed without a warning")
+        shown = [l for l in text.out.splitlines() + text.err.splitlines()
+                 if warning.search(l) and not l.startswith("definitions")]
+        throughput = next(l for l in text.out.splitlines() if l.startswith("throughput"))
+        tok_s = float(throughput.split()[1].replace(",", ""))
+        self.assertTrue(shown or tok_s < 1e6, f"the text report shows no warning beside: {throughput}")
+
+    def test_a_metrics_page_over_1_mib_is_read_or_flagged_not_called_unknown(self):
+        # issue 20 finding 20: a /metrics page over 1 MiB is silently truncated
+        filler = "".join(f'python_gc_objects_collected_total{{generation="{i}"}} {i}\n' for i in range(30000))
+        self.assertGreater(len(filler), 1 << 20)
+        page = filler + "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 10\n"
+        with FakeServer(paced(), pages={"/metrics": (200, page, "text/plain; version=0.0.4")}) as server:
+            r = run("loadgen", "--url", server.url, "--requests", 2, "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        server_part = r.json()["server"]
+        self.assertTrue(server_part.get("server") == "vllm" or
+                        re.search(r"(?i)MiB|truncat|too (large|big)|longer", json.dumps(server_part)),
+                        f"the page was cut silently: {server_part}")
+
+
+class Finding23DefaultPrompt(unittest.TestCase):
+    """# issue 20 finding 23: loadgen's default prompt is 40 words, not 40 tokens as --help says."""
+
+    def test_the_default_prompt_is_about_40_tokens_on_a_5_tokens_a_word_tokenizer(self):
+        # issue 20 finding 23: the server counts 5 tokens a word plus a 10-token template
+        with FakeServer(paced(tokens=3, prompt_of=lambda body: 5 * last_user_words(body) + 10)) as server:
+            r = run("loadgen", "--url", server.url, "--requests", 3, "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        report = r.json()
+        mean = report["total_input_tokens"] / report["completed"]
+        self.assertTrue(28 <= mean <= 52, f"the default prompt is {mean:.0f} tokens, not about 40")
 
 
 if __name__ == "__main__":
