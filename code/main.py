@@ -2480,8 +2480,9 @@ def flag_words(f, value) -> list[str]:
 
 
 def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
-    """The simulate command line that runs exactly this spec; `sources` maps a preset's name to
-    the file it was read from."""
+    """The simulate command line that runs exactly this spec; `sources` maps a preset (the
+    Hardware or ModelSpec itself, so two files that give one name stay apart) to the file it
+    was read from."""
     words, default = ["python3", "code/main.py", "simulate"], RunSpec()
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
@@ -2490,7 +2491,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
             continue
         said = flag_words(f, value)
         if isinstance(value, (Hardware, ModelSpec)) and sources:
-            said[-1] = sources.get(value.name, value.name)
+            said[-1] = sources.get(value, value.name)
         words += said
     return shlex.join(words)
 
@@ -2603,7 +2604,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     router = Router(engines, spec.router) if len(replicas) > 1 else None
     server = engines[0] if len(engines) == 1 else Replicas(engines, router)
     requests = make_requests(spec, progress)
-    for request in requests[:spec.warmup]:     # they warm the cache and fill the batch; not measured
+    # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
+    sent_first = sorted(requests, key=operator.attrgetter("sent_s")) if spec.trace else requests
+    for request in sent_first[:spec.warmup]:
         request.measured = False
     report = None
     if progress:
@@ -3196,12 +3199,12 @@ def parse_json(text: str, where: str, expect: str):
 
 # What a preset's numbers may be: (lowest, highest, note). Real devices and models sit well inside.
 PRESET_RANGES = {
-    "memory_gib": (0.5, 100_000, "GiB of device memory"),
+    "memory_gib": (0.5, 2048, "GiB of device memory; the largest preset has 192"),
     "bandwidth_gbs": (1, 100_000, "GB/s; an H100 has 3,350"),
     "tflops": (0.001, 100_000, "dense TFLOPS; an H100 has 989"),
     "mbu": (0.01, 1, "a fraction of peak bandwidth"), "mfu": (0.01, 1, "a fraction of peak FLOPS"),
     "step_overhead_ms": (0, 10_000, "ms"), "seq_overhead_ms": (0, 10_000, "ms"),
-    "reserve_gib": (0, 100_000, "GiB"),
+    "reserve_gib": (0, 2048, "GiB"),
     "params": (1e6, 1e14, "a parameter count: 8.03e9 for an 8B model"),
     "layers": (1, 10_000, ""), "kv_heads": (1, 4096, ""), "head_dim": (1, 65_536, ""),
     "weight_dtype_bytes": (0.1, 8, "bytes per weight: 2 for BF16, 1 for FP8"),
@@ -3231,6 +3234,10 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     """A preset name, or a path to a JSON file with the dataclass's fields."""
     if value in presets:
         return presets[value]
+    if "," in value and not os.path.exists(value):
+        raise UserError(f"--{kind} {value!r}: " + (
+            "one device here; sweep and search take a comma-separated list of --hardware" if kind == "hardware" else
+            "one model at a time; sweep and search vary server settings, not the model, so run each model on its own"))
     if not os.path.exists(value):
         raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
                         f"or a path to a JSON file with the same fields (see: main.py presets)")
@@ -3262,7 +3269,8 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             f"write {v / 100:g}")
         inside = low <= v <= high
         if not inside:
-            raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:g} ({note}), got {v!r}"
+            mib = f"; nvidia-smi reports MiB: {v:g} MiB is {v / 1024:.3g} GiB" if name.endswith("_gib") and v > high else ""
+            raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:,g} ({note}), got {v!r}{mib}"
                             .replace(" ()", ""))
         if known[name].type == "int" and v != int(v):
             raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
@@ -4848,7 +4856,10 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                              f"({refused[0]}); the report has every request sent")
     cpu = time.process_time() - cpu_before
     records.sort(key=lambda r: r.index)
-    measured = [r for r in records if r.index >= config.warmup]
+    # The first --warmup requests sent (a trace's in the order of its times) are not measured.
+    warm = set(sorted(range(int(limit)), key=lambda i: rows[i][0])[:config.warmup]) if rows is not None \
+        else set(range(config.warmup))
+    measured = [r for r in records if r.index not in warm]
     result = summarize(measured, slos=config.slos)
     if config.warmup:
         result["warmup_requests"] = len(records) - len(measured)
@@ -5362,7 +5373,7 @@ class Remedy:
     binds: str
     knobs: dict          # server -> the knob to change first
     effect: str          # expected effect on each metric
-    will_not_help: str
+    will_not_help: str   # each claim holds in servesim's own model (test_explain.WontHelp turns the knob)
 
 
 DECISION_TABLE = (
@@ -5373,8 +5384,7 @@ DECISION_TABLE = (
             "llama.cpp": "`--cache-reuse` for shared prefixes; else `--ctx-size` up",
             "sglang": "`--mem-fraction-static` up"},
            "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
-           "raising `--max-num-seqs` (memory, not the cap, limits the batch); a second GPU while prefix caching "
-           "is off (every request still stores its own copy of the prefix)"),
+           "raising `--max-num-seqs` (memory, not the cap, limits the batch)"),
     Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
            "compute (the roofline)",
            {"vllm": "`--max-num-seqs` down toward the knee to protect TPOT; quantization or tensor "
@@ -5383,8 +5393,8 @@ DECISION_TABLE = (
             "sglang": "`--max-running-requests` down"},
            "TPOT falls toward the batch-1 step; throughput drops by less than the batch does (past the knee "
            "each sequence bought little); TTFT rises for waiting requests",
-           "more KV memory or prefix caching (the cache is not the limit); reading GPU utilisation as batch "
-           "fullness (it says a kernel ran, not how full the batch was)"),
+           "more KV memory (the cache is not the limit); reading GPU utilisation as batch fullness (it says a "
+           "kernel ran, not how full the batch was)"),
     Remedy("sequence-bound", "running requests at the sequence cap; KV cache mostly idle; requests wait",
            "sequences",
            {"vllm": "`--max-num-seqs` up",
@@ -6793,8 +6803,8 @@ def cmd_search(args) -> int:
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
             Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the finished ones")
-    sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
-    sources[spec.model.name] = args.model or spec.model.name
+    sources = {load_preset("hardware", h, HARDWARE, Hardware): h for h in (args.hardware or [])}
+    sources[spec.model] = args.model or spec.model.name
     report = search_report(spec, points, found, slo, by, target, args.tolerance, sources, bool(stopped))
     ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
