@@ -126,6 +126,9 @@ class ModelSpec:
     heads: int = 0             # query heads; 0: kv_heads
     vocab_size: int = 0        # 0: unknown, so embeddings are priced as ordinary weights
     tie_word_embeddings: bool = False
+    # The longest request the model takes, config.json's max_position_embeddings: vLLM's default
+    # --max-model-len. 0: unknown (servesim then takes 4,096).
+    max_position_embeddings: int = 0
     # Mixture of experts; 0 means dense. All experts sit in memory; a token computes only the
     # shared weights (attention, embeddings, router) and its experts_per_token experts.
     active_params: float = 0.0     # parameters one token computes
@@ -230,31 +233,44 @@ HARDWARE = {h.name: h for h in [
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5),
 ]}
 
+# Where each preset's price_per_hour comes from (see the sources above), shown by `presets`.
+PRICE_SOURCES = {"h100-sxm-80gb": "Lambda", "a100-sxm-80gb": "Lambda", "b200-180gb": "Lambda", "h200-141gb": "Crusoe",
+                 "mi300x-192gb": "Crusoe", "l4-24gb": "AWS g6.xlarge", "rtx-4090-24gb": "RunPod",
+                 "l40s-48gb": "RunPod", "rtx-pro-6000-96gb": "Hyperstack"}
+
 MODELS = {m.name: m for m in [
     # Shapes from each model's config.json on Hugging Face (meta-llama/Llama-3.1-8B, -70B,
-    # Qwen/Qwen2.5-7B, HuggingFaceTB/SmolLM2-135M).
-    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128, hidden_size=4096, heads=32, vocab_size=128256),
-    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
-    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064),
+    # Qwen/Qwen2.5-7B, HuggingFaceTB/SmolLM2-135M), max_position_embeddings included (131,072 for
+    # Llama 3.1 and Qwen2.5-7B, 8,192 for SmolLM2; Qwen3's 40,960; gpt-oss's 131,072, which is its
+    # YaRN factor 32 x 4,096, what vLLM derives too).
+    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128, hidden_size=4096, heads=32, vocab_size=128256,
+              max_position_embeddings=131072),
+    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256,
+              max_position_embeddings=131072),
+    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064,
+              max_position_embeddings=131072),
     ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32, hidden_size=576, heads=9,
-              vocab_size=49152, tie_word_embeddings=True),
+              vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192),
     # What people deploy now, from each config.json (Qwen/Qwen3-8B, -32B, -30B-A3B;
     # openai/gpt-oss-20b, -120b; meta-llama/Llama-3.3-70B-Instruct) and the model cards' parameter
     # counts. gpt-oss keeps its experts in MXFP4: 4 bits plus an 8-bit scale per 32 values, 17/32 of
     # a byte; its other weights in BF16; half its layers attend to a 128-token sliding window. Its
     # cards count active parameters without the input embedding (3.61 B, 5.13 B); active_params
     # counts every weight a token uses, so the embedding's 201,088 x 2,880 is added.
-    ModelSpec("qwen3-8b", 8.19e9, 36, 8, 128, hidden_size=4096, heads=32, vocab_size=151936),
-    ModelSpec("qwen3-32b", 32.8e9, 64, 8, 128, hidden_size=5120, heads=64, vocab_size=151936),
+    ModelSpec("qwen3-8b", 8.19e9, 36, 8, 128, hidden_size=4096, heads=32, vocab_size=151936,
+              max_position_embeddings=40960),
+    ModelSpec("qwen3-32b", 32.8e9, 64, 8, 128, hidden_size=5120, heads=64, vocab_size=151936,
+              max_position_embeddings=40960),
     ModelSpec("qwen3-30b-a3b", 30.5e9, 48, 4, 128, hidden_size=2048, heads=32, vocab_size=151936,
-              active_params=3.3e9, experts=128, experts_per_token=8),
+              active_params=3.3e9, experts=128, experts_per_token=8, max_position_embeddings=40960),
     ModelSpec("gpt-oss-20b", 20.91e9, 24, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
               active_params=3.61e9 + 201088 * 2880, experts=32, experts_per_token=4, expert_dtype_bytes=17 / 32,
-              sliding_layers=12, sliding_window=128),
+              sliding_layers=12, sliding_window=128, max_position_embeddings=131072),
     ModelSpec("gpt-oss-120b", 116.83e9, 36, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
               active_params=5.13e9 + 201088 * 2880, experts=128, experts_per_token=4, expert_dtype_bytes=17 / 32,
-              sliding_layers=18, sliding_window=128),
-    ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
+              sliding_layers=18, sliding_window=128, max_position_embeddings=131072),
+    ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256,
+              max_position_embeddings=131072),
 ]}
 
 
@@ -2182,6 +2198,7 @@ class Trace:
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
+DEFAULT_MODEL_LEN = 4096             # --max-model-len for a model file that gives no length
 MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
 DEFAULT_CLIENTS = 32
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
@@ -2204,9 +2221,10 @@ class RunSpec:
     block_size: int = setting(
         16, "--block-size", whole(1, 2**20), "tokens per KV block, as vLLM's --block-size", "plan", metavar="TOKENS",
         axis=9, recorded=True)
-    max_model_len: int = setting(
-        4096, "--max-model-len", TOKENS, "longest prompt + output a request may have; longer requests fail", "plan",
-        metavar="TOKENS", axis=10, recorded=True)
+    max_model_len: Optional[int] = setting(
+        None, "--max-model-len", TOKENS, "longest prompt + output a request may have; longer requests fail", "plan",
+        metavar="TOKENS", axis=10, recorded=True, default_text=f"the model's own length, as vLLM takes it (its "
+        f"max_position_embeddings), else {DEFAULT_MODEL_LEN:,}")
     kv_tokens: Optional[int] = setting(
         None, "--kv-tokens", whole(1, 10**12), "fix the KV cache at this many tokens instead of sizing it from memory, "
         "as llama.cpp's --ctx-size does", "plan", metavar="TOKENS", axis=11, default_text="from the memory budget",
@@ -2354,6 +2372,10 @@ class RunSpec:
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
         default_text="the preset's on-demand price, see main.py presets")
 
+    def model_len(self) -> int:
+        """--max-model-len, or vLLM's default: the model's own length, else DEFAULT_MODEL_LEN."""
+        return self.max_model_len or self.model.max_position_embeddings or DEFAULT_MODEL_LEN
+
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
         otherwise a trace or a --rate is open loop, and neither is a closed loop of 32 clients."""
@@ -2368,10 +2390,11 @@ class RunSpec:
         if self.trace:
             return f"trace arrivals ({self.trace.name})"
         shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
+        unit = "conversations/s" if self.turns > 1 else "req/s"     # a rate starts conversations
         if self.ramp_up:
             strategy, start, end = self.ramp_up
-            return f"{shape} ramp {strategy} {start:g} to {end:g} req/s" + chats
-        return f"{shape} {self.rate:g} req/s" + chats
+            return f"{shape} ramp {strategy} {start:g} to {end:g} {unit}" + chats
+        return f"{shape} {self.rate:g} {unit}" + chats
 
 
 SETTINGS = {f.name: f for f in fields(RunSpec) if f.metadata}
@@ -2503,7 +2526,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
 
 def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] = None) -> Scheduler:
     """The core scheduler (per step or per event) with the variations the spec asks for."""
-    config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, spec.block_size,
+    config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.model_len(), spec.block_size,
                              spec.chunked_prefill, spec.prefix_caching, spec.reserve_full_isl)
     options: dict = {}
     classes: list[type] = []
@@ -2535,7 +2558,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     tp, ep = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1
     device = expert_shard(tensor_shard(model, tp), ep)      # what each GPU holds and computes
     draft = spec.draft_model if spec.speculative_tokens else None
-    plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
+    plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization))
     if tp > 1:
@@ -3214,7 +3237,7 @@ PRESET_RANGES = {
     "attention_efficiency": (0.01, 1, "a fraction of dense peak"),
     "bandwidth_efficiency": (0.01, 1, "a fraction of peak bandwidth"),
     "hidden_size": (0, 1_000_000, "0 for heads x head_dim"), "heads": (0, 4096, "query heads; 0 for kv_heads"),
-    "vocab_size": (0, 10_000_000, "0 if unknown"),
+    "vocab_size": (0, 10_000_000, "0 if unknown"), "max_position_embeddings": (0, 10**8, "tokens, 0 if unknown"),
     "active_params": (0, 1e14, "0 for a dense model"), "experts": (0, 100_000, "0 for a dense model"),
     "experts_per_token": (0, 100_000, ""), "expert_dtype_bytes": (0, 8, "0 for weight_dtype_bytes"),
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
@@ -5123,7 +5146,7 @@ def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = Fal
     trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
     workload = {name: f.default for name, f in SETTINGS.items() if f.metadata["group"] == "workload" and name != "seed"}
-    workload.update(trace=trace, max_model_len=max(spec.max_model_len, longest))
+    workload.update(trace=trace, max_model_len=max(spec.model_len(), longest))
     spec = replace(spec, **workload)
     return run(spec, timeline=timeline)
 
@@ -5846,6 +5869,9 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'steps':<12}{engine['steps']:,}  mean batch {engine['mean_batch']:.1f} seqs  "
           f"preemptions {engine['preemptions']:,}  evictions {engine['evictions']:,}  "
           f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+        if engine["evictions"]:
+            w(f"{'':<12}an eviction is a freed block's cached prefix overwritten when the block is reused (least "
+              f"recently used first), so it happens below a full cache; it costs a later prefix hit, not a request\n")
         if engine["row_utilisation"] is not None:
             w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,} "
               f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,} tokens, "
@@ -6238,8 +6264,13 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
         share = cost.communication_seconds(1) * 1000
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers} layers over "
                   f"{h.interconnect_gbs:g} GB/s, {h.interconnect_latency_us:g} us a hop\n")
-    out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
-              f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
+    if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
+        out.write(f"{'vllm would stop':<17}one request of {plan.max_model_len:,} tokens does not fit the "
+                  f"{plan.kv_tokens:,}-token KV cache, so vLLM refuses to start: pass --max-model-len "
+                  f"{plan.kv_tokens} or less\n")
+    else:
+        out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
+                  f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
 
 def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
@@ -7061,20 +7092,22 @@ def cmd_presets(args) -> int:
         write_json({"hardware": [preset_fields(h) for h in HARDWARE.values()],
                     "models": [preset_fields(m) for m in MODELS.values()]})
         return 0
-    cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour"]]
+    cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour",
+              "price from"]]
     for h in HARDWARE.values():
         cells.append([h.name, f"{h.memory_gib:.1f} GiB", f"{h.bandwidth_gbs:g}", f"{h.tflops:g}",
                       f"{h.fp8_tflops:g}" if h.fp8_tflops else "-", f"{h.mbu:g}", f"{h.mfu:g}", f"{h.step_overhead_ms:g}",
                       f"{h.reserve_gib:g} GiB", f"{h.interconnect_gbs:g}" if h.interconnect_gbs else "-",
-                      f"{h.price_per_hour:.2f}" if h.price_per_hour else "-"])
+                      f"{h.price_per_hour:.2f}" if h.price_per_hour else "-", PRICE_SOURCES.get(h.name, "-")])
     lines = table(cells) + [""]
-    cells = [["model", "params", "active", "experts", "layers", "kv heads", "head dim", "bytes/param", "kv/token"]]
+    cells = [["model", "params", "active", "experts", "layers", "kv heads", "head dim", "bytes/param", "kv/token",
+              "max len"]]
     for m in MODELS.values():
         cells.append([m.name, f"{m.params / 1e9:.3g} B", f"{m.active_params / 1e9:.3g} B" if m.experts else "all",
                       f"{m.experts_per_token} of {m.experts}" if m.experts else "-", f"{m.layers}", f"{m.kv_heads}",
                       f"{m.head_dim}", f"{m.weight_dtype_bytes:.4g}" + (f", experts {m.expert_dtype_bytes:.3g}"
                                                                        if m.expert_dtype_bytes else ""),
-                      f"{m.kv_bytes_per_token / KIB:.1f} KiB"])
+                      f"{m.kv_bytes_per_token / KIB:.1f} KiB", f"{m.max_position_embeddings:,}"])
     lines += table(cells)
     lines += ["", "Add your own: `main.py presets h100-sxm-80gb > my-gpu.json`, edit it, pass --hardware my-gpu.json "
                   "(or a model's name and --model)."]

@@ -102,5 +102,75 @@ class Finding24Presets(unittest.TestCase):
                 self.assertRegex(r.lines()[0], r"(?i)\b(lists?|search|sweep|one model)\b")
 
 
+class Finding26FirstHour(unittest.TestCase):
+    """# issue 20 finding 26: defaults and labels a new user trips over."""
+
+    def test_max_model_len_defaults_to_the_models_own_length(self):
+        # issue 20 finding 26: a 5-turn run fails requests at the 4,096 default (llama-3.1-8b: 131,072)
+        r = run("simulate", "--turns", 5, "--prompt-tokens", 1000, "--output-tokens", 200, "--requests", 50,
+                "--rate", 1.5, "--json")
+        self.assertNotIn("Traceback", r.err)
+        report = r.json()
+        self.assertEqual(report["failed"], 0, report.get("first_error_by_kind"))
+        self.assertEqual(r.code, 0, r.seen())
+
+    def test_turns_with_a_rate_labels_it_conversations_a_second(self):
+        # issue 20 finding 26: "poisson 1.5 req/s" where 1.5 is conversations per second
+        r = run("simulate", "--turns", 5, "--prompt-tokens", 100, "--output-tokens", 20, "--requests", 50,
+                "--rate", 1.5)
+        title = r.out.splitlines()[0]
+        self.assertNotRegex(title, r"\b1\.5 req/s", "the conversation rate is labelled as a request rate")
+        self.assertRegex(title, r"(?i)1\.5 conversations?")
+
+    def test_evictions_beside_a_low_kv_peak_are_explained(self):
+        # issue 20 finding 26: "evictions 12,748" beside a 42 % KV peak needs its one-line explanation
+        r = run("simulate", "--prefix-caching", "on", "--requests", 1000, "--concurrency", 32)
+        self.assertEqual(r.code, 0, r.seen())
+        steps = next(l for l in r.out.splitlines() if l.startswith("steps"))
+        evictions = int(re.search(r"evictions ([\d,]+)", steps).group(1).replace(",", ""))
+        self.assertGreater(evictions, 0, "the case no longer evicts; pick another")
+        explained = [l for l in r.out.splitlines() if re.search(r"(?i)evict", l) and not l.startswith("steps")]
+        self.assertTrue(explained or re.search(r"evictions [\d,]+ \(", steps),
+                        f"no explanation of {evictions:,} evictions beside the KV peak:\n{r.out}")
+
+    def test_presets_show_where_each_price_comes_from(self):
+        # issue 20 finding 26: preset prices mix providers with the provider only in source comments
+        r = run("presets")
+        self.assertEqual(r.code, 0, r.seen())
+        for provider in ("Lambda", "Crusoe", "AWS", "RunPod", "Hyperstack"):
+            self.assertIn(provider, r.out, f"presets does not say which prices are {provider}'s")
+
+
+class Finding27ReadmeExitCodes(unittest.TestCase):
+    """# issue 20 finding 27: the README's exit-code section and the code disagree."""
+
+    def test_sweep_compare_exit_code_matches_the_readme(self):
+        # issue 20 finding 27: `sweep --compare static,slots,paged` exits 1
+        # 16 slots of 1,024 tokens: the slots mode fails the requests longer than a slot
+        r = run("sweep", "--compare", "static,slots,paged", "--kv-tokens", 16384, "--max-num-seqs", 16,
+                "--requests", 100, "--jobs", 1, "--json", timeout=120)
+        self.assertNotIn("Traceback", r.err)
+        section = readme_section()
+        if r.code == 1:
+            self.assertIn("--compare", section,
+                          f"sweep --compare exits 1 ({r.lines()}) but the exit-code section says sweep exits 1 "
+                          f"when no point fits, and does not mention --compare")
+        else:
+            self.assertEqual(r.code, 0, r.seen())
+
+    def test_plot_into_a_missing_directory_exit_code_matches_the_readme(self):
+        # issue 20 finding 27: a missing --plot directory exits 2 where pictures are listed under 1
+        r = run("simulate", "--requests", 5, "--plot", "/nonexistent-dir-issue20/x.svg")
+        self.assertNotIn("Traceback", r.err)
+        section = readme_section()
+        pictures = next(p for p in section.split("\n- ") if "--plot" in p)
+        if r.code == 2:
+            self.assertRegex(pictures, r"(?s)(director|missing).*\b2\b|\b2\b.*(director|missing)",
+                             f"--plot into a missing directory exits 2, but the README says: {pictures!r}")
+        else:
+            self.assertEqual(r.code, 1, r.seen())
+            self.assertIn("throughput", r.out, "exit 1 should keep the report (the picture is written after it)")
+
+
 if __name__ == "__main__":
     unittest.main()
