@@ -3154,13 +3154,18 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], slo: Slo
 # here, and whatever is wrong with it becomes one line naming the file, the line and the fix.
 # ---------------------------------------------------------------------------------------------
 
-def read_text(path: str, kind: str) -> str:
-    """A text file as UTF-8 (a BOM is fine); anything else is a one-line error."""
+def read_bytes(path: str, kind: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            return f.read()
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+
+
+def read_text(path: str, kind: str, raw: Optional[bytes] = None) -> str:
+    """A text file (or its bytes, already read) as UTF-8 (a BOM is fine); anything else is a
+    one-line error."""
+    raw = read_bytes(path, kind) if raw is None else raw
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
     if b"\0" in raw[:65536]:
@@ -3172,12 +3177,13 @@ def read_text(path: str, kind: str) -> str:
                         f"save it as UTF-8") from None
 
 
-def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = "") -> Iterator[tuple[int, str]]:
-    """(number, line) of a text file read a line at a time, so a big file is never held whole,
-    with read_text's one-line errors; a line longer than max_line bytes is refused (saying `why`)
-    before it is read whole."""
+def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = "",
+               data: Optional[bytes] = None) -> Iterator[tuple[int, str]]:
+    """(number, line) of a text file (or of its bytes, already read) read a line at a time, so a
+    big file is never held whole, with read_text's one-line errors; a line longer than max_line
+    bytes is refused (saying `why`) before it is read whole."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb") if data is None else io.BytesIO(data)
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
     with f:
@@ -3649,11 +3655,13 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
     content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
     only the first that many requests are read: a big trace is read a line at a time, never whole."""
+    # A pipe (--trace <(zcat trace.gz)) can be read only once: read it whole, as it is.
+    data = read_bytes(path, "trace") if os.path.exists(path) and not os.path.isfile(path) else None
     if fmt == "auto":
-        fmt = trace_format(path)
+        fmt = trace_format(path, data)
     notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
     wanted = limit or MAX_REQUESTS + 1
-    rows = list(itertools.islice(TRACE_READERS[fmt](path, notes), wanted))
+    rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), wanted))
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     if len(rows) > MAX_REQUESTS:
@@ -3667,14 +3675,16 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     return Trace(path, tuple(rows), fmt, tuple(note.format(count) for note, count in notes.items()))
 
 
-def trace_format(path: str) -> str:
+def trace_format(path: str, data: Optional[bytes] = None) -> str:
     """The format, from the first line: a JSON object's keys, or a CSV header's columns. Anything
     else is read as servesim's JSONL, whose reader says what is wrong with which line."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1_000_000).decode("utf-8", errors="replace").lstrip("\ufeff")
-    except OSError as e:
-        raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+    if data is None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1_000_000)
+        except OSError as e:
+            raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+    head = data[:1_000_000].decode("utf-8", errors="replace").lstrip("\ufeff")
     line, newline, _ = head.lstrip().partition("\n")
     line = line.strip()
     try:
@@ -3732,18 +3742,19 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
-def jsonl_rows(path: str, max_line: int = TRACE_LINE_BYTES, why: str = "") -> Iterator[tuple[str, dict]]:
+def jsonl_rows(path: str, data: Optional[bytes], max_line: int = TRACE_LINE_BYTES,
+               why: str = "") -> Iterator[tuple[str, dict]]:
     """A JSONL trace's lines, each a JSON object, read a line at a time."""
-    for where, row in read_jsonl(path, "trace", text_lines(path, "trace", max_line, why)):
+    for where, row in read_jsonl(path, "trace", text_lines(path, "trace", max_line, why, data)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
         yield where, row
 
 
-def servesim_trace(path: str, notes: Counter) -> Iterator[tuple]:
+def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
     """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
     prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
-    for where, row in jsonl_rows(path):
+    for where, row in jsonl_rows(path, data):
         unknown = set(row) - set(TRACE_FIELDS)
         if unknown:
             raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
@@ -3763,10 +3774,10 @@ def servesim_trace(path: str, notes: Counter) -> Iterator[tuple]:
 
 def hashed_trace(block: int, seconds_per_unit: float):
     """Mooncake (timestamp in ms, 512-token blocks) and Bailian (seconds, 16-token blocks)."""
-    def read(path: str, notes: Counter) -> Iterator[tuple]:
+    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
         # A row of MAX_HASH_IDS ids of up to 20 digits each, and its other fields.
         longest, why = MAX_HASH_IDS * 22 + 65536, f"a row holds at most {MAX_HASH_IDS:,} hash_ids"
-        for where, row in jsonl_rows(path, longest, why):
+        for where, row in jsonl_rows(path, data, longest, why):
             arrival = trace_number(where, row, "timestamp", 0, MAX_ARRIVAL_S / seconds_per_unit, whole_number=False)
             prompt = trace_number(where, row, "input_length", 1, 10**8)
             output = trace_number(where, row, "output_length", 0, 10**8)
@@ -3778,8 +3789,8 @@ def hashed_trace(block: int, seconds_per_unit: float):
 
 def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
-    def read(path: str, notes: Counter) -> Iterator[tuple]:
-        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES))
+    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data))
         reader = csv.DictReader(lines)
         try:
             header = reader.fieldnames or []
@@ -3843,9 +3854,10 @@ def plain_seconds(where: str, text: str) -> float:
     return value
 
 
-def vllm_bench_trace(path: str, notes: Counter) -> Iterator[tuple]:
+def vllm_bench_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
     """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
-    report = parse_json(read_text(path, "trace"), f"trace {path}", "expected a vllm bench serve --save-detailed result")
+    report = parse_json(read_text(path, "trace", data), f"trace {path}",
+                        "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
     if report.get("start_times") is None:
@@ -4375,6 +4387,7 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             record.error = client.redact(record.error)
         if record.finish_reason:
             record.finish_reason = client.redact(record.finish_reason)[:80]
+        record.left_out = [(name, client.redact(why)) for name, why in record.left_out]
 
 
 def words_for(config: LoadConfig, tokens: float) -> int:
@@ -4495,8 +4508,22 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
         if math.isfinite(value) and abs(value) <= PROMETHEUS_LIMIT:
             values[name] = values.get(name, 0.0) + value
         elif ignored is not None:
-            ignored[name] += 1
+            ignored[name if name in ignored or len(ignored) < 32 else "other names"] += 1
     return values
+
+
+# The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
+RUNNING_GAUGES = ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")
+WAITING_GAUGES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")
+KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")
+# What a scrape keeps: the samples server_window and the timeline read (a page may hold thousands).
+SCRAPED = frozenset((*RUNNING_GAUGES, *WAITING_GAUGES, *KV_GAUGES,
+                     "llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode", "llamacpp:prompt_tokens_total",
+                     "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_cached_total",
+                     "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+                     "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "vllm:num_preemptions_total",
+                     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "sglang:cached_tokens_total",
+                     "sglang:prompt_tokens_total", "sglang:generation_tokens_total"))
 
 
 class MetricsSampler:
@@ -4529,12 +4556,13 @@ class MetricsSampler:
         except (OSError, http.client.HTTPException, CapacityError) as e:
             problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
         else:
-            values = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
+            read = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
+            values = {name: value for name, value in read.items() if name in SCRAPED}   # kept for every scrape
             if status != 200:
                 detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
                 problem = (f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang "
                            f"--enable-metrics")
-            elif not values:
+            elif not read:
                 problem = "/metrics answered but held no samples in Prometheus text format"
         with self.lock:
             if self.closed:
@@ -4589,8 +4617,9 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         return {}
     before, after = scrapes[0], scrapes[-1]
 
-    def delta(name):
-        return after[name] - before[name] if name in after and name in before else None
+    def delta(name):     # a counter that went backwards (the server restarted) has no window
+        return after[name] - before[name] if name in after and name in before and after[name] >= before[name] \
+            else None
 
     def peak(name):
         seen = [s[name] for s in scrapes if name in s]
@@ -4735,7 +4764,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
     model = config.model or first_model(client)
-    shown_model = client.redact(model)         # the id is the server's text: sent back as it is, shown redacted
+    shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
     sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     rows = config.trace.rows if config.trace else None
     limit = config.requests if config.requests is not None else math.inf
@@ -4893,7 +4922,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     if sampler.final_problem:
         result["server"]["final_scrape"] = sampler.final_problem
     if sampler.ignored:
-        names = ", ".join(f"{name} ({n:,})" for name, n in sampler.ignored.most_common(3))
+        names = client.redact(", ".join(f"{name[:80]} ({n:,})" for name, n in sampler.ignored.most_common(3)))
         result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
                                                f"within +-10^15 and were left out: {names}")
     result["timings"] = timings_report(measured)
@@ -4980,10 +5009,6 @@ def dispatch_report(records: list[StreamRecord], result: dict) -> dict:
                                 "max": max((sent - at) * 1000 for at, sent in scheduled)}}
 
 
-# The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
-RUNNING_GAUGES = ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")
-WAITING_GAUGES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")
-KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")
 
 
 def measured_timeline(records: list[StreamRecord], scrapes: list[tuple[float, dict]], t0: float) -> list[dict]:
@@ -5841,11 +5866,13 @@ def write_file(path: str, text: str) -> None:
         with open(fd, "wb") as f:
             f.write(data)
         os.replace(partial, path)
-    except OSError as e:
+    except BaseException as e:        # a full disk, or a signal: no half-written file is left
         if partial:
             with contextlib.suppress(OSError):
                 os.remove(partial)
-        raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
 
 
 def print_run(result: dict, out=None) -> None:

@@ -119,6 +119,15 @@ class Finding03Writes(Checks):
                     self.assertEqual(len(r.lines()), 1, r.err)
                     self.assertIn(flag, r.lines()[0])
 
+    def test_a_write_leaves_no_temporary_file_beside_it(self):
+        # issue 20 finding 3: the random-named temporary file is renamed over the target, or removed
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("a.svg", "b.svg"):
+                r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, name), "--timeline",
+                        os.path.join(tmp, name.replace("svg", "csv")))
+                self.assertEqual(r.code, 0, r.seen())
+            self.assertEqual(sorted(os.listdir(tmp)), ["a.csv", "a.svg", "b.csv", "b.svg"])
+
     def test_compare_timeline_equal_to_its_run_is_refused(self):
         # issue 20 finding 3: the same rule for compare (its --timeline onto the requests.jsonl it reads)
         with tempfile.TemporaryDirectory() as tmp:
@@ -353,6 +362,29 @@ class Finding16ModelShape(Checks):
                     self.assertNotRegex(r.out, r"decode step\s+-|ttft ms\s+-\d", "a negative time was printed")
                     self.assert_one_line(r, mentions=["model.json"])
                     self.assertRegex(r.lines()[0], r"vocab_size|params|hidden_size")
+
+
+class TracesReadALineAtATime(Checks):
+    """issue 20 finding 9: a trace is read a line at a time; one given as a pipe (read once) still
+    reads whole, in every format."""
+
+    def test_a_trace_through_a_pipe_reads_every_row(self):
+        for name in ("burst.jsonl", "traces/azure_conv_2023_300.csv", "traces/mooncake_synthetic_300.jsonl"):
+            with self.subTest(name):
+                path = os.path.join(FIXTURES, name)
+                direct = run("simulate", "--trace", path, "--requests", 40, "--max-model-len", 200000, "--json")
+                piped = run("simulate", "--trace", "/dev/stdin", "--requests", 40, "--max-model-len", 200000,
+                            "--json", prefix=["bash", "-c", f'cat {path} | "$0" "$@"', sys.executable])
+                self.assertEqual(direct.code, 0, direct.seen())
+                self.assertEqual(piped.code, 0, piped.seen())
+                self.assertEqual(piped.json()["total_input_tokens"], direct.json()["total_input_tokens"])
+
+    def test_a_bad_line_past_the_requests_read_is_not_read(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = ['{"arrival": %d, "prompt_tokens": 10, "output_tokens": 5}' % i for i in range(5)] + ["not json"]
+            path = jsonl(os.path.join(tmp, "t.jsonl"), rows)
+            self.assertEqual(run("simulate", "--trace", path, "--requests", 5).code, 0)
+            self.assert_one_line(run("simulate", "--trace", path, "--requests", 6), mentions=["line 6"])
 
 
 class PresetShapes(unittest.TestCase):

@@ -291,6 +291,35 @@ class Finding10ServerNumbers(unittest.TestCase):
             ET.parse(svg)
 
 
+class ServerTextInNotes(unittest.TestCase):
+    """What servesim says about a server's bad figures quotes the server: that text is redacted
+    and escaped like every other server string (found in the review of findings 2 and 10)."""
+
+    def test_a_timings_value_echoing_the_key_is_redacted_where_it_is_listed_as_left_out(self):
+        timings = {"prompt_n": 12, "prompt_ms": f"Bearer {OTHER_KEY}", "predicted_n": 5, "cache_n": 0}
+        with FakeServer(paced(timings=timings)) as server:
+            for mode in ((), ("--json",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--requests", 1, "--api-key", OTHER_KEY, *mode)
+                    self.assertEqual(r.code, 0, r.seen())
+                    self.assertIn("timings.prompt_ms", r.out)
+                    self.assertNotIn(OTHER_KEY[:12], r.out + r.err)
+
+    def test_metric_names_with_escapes_or_the_key_are_shown_escaped_and_redacted(self):
+        page = (f"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nevil{ESCAPES}name 1e308\n"
+                f"key_{OTHER_KEY} inf\n")
+        with FakeServer(paced(), pages={"/metrics": (200, page, "text/plain; version=0.0.4")}) as server:
+            for mode in ((), ("--json",)):
+                with self.subTest(mode=mode):
+                    r = run("loadgen", "--url", server.url, "--requests", 1, "--api-key", OTHER_KEY, *mode)
+                    self.assertEqual(r.code, 0, r.seen())
+                    self.assertIn("left out", r.out)
+                    self.assertIsNone(CONTROL.search(r.out), r.out)
+                    self.assertNotIn(OTHER_KEY[:12], r.out + r.err)
+                    if mode:
+                        self.assertEqual([x for x in strings(r.json()) if CONTROL.search(x)], [])
+
+
 class Finding20Contradictions(unittest.TestCase):
     """# issue 20 finding 20: usage counts that contradict the stream are believed; a /metrics page
     over 1 MiB is truncated silently and the server called "unknown"."""
