@@ -6008,7 +6008,7 @@ def print_server(result: dict, w) -> None:
           + (f"; asked {number(sizing['asked_prompt_tokens_mean'])}, received {number(sizing['received_prompt_tokens_mean'])} "
              f"prompt tokens a request" if sizing.get("asked_prompt_tokens_mean") is not None else "") + "\n")
     for name, seen in (client.get("server_figures_left_out") or {}).items():
-        w(f"{'':<12}left out of {seen['answers']:,} answers: {seen['first']}\n")
+        w(f"{'':<12}left out of {seen['answers']:,} answer{'s' if seen['answers'] != 1 else ''}: {seen['first']}\n")
     if client.get("short_of_max_tokens"):
         w(f"{'':<12}--ignore-eos was not honoured: {client['short_of_max_tokens']:,} answers were shorter than "
           f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "

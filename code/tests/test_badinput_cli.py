@@ -6,10 +6,8 @@ user does (bounded.py) and asserts what the user sees."""
 import json
 import os
 import re
-import sys
 import tempfile
 import unittest
-import xml.etree.ElementTree as ET
 
 from bounded import jsonl, readme_section, run, write_json
 from hostile_server import FakeServer, paced
@@ -22,7 +20,7 @@ def last_user_words(body):
     return len(WORDS.findall(body["messages"][-1]["content"]))
 
 
-class Finding18WarmupOnUnsortedTrace(unittest.TestCase):
+class WarmupOnUnsortedTrace(unittest.TestCase):
     """# issue 20 finding 18: --warmup on an unsorted trace drops the first N lines of the file,
     not the first N requests sent. Lines: A (sent at 5 s, 100 tokens), B (sent first, at 0 s, 7),
     C (6 s, 13), D (7 s, 17): --warmup 1 must drop B, so 130 prompt tokens are measured."""
@@ -51,7 +49,7 @@ class Finding18WarmupOnUnsortedTrace(unittest.TestCase):
         self.assertEqual(report["total_input_tokens"], 130, "the warm-up dropped a request other than the first sent")
 
 
-class Finding19SameNamedHardware(unittest.TestCase):
+class SameNamedHardware(unittest.TestCase):
     """# issue 20 finding 19: two hardware JSONs with the same name: search's rerun line names the
     wrong file."""
 
@@ -77,7 +75,7 @@ class Finding19SameNamedHardware(unittest.TestCase):
                     self.assertIn(fast_path if fast_one else slow_path, probe["rerun"])
 
 
-class Finding24Presets(unittest.TestCase):
+class PresetMistakes(unittest.TestCase):
     """# issue 20 finding 24: MiB typed as GiB is accepted; --model a,b says "unknown model"."""
 
     def test_memory_gib_24000_is_refused_with_a_hint(self):
@@ -102,7 +100,7 @@ class Finding24Presets(unittest.TestCase):
                 self.assertRegex(r.lines()[0], r"(?i)\b(lists?|search|sweep|one model)\b")
 
 
-class Finding26FirstHour(unittest.TestCase):
+class FirstHour(unittest.TestCase):
     """# issue 20 finding 26: defaults and labels a new user trips over."""
 
     def test_max_model_len_defaults_to_the_models_own_length(self):
@@ -141,7 +139,7 @@ class Finding26FirstHour(unittest.TestCase):
             self.assertIn(provider, r.out, f"presets does not say which prices are {provider}'s")
 
 
-class Finding27ReadmeExitCodes(unittest.TestCase):
+class ReadmeExitCodes(unittest.TestCase):
     """# issue 20 finding 27: the README's exit-code section and the code disagree."""
 
     def test_sweep_compare_exit_code_matches_the_readme(self):

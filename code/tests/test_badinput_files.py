@@ -48,7 +48,7 @@ class Checks(unittest.TestCase):
             self.assertEqual(r.out, "", "bad input printed output")
 
 
-class Finding21CompareTimelineFirst(Checks):
+class CompareTimelineAfterTheReport(Checks):
     """# issue 20 finding 21: compare --timeline /dev/full writes the timeline before the report."""
 
     @unittest.skipUnless(os.path.exists("/dev/full"), "no /dev/full")
@@ -62,7 +62,7 @@ class Finding21CompareTimelineFirst(Checks):
         self.assertEqual(len([l for l in r.lines() if not l.startswith("servesim: --num-gpu-blocks")]), 1, r.err)
 
 
-class Finding03Writes(Checks):
+class Writes(Checks):
     """# issue 20 finding 3: writes follow a planted symlink; an output path may be an input."""
 
     def test_a_planted_partial_symlink_does_not_redirect_the_plot(self):
@@ -147,7 +147,7 @@ class Finding03Writes(Checks):
 
 
 
-class Finding06RequestLog(Checks):
+class RequestLog(Checks):
     """# issue 20 finding 6: read_request_log (compare on a requests.jsonl) is not validated."""
 
     def compare(self, rows, tmp):
@@ -197,7 +197,7 @@ class Finding06RequestLog(Checks):
             self.assert_one_line(self.compare(rows, tmp), mentions=["line 3", "input_toks"])
 
 
-class Finding14OtherReaders(Checks):
+class OtherReaders(Checks):
     """# issue 20 finding 14: other readers that traceback."""
 
     def test_config_a_string_in_a_detailed_report(self):
@@ -287,7 +287,7 @@ class Finding14OtherReaders(Checks):
             self.assert_explained_or_refused(run("explain", path), "report.json")
 
 
-class Finding15MetaJson(Checks):
+class MetaJson(Checks):
     """# issue 20 finding 15: compare's meta.json values are not validated ("same ranges as the flags")."""
 
     @classmethod
@@ -346,7 +346,7 @@ class Finding15MetaJson(Checks):
             self.assertNotIn("prefix caching", title, "the string \"false\" turned prefix caching on")
 
 
-class Finding16ModelShape(Checks):
+class ModelShape(Checks):
     """# issue 20 finding 16: a model whose embeddings exceed its parameters passes every check."""
     MODEL = {"name": "weird", "params": 1e9, "layers": 32, "kv_heads": 8, "head_dim": 128, "hidden_size": 4096,
              "heads": 32, "vocab_size": 10_000_000}
@@ -396,7 +396,7 @@ class PresetShapes(unittest.TestCase):
                 self.assertLess(main.shape_params(model), model.compute_params)
 
 
-class Finding17Merge(Checks):
+class Merge(Checks):
     """# issue 20 finding 17: merge accepts absurd start clocks and the same run twice."""
 
     def test_started_unix_out_of_range_is_refused(self):
@@ -421,7 +421,7 @@ class Finding17Merge(Checks):
             self.assert_one_line(r, mentions=["bench-copy.json"])
 
 
-class NewReaderProblems(Checks):
+class MoreReaders(Checks):
     """Found while writing the tests above; not in issue 20's list (same family as findings 6, 14)."""
 
     def test_timeseries_csv_with_nan_or_inf_is_refused_not_printed_as_nan(self):

@@ -12,7 +12,7 @@ import tempfile
 import time
 import unittest
 
-from bounded import alive, children, cmdline, cpu_ticks, finish, jsonl, kill_group, run, start
+from bounded import alive, children, cmdline, cpu_ticks, finish, kill_group, run, start
 from fake_server import chunk, data
 from hostile_server import Drip, FakeServer, paced, scripted
 
@@ -25,7 +25,7 @@ def mooncake_row(i, tokens=3000):
     return '{"timestamp": %d, "input_length": %d, "output_length": 100, "hash_ids": [%s]}\n' % (i * 10, tokens, ids)
 
 
-class Finding04EndlessEvent(unittest.TestCase):
+class EndlessEvents(unittest.TestCase):
     """# issue 20 finding 4: data: lines with no blank line grow one event without bound, and each
     line resets --timeout."""
 
@@ -61,7 +61,7 @@ class Finding04EndlessEvent(unittest.TestCase):
         self.assertLess(r.took, 8, f"took {r.took:.1f} s with --timeout 2")
 
 
-class Finding05DrippedGets(unittest.TestCase):
+class DrippedGets(unittest.TestCase):
     """# issue 20 finding 5: GET /metrics, /v1/models and /props have no whole-response deadline."""
     BOUND = 15           # --timeout 3, one byte every 2 s: each GET must be cut within a few seconds
 
@@ -131,7 +131,7 @@ class Finding05DrippedGets(unittest.TestCase):
         self.assertEqual(r.json()["completed"], 3)
 
 
-class Finding07DeadWorker(unittest.TestCase):
+class DeadWorkers(unittest.TestCase):
     """# issue 20 finding 7: a --jobs worker killed (by the OOM killer) leaves the pool waiting
     forever; Ctrl-C then reports 0 points. Point order 1,64: the slow point (1 client) first, so
     the fast point's result waits behind it; the worker running the slow one is SIGKILLed."""
@@ -208,7 +208,7 @@ class Finding07DeadWorker(unittest.TestCase):
                     self.assertEqual(rows, ["64"], r.out)
 
 
-class Finding09WholeInputs(unittest.TestCase):
+class WholeInputs(unittest.TestCase):
     """# issue 20 finding 9 (the inputs): a trace read whole, hash ids without a cap, a sweep
     grid without a cap. (Search's grid and probes are left to issue 17's rewrite of search.)"""
 
@@ -261,7 +261,7 @@ class Finding09WholeInputs(unittest.TestCase):
         self.assertEqual(r.out, "")
 
 
-class Finding13Signals(unittest.TestCase):
+class Signals(unittest.TestCase):
     """# issue 20 finding 13: a double Ctrl-C (or `timeout`, which signals the process and then
     its group) loses the loadgen report or prints a traceback; Ctrl-C while main.py is still
     starting (compiling and importing) prints a traceback."""

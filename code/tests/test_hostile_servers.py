@@ -4,17 +4,16 @@ in them, and every number a server sends is validated where it is read; a stream
 final scrape end within their bounds, and a pasted URL is understood. Each test runs main.py in
 its own process group, as a user does (bounded.py), against a server of its own on 127.0.0.1."""
 import base64
-import re
 import json
 import os
-import sys
+import re
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
 
 from bounded import CONTROL, run, strings
 from fake_server import chunk, data, usage
-from hostile_server import Drip, FakeServer, closed_port, paced, reply_with, scripted
+from hostile_server import FakeServer, closed_port, paced, reply_with, scripted
 
 PASSWORD = "s3cretPASS"
 USER_PASS = f"alice:{PASSWORD}"
@@ -42,7 +41,7 @@ def svg_ok(test, path):
         test.fail(f"{path} is not well-formed XML: {e}")
 
 
-class Finding01UrlWithoutScheme(unittest.TestCase):
+class SchemelessUrls(unittest.TestCase):
     """# issue 20 finding 1: a --url without a scheme carries user:password past redaction."""
 
     def assert_hidden(self, *texts):
@@ -104,7 +103,7 @@ def echo_auth_finish(handler, body):
     handler.raw("data: [DONE]\n\n")
 
 
-class Finding02ServerStrings(unittest.TestCase):
+class ServerStrings(unittest.TestCase):
     """# issue 20 finding 2: server-provided strings (model ids, finish reasons, error bodies) are
     shown and stored unredacted and with raw control characters."""
 
@@ -189,7 +188,7 @@ class Finding02ServerStrings(unittest.TestCase):
             svg_ok(self, svg)
 
 
-class Finding22Urls(unittest.TestCase):
+class PastedUrls(unittest.TestCase):
     """# issue 20 finding 22: a new user's --url."""
 
     def test_a_url_ending_in_v1_requests_v1_models(self):
@@ -226,7 +225,7 @@ class Finding22Urls(unittest.TestCase):
 
 
 
-class Finding10ServerNumbers(unittest.TestCase):
+class ServerNumbers(unittest.TestCase):
     """# issue 20 finding 10: a bad number or string from the server, read after the run, crashes
     loadgen and discards every measurement. Each must be reported, never fatal to the report."""
 
@@ -320,7 +319,7 @@ class ServerTextInNotes(unittest.TestCase):
                         self.assertEqual([x for x in strings(r.json()) if CONTROL.search(x)], [])
 
 
-class Finding20Contradictions(unittest.TestCase):
+class Contradictions(unittest.TestCase):
     """# issue 20 finding 20: usage counts that contradict the stream are believed; a /metrics page
     over 1 MiB is truncated silently and the server called "unknown"."""
 
@@ -357,7 +356,7 @@ class Finding20Contradictions(unittest.TestCase):
                         f"the page was cut silently: {server_part}")
 
 
-class Finding23DefaultPrompt(unittest.TestCase):
+class DefaultPrompt(unittest.TestCase):
     """# issue 20 finding 23: loadgen's default prompt is 40 words, not 40 tokens as --help says."""
 
     def test_the_default_prompt_is_about_40_tokens_on_a_5_tokens_a_word_tokenizer(self):
