@@ -54,7 +54,6 @@ import io
 import itertools
 import json
 import math
-import multiprocessing
 import operator
 import random
 import re
@@ -2893,6 +2892,7 @@ class PointRunner:
 
 def map_points(task: Callable, points: list[dict], jobs: int = 1,
                progress: Optional[Callable[[str], None]] = None) -> PointRunner:
+    """Each point's task(settings, progress), in order (see PointRunner)."""
     return PointRunner(task, points, jobs, progress)
 
 
@@ -3511,7 +3511,7 @@ def read_request_log(path: str) -> MeasuredRun:
     last_token_ts), with the engine's settings from meta.json and its per-second stats from
     timeseries.csv beside it, as published runs record them."""
     requests, sends = [], []
-    for where, row in read_jsonl(path, "run"):
+    for where, row in read_jsonl(path, "run", text_lines(path, "run", TRACE_LINE_BYTES)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
         prompt = trace_number(where, row, "input_toks", 0, 10**8)
@@ -4890,7 +4890,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             while any(t.is_alive() for t in list(threads)):
                 time.sleep(0.05)
             sampler.finish()
-        except (KeyboardInterrupt, Terminated) as e:
+            hold_signals()   # what was measured becomes a report, whatever arrives from now on
+        except (KeyboardInterrupt, Terminated) as e:      # (the first signal holds the later ones)
             stop.set()
             sampler.close()
             stopped = Stopped.by_signal(e, f"{len(records):,} requests ended; {len(in_flight):,} in flight "
@@ -4900,7 +4901,6 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                 record.error = "interrupted: the run was stopped before this request ended"
                 records.append(record)
             in_flight.clear()
-    hold_signals()       # what was measured becomes a report, whatever arrives from now on
     if refused and not stopped:
         if not any(r.error is None or not r.error.startswith("connection: refused") for r in records):
             raise ServerUnreachable(refused[0])
@@ -5007,8 +5007,6 @@ def dispatch_report(records: list[StreamRecord], result: dict) -> dict:
             "achieved_rate": result["request_throughput"],
             "dispatch_lag_ms": {"mean": lag["mean"], "p50": lag["p50"], "p99": lag["p99"],
                                 "max": max((sent - at) * 1000 for at, sent in scheduled)}}
-
-
 
 
 def measured_timeline(records: list[StreamRecord], scrapes: list[tuple[float, dict]], t0: float) -> list[dict]:
@@ -5833,8 +5831,8 @@ def check_writable(path: str, flag: str, args=None) -> None:
             if not isinstance(value, str):
                 continue
             for read in run_files(value) if name == "run" else [value]:
-                if os.path.realpath(read) == os.path.realpath(path) or \
-                        (os.path.exists(read) and os.path.exists(path) and os.path.samefile(read, path)):
+                if os.path.exists(read) and (os.path.realpath(read) == os.path.realpath(path) or
+                                             (os.path.exists(path) and os.path.samefile(read, path))):
                     raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
                                     f"the input, so give {flag} another file")
 
