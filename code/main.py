@@ -28,8 +28,20 @@ one (code/tests/test_layout.py). Standard library only.
 """
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":      # Ctrl-C or SIGTERM while the rest loads: one line, as later on
+    def stopped_while_loading(signum, frame):
+        os.write(2, b"servesim: interrupted\n" if signum == signal.SIGINT else b"servesim: terminated\n")
+        os._exit(130 if signum == signal.SIGINT else 143)
+    signal.signal(signal.SIGINT, stopped_while_loading)
+    signal.signal(signal.SIGTERM, stopped_while_loading)
+
 import argparse
 import base64
+import concurrent.futures
 import contextlib
 import bisect
 import heapq
@@ -42,15 +54,11 @@ import io
 import itertools
 import json
 import math
-import multiprocessing
 import operator
-import os
 import random
 import re
 import shlex
-import signal
 import socket
-import sys
 import threading
 import time
 import urllib.parse
@@ -122,6 +130,9 @@ class ModelSpec:
     heads: int = 0             # query heads; 0: kv_heads
     vocab_size: int = 0        # 0: unknown, so embeddings are priced as ordinary weights
     tie_word_embeddings: bool = False
+    # The longest request the model takes, config.json's max_position_embeddings: vLLM's default
+    # --max-model-len. 0: unknown (servesim then takes 4,096).
+    max_position_embeddings: int = 0
     # Mixture of experts; 0 means dense. All experts sit in memory; a token computes only the
     # shared weights (attention, embeddings, router) and its experts_per_token experts.
     active_params: float = 0.0     # parameters one token computes
@@ -229,36 +240,49 @@ HARDWARE = {h.name: h for h in [
              kernel_floor_us=0.0, kernel_launch_us=0.0),
 ]}
 
+# Where each preset's price_per_hour comes from (see the sources above), shown by `presets`.
+PRICE_SOURCES = {"h100-sxm-80gb": "Lambda", "a100-sxm-80gb": "Lambda", "b200-180gb": "Lambda", "h200-141gb": "Crusoe",
+                 "mi300x-192gb": "Crusoe", "l4-24gb": "AWS g6.xlarge", "rtx-4090-24gb": "RunPod",
+                 "l40s-48gb": "RunPod", "rtx-pro-6000-96gb": "Hyperstack"}
+
 MODELS = {m.name: m for m in [
     # Shapes from each model's config.json on Hugging Face (meta-llama/Llama-3.1-8B, -70B,
-    # Qwen/Qwen2.5-7B, HuggingFaceTB/SmolLM2-135M).
-    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128, hidden_size=4096, heads=32, vocab_size=128256),
-    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
-    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064),
+    # Qwen/Qwen2.5-7B, HuggingFaceTB/SmolLM2-135M), max_position_embeddings included (131,072 for
+    # Llama 3.1 and Qwen2.5-7B, 8,192 for SmolLM2; Qwen3's 40,960; gpt-oss's 131,072, which is its
+    # YaRN factor 32 x 4,096, what vLLM derives too).
+    ModelSpec("llama-3.1-8b", 8.03e9, 32, 8, 128, hidden_size=4096, heads=32, vocab_size=128256,
+              max_position_embeddings=131072),
+    ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256,
+              max_position_embeddings=131072),
+    ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064,
+              max_position_embeddings=131072),
     ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32, hidden_size=576, heads=9,
-              vocab_size=49152, tie_word_embeddings=True),
+              vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192),
     # What people deploy now, from each config.json (Qwen/Qwen3-8B, -32B, -30B-A3B;
     # openai/gpt-oss-20b, -120b; meta-llama/Llama-3.3-70B-Instruct) and the model cards' parameter
     # counts. gpt-oss keeps its experts in MXFP4: 4 bits plus an 8-bit scale per 32 values, 17/32 of
     # a byte; its other weights in BF16; half its layers attend to a 128-token sliding window. Its
     # cards count active parameters without the input embedding (3.61 B, 5.13 B); active_params
     # counts every weight a token uses, so the embedding's 201,088 x 2,880 is added.
-    ModelSpec("qwen3-8b", 8.19e9, 36, 8, 128, hidden_size=4096, heads=32, vocab_size=151936),
-    ModelSpec("qwen3-32b", 32.8e9, 64, 8, 128, hidden_size=5120, heads=64, vocab_size=151936),
+    ModelSpec("qwen3-8b", 8.19e9, 36, 8, 128, hidden_size=4096, heads=32, vocab_size=151936,
+              max_position_embeddings=40960),
+    ModelSpec("qwen3-32b", 32.8e9, 64, 8, 128, hidden_size=5120, heads=64, vocab_size=151936,
+              max_position_embeddings=40960),
     ModelSpec("qwen3-30b-a3b", 30.5e9, 48, 4, 128, hidden_size=2048, heads=32, vocab_size=151936,
-              active_params=3.3e9, experts=128, experts_per_token=8),
+              active_params=3.3e9, experts=128, experts_per_token=8, max_position_embeddings=40960),
     ModelSpec("gpt-oss-20b", 20.91e9, 24, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
               active_params=3.61e9 + 201088 * 2880, experts=32, experts_per_token=4, expert_dtype_bytes=17 / 32,
-              sliding_layers=12, sliding_window=128),
+              sliding_layers=12, sliding_window=128, max_position_embeddings=131072),
     ModelSpec("gpt-oss-120b", 116.83e9, 36, 8, 64, hidden_size=2880, heads=64, vocab_size=201088,
               active_params=5.13e9 + 201088 * 2880, experts=128, experts_per_token=4, expert_dtype_bytes=17 / 32,
-              sliding_layers=18, sliding_window=128),
-    ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256),
+              sliding_layers=18, sliding_window=128, max_position_embeddings=131072),
+    ModelSpec("llama-3.3-70b", 70.55e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256,
+              max_position_embeddings=131072),
     # Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 64 heads, 4 KV heads, head_dim 128, 128
-    # experts of moe_intermediate_size 1536, 8 per token, vocabulary 151,936; the model card's 235 B and
-    # 22 B: 94 x 128 experts x 3 x 4096 x 1536 = 227.1 B in experts, 8.0 B shared, 22.2 B active.
+    # experts of moe_intermediate_size 1536, 8 per token, vocabulary 151,936, 40,960 positions; the model
+    # card's 235 B and 22 B: 94 x 128 experts x 3 x 4096 x 1536 = 227.1 B in experts, 8.0 B shared.
     ModelSpec("qwen3-235b-a22b", 235.1e9, 94, 4, 128, hidden_size=4096, heads=64, vocab_size=151936,
-              active_params=22.2e9, experts=128, experts_per_token=8),
+              active_params=22.2e9, experts=128, experts_per_token=8, max_position_embeddings=40960),
 ]}
 
 
@@ -2353,6 +2377,7 @@ class Trace:
 
 
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
+DEFAULT_MODEL_LEN = 4096             # --max-model-len for a model file that gives no length
 MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
 DEFAULT_CLIENTS = 32
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
@@ -2375,9 +2400,10 @@ class RunSpec:
     block_size: int = setting(
         16, "--block-size", whole(1, 2**20), "tokens per KV block, as vLLM's --block-size", "plan", metavar="TOKENS",
         axis=9, recorded=True)
-    max_model_len: int = setting(
-        4096, "--max-model-len", TOKENS, "longest prompt + output a request may have; longer requests fail", "plan",
-        metavar="TOKENS", axis=10, recorded=True)
+    max_model_len: Optional[int] = setting(
+        None, "--max-model-len", TOKENS, "longest prompt + output a request may have; longer requests fail", "plan",
+        metavar="TOKENS", axis=10, recorded=True, default_text=f"the model's own length, as vLLM takes it (its "
+        f"max_position_embeddings), else {DEFAULT_MODEL_LEN:,}")
     kv_tokens: Optional[int] = setting(
         None, "--kv-tokens", whole(1, 10**12), "fix the KV cache at this many tokens instead of sizing it from memory, "
         "as llama.cpp's --ctx-size does", "plan", metavar="TOKENS", axis=11, default_text="from the memory budget",
@@ -2553,6 +2579,10 @@ class RunSpec:
         "steady window to grow by at most this many seconds per second of run: the queue grows by at most this "
         "share of the offered rate", "sustained", metavar="F")
 
+    def model_len(self) -> int:
+        """--max-model-len, or vLLM's default: the model's own length, else DEFAULT_MODEL_LEN."""
+        return self.max_model_len or self.model.max_position_embeddings or DEFAULT_MODEL_LEN
+
     def clients(self) -> Optional[int]:
         """The arrivals rule, decided here only: --concurrency N is a closed loop of N clients;
         otherwise a trace or a --rate is open loop, and neither is a closed loop of 32 clients."""
@@ -2567,10 +2597,11 @@ class RunSpec:
         if self.trace:
             return f"trace arrivals ({self.trace.name})"
         shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
+        unit = "conversations/s" if self.turns > 1 else "req/s"     # a rate starts conversations
         if self.ramp_up:
             strategy, start, end = self.ramp_up
-            return f"{shape} ramp {strategy} {start:g} to {end:g} req/s" + chats
-        return f"{shape} {self.rate:g} req/s" + chats
+            return f"{shape} ramp {strategy} {start:g} to {end:g} {unit}" + chats
+        return f"{shape} {self.rate:g} {unit}" + chats
 
 
 SETTINGS = {f.name: f for f in fields(RunSpec) if f.metadata}
@@ -2699,8 +2730,9 @@ def flag_words(f, value) -> list[str]:
 
 
 def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
-    """The simulate command line that runs exactly this spec; `sources` maps a preset's name to
-    the file it was read from."""
+    """The simulate command line that runs exactly this spec; `sources` maps a preset (the
+    Hardware or ModelSpec itself, so two files that give one name stay apart) to the file it
+    was read from."""
     words, default = ["python3", "code/main.py", "simulate"], RunSpec()
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
@@ -2709,7 +2741,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
             continue
         said = flag_words(f, value)
         if isinstance(value, (Hardware, ModelSpec)) and sources:
-            said[-1] = sources.get(value.name, value.name)
+            said[-1] = sources.get(value, value.name)
         words += said
     return shlex.join(words)
 
@@ -2721,7 +2753,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
 
 def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] = None) -> Scheduler:
     """The core scheduler (per step or per event) with the variations the spec asks for."""
-    config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, spec.block_size,
+    config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.model_len(), spec.block_size,
                              spec.chunked_prefill, spec.prefix_caching, spec.reserve_full_isl)
     options: dict = {}
     classes: list[type] = []
@@ -2759,7 +2791,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     tp, ep = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1
     device = expert_shard(tensor_shard(model, tp), ep)      # what each GPU holds and computes
     draft = spec.draft_model if spec.speculative_tokens else None
-    plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
+    plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
@@ -2856,7 +2888,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     router = Router(engines, spec.router) if len(replicas) > 1 else None
     server = engines[0] if len(engines) == 1 else Replicas(engines, router)
     requests = make_requests(spec, progress)
-    for request in requests[:spec.warmup]:     # they warm the cache and fill the batch; not measured
+    # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
+    sent_first = sorted(requests, key=operator.attrgetter("sent_s")) if spec.trace else requests
+    for request in sent_first[:spec.warmup]:
         request.measured = False
     report = None
     if progress:
@@ -3124,35 +3158,90 @@ def quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def map_points(task: Callable, points: list[dict], jobs: int = 1,
-               progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
+class WorkerDied(CapacityError):
+    """A worker process of a parallel sweep or search died (the out-of-memory killer, a kill)."""
+
+
+def point_label(settings: dict) -> str:
+    return " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
+
+
+class PointRunner:
     """task(settings, progress) for each point, yielded in the order of `points` as soon as it and
     those before it are done. With jobs > 1 the points run in that many processes (without
-    progress lines); the results are the same."""
-    if jobs <= 1 or len(points) <= 1:
-        for settings in points:
-            label = " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
-            point = (lambda text, label=label: progress(f"{label}: {text}" if label else text)) if progress else None
-            yield task(settings, point)
-        return
-    pool = multiprocessing.Pool(min(jobs, len(points)), initializer=quiet_worker)
-    try:
-        yield from pool.imap(task, points)
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+    progress lines); the results are the same. A worker that dies is WorkerDied, not a wait
+    forever. However the iteration ends (done, a dead worker, Ctrl-C), the workers are stopped;
+    finished() then gives the points that did finish but were not yielded, having waited behind
+    an unfinished one."""
+
+    def __init__(self, task: Callable, points: list[dict], jobs: int = 1,
+                 progress: Optional[Callable[[str], None]] = None, spread: bool = False):
+        self.task, self.points, self.progress = task, points, progress
+        self.executor, self.futures, self.next, self.rest = None, [], 0, None
+        # spread: the points run here, one after another, each spreading its own seeds over the
+        # processes (the task takes a `mapper`); else the points themselves are spread.
+        self.seeds = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker) \
+            if spread and jobs > 1 else None
+        if jobs > 1 and len(points) > 1 and not self.seeds:
+            self.executor = concurrent.futures.ProcessPoolExecutor(min(jobs, len(points)), initializer=quiet_worker)
+            self.futures = [self.executor.submit(task, settings) for settings in points]
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            while self.next < len(self.points):
+                yield self.result(self.points[self.next])
+        finally:
+            self.finished()
+
+    def result(self, settings: dict) -> dict:
+        """The next point's result (run here, or waited for)."""
+        try:
+            if self.executor is None:
+                label = point_label(settings)
+                point = (lambda text: self.progress(f"{label}: {text}" if label else text)) if self.progress else None
+                result = self.task(settings, point, **({"mapper": self.seeds.map} if self.seeds else {}))
+            else:
+                result = self.futures[self.next].result()
+        except concurrent.futures.BrokenExecutor:
+            lost = [point_label(p) for p, f in zip(self.points, self.futures) if not self.succeeded(f)] \
+                or [point_label(p) for p in self.points[self.next:]]
+            raise WorkerDied(f"a worker process died (killed, perhaps by the out-of-memory killer) before "
+                             f"{len(lost):,} of {len(self.points):,} points finished, the first "
+                             f"{lost[0] or 'the only one'}; the output holds the points that finished") from None
+        self.next += 1
+        return result
+
+    @staticmethod
+    def succeeded(future) -> bool:
+        return future.done() and not future.cancelled() and future.exception() is None
+
+    def finished(self) -> list[tuple[int, dict]]:
+        """(index, result) of the points after the last one yielded that finished anyway; the
+        workers stop."""
+        if self.rest is None:
+            self.rest = [(i, f.result()) for i, f in enumerate(self.futures) if i >= self.next and self.succeeded(f)]
+            for executor in (self.executor, self.seeds):
+                if executor is not None:
+                    for process in list((getattr(executor, "_processes", None) or {}).values()):
+                        with contextlib.suppress(OSError, ValueError, AttributeError):
+                            process.kill()
+                    executor.shutdown(wait=True, cancel_futures=True)
+            self.executor = self.seeds = None
+        return self.rest
+
+
+def map_points(task: Callable, points: list[dict], jobs: int = 1,
+               progress: Optional[Callable[[str], None]] = None, spread: bool = False) -> PointRunner:
+    """Each point's task(settings, progress), in order (see PointRunner)."""
+    return PointRunner(task, points, jobs, progress, spread)
 
 
 def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
-               progress: Optional[Callable[[str], None]] = None, seeds: int = 1) -> Iterator[dict]:
+               progress: Optional[Callable[[str], None]] = None, seeds: int = 1) -> PointRunner:
     """Each point's run_point result, in order, in `jobs` processes spread over the points, or
     over each point's seeds when there are fewer points than jobs."""
-    if jobs > 1 and seeds > 1 and len(points) < jobs:
-        with multiprocessing.Pool(jobs, initializer=quiet_worker) as pool:
-            yield from map_points(functools.partial(run_point, spec, seeds=seeds, mapper=pool.map), points, 1, progress)
-        return
-    yield from map_points(functools.partial(run_point, spec, seeds=seeds), points, jobs, progress)
+    return map_points(functools.partial(run_point, spec, seeds=seeds), points, jobs, progress,
+                      spread=seeds > 1 and len(points) < jobs)
 
 
 def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1, seeds: int = 1) -> list[dict]:
@@ -3419,21 +3508,12 @@ class Unfit(Exception):
 
 
 def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int = 1,
-                  progress: Optional[Callable[[str], None]] = None) -> Iterator[dict]:
+                  progress: Optional[Callable[[str], None]] = None) -> PointRunner:
     """search_point for each deployment, in order; with `jobs` processes spread over the
     deployments, or over each probe's seeds when there are fewer deployments than jobs. The
     results are the same either way."""
-    if jobs > 1 and probing.seeds > 1 and len(points) < jobs:
-        pool = multiprocessing.Pool(jobs, initializer=quiet_worker)
-        try:
-            task = functools.partial(search_point, spec, probing=probing, mapper=pool.map)
-            yield from map_points(task, points, 1, progress)
-            pool.close()
-        finally:
-            pool.terminate()
-            pool.join()
-        return
-    yield from map_points(functools.partial(search_point, spec, probing=probing), points, jobs, progress)
+    return map_points(functools.partial(search_point, spec, probing=probing), points, jobs, progress,
+                      spread=probing.seeds > 1 and len(points) < jobs)
 
 
 def cheapest_first(found: list[dict]) -> list[dict]:
@@ -3472,7 +3552,19 @@ def sweep_grid(given: dict, gpus: Optional[int] = None, trace: Optional[str] = N
     values = {axis: given.get(axis) or DEFAULT_SWEEP for axis in axes}
     if "kv_link_gbs" in values:
         values["kv_link_gbs"] = ["colocated"] + values["kv_link_gbs"]     # the baseline the link has to beat
+    check_points(list(values.values()))
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*values.values())]
+
+
+MAX_SWEEP_POINTS = 1_000      # each point is a whole simulation whose report is kept
+
+
+def check_points(lists: list) -> None:
+    """Refuse a grid with more points than a sweep runs, before building it."""
+    count = math.prod(len(values) for values in lists)
+    if count > MAX_SWEEP_POINTS:
+        raise UserError(f"a sweep of {count:,} points ({' x '.join(f'{len(v):,}' for v in lists)} values); sweep runs "
+                        f"at most {MAX_SWEEP_POINTS:,}, each a whole simulation: shorten the lists")
 
 
 def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str], list[dict]]:
@@ -3493,6 +3585,7 @@ def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str]
         raise UserError(f"--gpus {gpus} varies {flag_of(by)} and one more setting; "
                         f"{' and '.join(flag_of(a) for a in rest)} both have several values")
     loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
+    check_points([given[by], *loads.values()])
     points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
               for v in given[by] for combination in itertools.product(*loads.values())]
     return [by, other, *rest], points
@@ -3538,13 +3631,18 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
 # here, and whatever is wrong with it becomes one line naming the file, the line and the fix.
 # ---------------------------------------------------------------------------------------------
 
-def read_text(path: str, kind: str) -> str:
-    """A text file as UTF-8 (a BOM is fine); anything else is a one-line error."""
+def read_bytes(path: str, kind: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            return f.read()
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+
+
+def read_text(path: str, kind: str, raw: Optional[bytes] = None) -> str:
+    """A text file (or its bytes, already read) as UTF-8 (a BOM is fine); anything else is a
+    one-line error."""
+    raw = read_bytes(path, kind) if raw is None else raw
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
     if b"\0" in raw[:65536]:
@@ -3554,6 +3652,44 @@ def read_text(path: str, kind: str) -> str:
     except UnicodeDecodeError as e:
         raise UserError(f"{kind} {path}: is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start:,}); "
                         f"save it as UTF-8") from None
+
+
+def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = "",
+               data: Optional[bytes] = None) -> Iterator[tuple[int, str]]:
+    """(number, line) of a text file (or of its bytes, already read) read a line at a time, so a
+    big file is never held whole, with read_text's one-line errors; a line longer than max_line
+    bytes is refused (saying `why`) before it is read whole."""
+    try:
+        f = open(path, "rb") if data is None else io.BytesIO(data)
+    except OSError as e:
+        raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    with f:
+        head = f.read(65536)
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
+        if b"\0" in head:
+            raise UserError(f"{kind} {path}: is a binary file, not text")
+        try:
+            f.seek(0)
+        except OSError:                # a pipe: what was read is all there is to go on
+            f = io.BytesIO(head + f.read())
+        offset = 0
+        for number in itertools.count(1):
+            raw = f.readline(max_line + 2) if max_line else f.readline()
+            if not raw:
+                return
+            if max_line and len(raw.rstrip(b"\r\n")) > max_line:
+                raise UserError(f"{kind} {path} line {number}: longer than {max_line // KIB:,} KiB"
+                                + (f"; {why}" if why else ""))
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{kind} {path}: is not UTF-8 text (byte {raw[e.start]:#04x} at offset "
+                                f"{offset + e.start:,}); save it as UTF-8") from None
+            offset += len(raw)
+            yield number, line
 
 
 def parse_json(text: str, where: str, expect: str):
@@ -3569,12 +3705,12 @@ def parse_json(text: str, where: str, expect: str):
 
 # What a preset's numbers may be: (lowest, highest, note). Real devices and models sit well inside.
 PRESET_RANGES = {
-    "memory_gib": (0.5, 100_000, "GiB of device memory"),
+    "memory_gib": (0.5, 2048, "GiB of device memory; the largest preset has 192"),
     "bandwidth_gbs": (1, 100_000, "GB/s; an H100 has 3,350"),
     "tflops": (0.001, 100_000, "dense TFLOPS; an H100 has 989"),
     "mbu": (0.01, 1, "a fraction of peak bandwidth"), "mfu": (0.01, 1, "a fraction of peak FLOPS"),
     "step_overhead_ms": (0, 10_000, "ms"), "seq_overhead_ms": (0, 10_000, "ms"),
-    "reserve_gib": (0, 100_000, "GiB"),
+    "reserve_gib": (0, 2048, "GiB"),
     "params": (1e6, 1e14, "a parameter count: 8.03e9 for an 8B model"),
     "layers": (1, 10_000, ""), "kv_heads": (1, 4096, ""), "head_dim": (1, 65_536, ""),
     "weight_dtype_bytes": (0.1, 8, "bytes per weight: 2 for BF16, 1 for FP8"),
@@ -3584,7 +3720,7 @@ PRESET_RANGES = {
     "attention_efficiency": (0.01, 1, "a fraction of dense peak"),
     "bandwidth_efficiency": (0.01, 1, "a fraction of peak bandwidth"),
     "hidden_size": (0, 1_000_000, "0 for heads x head_dim"), "heads": (0, 4096, "query heads; 0 for kv_heads"),
-    "vocab_size": (0, 10_000_000, "0 if unknown"),
+    "vocab_size": (0, 10_000_000, "0 if unknown"), "max_position_embeddings": (0, 10**8, "tokens, 0 if unknown"),
     "active_params": (0, 1e14, "0 for a dense model"), "experts": (0, 100_000, "0 for a dense model"),
     "experts_per_token": (0, 100_000, ""), "expert_dtype_bytes": (0, 8, "0 for weight_dtype_bytes"),
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
@@ -3606,6 +3742,10 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     """A preset name, or a path to a JSON file with the dataclass's fields."""
     if value in presets:
         return presets[value]
+    if "," in value and not os.path.exists(value):
+        raise UserError(f"--{kind} {value!r}: " + (
+            "one device here; sweep and search take a comma-separated list of --hardware" if kind == "hardware" else
+            "one model at a time; sweep and search vary server settings, not the model, so run each model on its own"))
     if not os.path.exists(value):
         raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
                         f"or a path to a JSON file with the same fields (see: main.py presets)")
@@ -3637,7 +3777,8 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             f"write {v / 100:g}")
         inside = low <= v <= high
         if not inside:
-            raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:g} ({note}), got {v!r}"
+            mib = f"; nvidia-smi reports MiB: {v:g} MiB is {v / 1024:.3g} GiB" if name.endswith("_gib") and v > high else ""
+            raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:,g} ({note}), got {v!r}{mib}"
                             .replace(" ()", ""))
         if known[name].type == "int" and v != int(v):
             raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
@@ -3648,6 +3789,12 @@ def load_preset(kind: str, value: str, presets: dict, cls):
                             f"0 < active_params < params")
     if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
         raise UserError(f"{where}: sliding_layers must be fewer than layers")
+    if isinstance(preset, ModelSpec) and shape_params(preset) > preset.compute_params:
+        count = "active_params" if preset.experts else "params"
+        raise UserError(f"{where}: its shape alone holds {shape_params(preset) / 1e9:.3g} B parameters (vocab_size x "
+                        f"hidden_size embeddings{'' if preset.tie_word_embeddings else ' and output projection'}, "
+                        f"and {preset.layers} layers of attention projections), more than {count} "
+                        f"{preset.compute_params:g}; check vocab_size, hidden_size, heads, head_dim and {count}")
     if isinstance(preset, Hardware) and 0 < preset.interconnect_gbs < 0.1:
         raise UserError(f"{where}: interconnect_gbs {preset.interconnect_gbs:g} GB/s is no link to run a group on: "
                         f"0 for none, or the link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
@@ -3656,17 +3803,28 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     return preset
 
 
-def read_jsonl(path: str, kind: str, text: Optional[str] = None) -> Iterable[tuple[str, object]]:
-    """(where, parsed line) for each non-blank line of the file (or of its `text`, already read);
-    an unreadable file or line is a UserError."""
-    for number, line in enumerate((read_text(path, kind) if text is None else text).splitlines(), 1):
+def shape_params(model: ModelSpec) -> float:
+    """The fewest parameters a token computes that the shape itself implies: the embedding table
+    (and the output projection, unless tied) and each layer's query, key, value and output
+    projections. A model file whose params are fewer is inconsistent (the kernel cost model
+    would price the rest of its weights below zero)."""
+    hidden = model.hidden_size or model.query_heads * model.head_dim
+    attention = model.layers * 2 * hidden * model.head_dim * (model.query_heads + model.kv_heads)
+    return model.embedding_params * (1 if model.tie_word_embeddings else 2) + attention
+
+
+def read_jsonl(path: str, kind: str, lines: Optional[Iterable[tuple[int, str]]] = None) -> Iterable[tuple[str, object]]:
+    """(where, parsed line) for each non-blank line of the file (or of its `lines`, text_lines
+    of it), read a line at a time; an unreadable file or line is a UserError."""
+    for number, line in text_lines(path, kind) if lines is None else lines:
         if line.strip():
             where = f"{kind} {path} line {number}"
             yield where, parse_json(line, where, "each line must be one JSON object")
 
 
 REPORT_SECTIONS = ("config", "engine", "server", "timings", "client", "link", "prefill_engine")
-SIGNED = ("client_minus_server_tokens", "error")      # the only report figures that may be negative
+# The only report figures that may be negative: a difference, an error, and a queue that shrinks.
+SIGNED = ("client_minus_server_tokens", "error", "queue_growth_rps", "wait_growth_s_per_s")
 
 
 def check_report(report, where: str) -> dict:
@@ -3757,19 +3915,38 @@ def read_run(path: str) -> MeasuredRun:
     return run_from_report(report, os.path.basename(path))
 
 
+def run_files(path: str) -> list[str]:
+    """The files read_run reads for a run given as `path`."""
+    if os.path.isdir(path) or path.endswith(".jsonl"):
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        log = os.path.join(path, "requests.jsonl") if os.path.isdir(path) else path
+        return [log, os.path.join(folder, "meta.json"), os.path.join(folder, "timeseries.csv")]
+    return [path]
+
+
+SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "max_num_batched_tokens": (1, 10**7)}
+
+
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
     columns = {k: report.get(k) for k in keys}
+    if not isinstance(columns["input_lens"], list) or not columns["input_lens"]:
+        raise UserError(f"{kind} {name}: no requests in it (input_lens is "
+                        f"{'empty' if columns['input_lens'] == [] else 'not a list'})")
     n = len(columns["input_lens"])
     for k, values in columns.items():
         if values is not None and (not isinstance(values, list) or len(values) != n):
             raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
+    config = report.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise UserError(f"{kind} {name}: config must be an object, got {str(config)[:40]}")
+    config = config or {}
     notes = []
     starts = columns["start_times"]
     if starts is None:
-        rate = report.get("request_rate") or (report.get("config") or {}).get("request_rate")
-        if not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        rate = report.get("request_rate") or config.get("request_rate")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
             raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
                             f"loadgen --detailed save start_times")
         starts = arrival_times(n, random.Random(0), rate)
@@ -3807,14 +3984,14 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
         first = sent + seconds(ttft, i, "ttft")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
-    config = report.get("config") or {}
-    settings = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(config.get(k), int)}
+    settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
+                for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
     shape = (report.get("server") or {}).get("shape") if isinstance(report.get("server"), dict) else None
     if isinstance(shape, dict) and "unknown" not in shape:       # loadgen kept the server's /props
         for key, (low, high) in SERVER_SHAPE.items():
             value = shape.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise UserError(f"report {name}: server.shape.{key} must be a whole number from {low:,} to {high:,}, "
+                raise UserError(f"{kind} {name}: server.shape.{key} must be a whole number from {low:,} to {high:,}, "
                                 f"got {str(value)[:40]}")
             settings[key] = value
         notes.append(f"the server's shape as loadgen read it from /props: {shape['max_num_seqs']} slots, "
@@ -3827,22 +4004,28 @@ def read_request_log(path: str) -> MeasuredRun:
     last_token_ts), with the engine's settings from meta.json and its per-second stats from
     timeseries.csv beside it, as published runs record them."""
     requests, sends = [], []
-    for where, row in read_jsonl(path, "run"):
+    for where, row in read_jsonl(path, "run", text_lines(path, "run", TRACE_LINE_BYTES)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
-        try:
-            prompt, output = int(row["input_toks"]), int(row["output_toks"])
-            sent = float(row["queued_ts"])
-            first, last = row.get("first_token_ts"), row.get("last_token_ts")
-            first, last = (float(first), float(last)) if first and last else (None, None)
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: needs numeric input_toks, output_toks, queued_ts, first_token_ts and "
-                            f"last_token_ts ({type(e).__name__}: {e})") from None
+        prompt = trace_number(where, row, "input_toks", 0, 10**8)
+        output = trace_number(where, row, "output_toks", 0, 10**8)
+        sent = trace_number(where, row, "queued_ts", 0, 1e11, whole_number=False)     # seconds, engine clock
+        first, last = None, None
+        if row.get("first_token_ts") and row.get("last_token_ts"):       # else the request failed
+            first = trace_number(where, row, "first_token_ts", 0, 1e11, whole_number=False)
+            last = trace_number(where, row, "last_token_ts", 0, 1e11, whole_number=False)
+            if not sent <= first <= last:
+                raise UserError(f"{where}: the times must run queued_ts <= first_token_ts <= last_token_ts, got "
+                                f"{sent:g}, {first:g}, {last:g}")
         sends.append(sent)
         requests.append((len(requests), sent, first, last, prompt, output))
     if not requests:
         raise UserError(f"run {path}: no requests in it")
     t0 = min(sends)
+    ends = [last for _, _, _, last, _, _ in requests if last is not None]
+    if max(sends + ends) - t0 > MAX_ARRIVAL_S:
+        raise UserError(f"run {path}: its requests span more than a year (queued_ts from {t0:g} to "
+                        f"{max(sends + ends):g} s); servesim compares up to a year")
     measured = [measured_request(i, sent - t0, None if first is None else first - t0, None if last is None else last - t0,
                                  prompt, output, None if first is not None else "failed: no token times")
                 for i, sent, first, last, prompt, output in requests]
@@ -3861,37 +4044,95 @@ def read_request_log(path: str) -> MeasuredRun:
 
 
 def settings_from_meta(meta: dict, where: str) -> dict:
-    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan)."""
+    """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan), each
+    held to what its flag accepts."""
     if not isinstance(meta, dict):
         raise UserError(f"{where}: expected a JSON object")
-    engine = meta.get("engine_kwargs") or {}
-    kv = meta.get("kv_cache") or {}
-    scheduler = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
-    device = meta.get("hardware") or {}
-    found = {"max_num_seqs": engine.get("max_num_seqs"), "max_num_batched_tokens": engine.get("max_num_batched_tokens"),
-             "max_model_len": engine.get("max_model_len"), "num_gpu_blocks": kv.get("num_gpu_blocks"),
-             "block_size": kv.get("block_size"), "prefix_caching": kv.get("enable_prefix_caching"),
-             "reserve_full_isl": scheduler.get("scheduler_reserve_full_isl"),
-             "chunked_prefill": scheduler.get("enable_chunked_prefill"),
-             "gpu_memory_utilization": kv.get("gpu_memory_utilization"),
-             "tensor_parallel_size": engine.get("tensor_parallel_size"),
-             "data_parallel_size": engine.get("data_parallel_size"),
-             "enable_expert_parallel": engine.get("enable_expert_parallel"),
-             "kv_cache_dtype": "fp8" if str(engine.get("kv_cache_dtype", "")).startswith("fp8") else None,
-             "model_name": str(meta.get("model") or engine.get("model") or "").lower(),
-             "device_name": str(device.get("device_name") or "").lower(),
-             "device_bytes": device.get("device_total_memory_bytes")}
+
+    def section(parent: dict, key: str, label: str) -> dict:
+        value = parent.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise UserError(f"{where}: {label} must be an object, got {str(value)[:40]}")
+        return value or {}
+    engine = section(meta, "engine_kwargs", "engine_kwargs")
+    kv = section(meta, "kv_cache", "kv_cache")
+    scheduler = section(section(meta, "resolved_config", "resolved_config"), "scheduler_config",
+                        "resolved_config.scheduler_config")
+    device = section(meta, "hardware", "hardware")
+    recorded = {   # setting: (section, its key there, the section's name)
+        "max_num_seqs": (engine, "max_num_seqs", "engine_kwargs"),
+        "max_num_batched_tokens": (engine, "max_num_batched_tokens", "engine_kwargs"),
+        "max_model_len": (engine, "max_model_len", "engine_kwargs"),
+        "tensor_parallel_size": (engine, "tensor_parallel_size", "engine_kwargs"),
+        "data_parallel_size": (engine, "data_parallel_size", "engine_kwargs"),
+        "enable_expert_parallel": (engine, "enable_expert_parallel", "engine_kwargs"),
+        "num_gpu_blocks": (kv, "num_gpu_blocks", "kv_cache"), "block_size": (kv, "block_size", "kv_cache"),
+        "prefix_caching": (kv, "enable_prefix_caching", "kv_cache"),
+        "gpu_memory_utilization": (kv, "gpu_memory_utilization", "kv_cache"),
+        "reserve_full_isl": (scheduler, "scheduler_reserve_full_isl", "resolved_config.scheduler_config"),
+        "chunked_prefill": (scheduler, "enable_chunked_prefill", "resolved_config.scheduler_config"),
+    }
+    found = {name: recorded_setting(name, part[key], where, f"{label}.{key}")
+             for name, (part, key, label) in recorded.items() if part.get(key) is not None}
+    for key, value in (("model", meta.get("model") or engine.get("model")), ("kv_cache_dtype", engine.get("kv_cache_dtype")),
+                       ("device_name", device.get("device_name"))):
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{where}: {key} must be a string, got {str(value)[:40]}")
+    if str(engine.get("kv_cache_dtype") or "").startswith("fp8"):
+        found["kv_cache_dtype"] = "fp8"
+    found["model_name"] = (meta.get("model") or engine.get("model") or "").lower()
+    found["device_name"] = (device.get("device_name") or "").lower()
+    memory = device.get("device_total_memory_bytes")
+    if memory is not None:
+        low, high, _ = PRESET_RANGES["memory_gib"]
+        if isinstance(memory, bool) or not isinstance(memory, (int, float)) or not low <= memory / GIB <= high:
+            raise UserError(f"{where}: hardware.device_total_memory_bytes must be a device's memory in bytes, "
+                            f"{low:g} to {high:,} GiB, got {str(memory)[:40]}")
+        found["device_bytes"] = memory
     return {k: v for k, v in found.items() if v is not None and v != ""}
 
 
+def recorded_setting(name: str, value, where: str, label: str):
+    """A setting a measured run recorded, held to what its flag accepts: the same type (a JSON
+    true or false for a switch, a number for a number) and the same range."""
+    f = SETTINGS[name]
+    if f.metadata["switch"] or f.metadata["kind"] is None:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {label} must be true or false, got {str(value)[:40]!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{where}: {label} must be a number, got {str(value)[:40]!r}")
+    try:
+        return f.metadata["kind"](str(value))
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"{where}: {label} {e} (the range {f.metadata['flag']} takes)") from None
+
+
 def read_timeline(path: str) -> list[dict]:
+    """vLLM's logged per-second stats: every figure a finite number, none negative, KV use a percent."""
     rows = []
-    for number, row in enumerate(csv.DictReader(io.StringIO(read_text(path, "timeseries"))), 2):
+    for number, row in csv_rows(read_text(path, "timeseries"), f"timeseries {path}"):
         try:
-            rows.append({k: float(v) for k, v in row.items() if k})
+            values = {k: float(v) for k, v in row.items() if k}
         except (TypeError, ValueError):
             raise UserError(f"timeseries {path} line {number}: expected numbers") from None
+        for k, v in values.items():
+            if not (math.isfinite(v) and 0 <= v <= (100 if k == "kv_cache_pct" else 1e15)):
+                raise UserError(f"timeseries {path} line {number}: {k} is {v:g}; expected a finite number from 0 "
+                                f"to {'100 (a percent)' if k == 'kv_cache_pct' else '10^15'}")
+        rows.append(values)
     return rows
+
+
+def csv_rows(text: str, where: str) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a CSV file with a header; a field too long for the csv module, or
+    a broken quote, is a one-line error."""
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise UserError(f"{where} line {reader.line_num}: not readable as CSV ({e})") from None
 
 
 @dataclass
@@ -3945,10 +4186,22 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     engine = row.get("engine")
     if engine not in ENGINES:
         raise UserError(f"{where}: engine {engine!r} has no profile; use one of {', '.join(ENGINES)}")
-    settings = dict(row.get("settings") or {})
-    unknown = sorted(set(settings) - set(SETTINGS))
+    given = row.get("settings") or {}
+    if not isinstance(given, dict):
+        raise UserError(f"{where}: settings must be an object of servesim settings")
+    unknown = sorted(set(given) - set(SETTINGS))
     if unknown:
         raise UserError(f"{where}: unknown setting {unknown[0]!r}")
+    settings = {}
+    for name, value in given.items():      # each held to what its flag accepts
+        kind = SETTINGS[name].metadata["kind"]
+        if isinstance(value, str) and kind is not None and not SETTINGS[name].metadata["switch"]:
+            try:
+                settings[name] = kind(value)
+            except argparse.ArgumentTypeError as e:
+                raise UserError(f"{where}: settings.{name} {e}") from None
+        else:
+            settings[name] = recorded_setting(name, value, where, f"settings.{name}")
     for name, table, cls in (("hardware", HARDWARE, Hardware), ("model", MODELS, ModelSpec)):
         if row.get(name) is not None:
             if row[name] not in table:
@@ -3983,33 +4236,53 @@ TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
                 "prefix": str, "prefix_tokens": int}
 
 
-def read_trace(path: str, fmt: str = "auto") -> Trace:
+# The longest trace row servesim reads: far past any real row, short of one that would fill memory.
+TRACE_LINE_BYTES = 1 << 20
+MAX_HASH_IDS = 65_536        # a row's hash_ids: 1M tokens at Bailian's 16 a block, 33M at Mooncake's 512
+
+
+def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Trace:
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
-    content runs). `auto` tells the format from the file's first line."""
-    text = read_text(path, "trace")
+    content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
+    only the first that many requests are read: a big trace is read a line at a time, never whole."""
+    # A pipe (--trace <(zcat trace.gz)) can be read only once: read it whole, as it is.
+    data = read_bytes(path, "trace") if os.path.exists(path) and not os.path.isfile(path) else None
     if fmt == "auto":
-        fmt = trace_format(text, path)
-    rows, notes = TRACE_READERS[fmt](text, path)
+        fmt = trace_format(path, data)
+    notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
+    wanted = limit or MAX_REQUESTS + 1
+    rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), wanted))
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     if len(rows) > MAX_REQUESTS:
-        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})")
+        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS}) "
+                        f"or read its first --requests N")
     if fmt in ("azure", "vllm-bench"):          # wall-clock times: count from the first request
         first = min(row[0] for row in rows)
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
-    return Trace(path, tuple(rows), fmt, tuple(notes))
+    return Trace(path, tuple(rows), fmt, tuple(note.format(count) for note, count in notes.items()))
 
 
-def trace_format(text: str, path: str) -> str:
+def trace_format(path: str, data: Optional[bytes] = None) -> str:
     """The format, from the first line: a JSON object's keys, or a CSV header's columns. Anything
     else is read as servesim's JSONL, whose reader says what is wrong with which line."""
-    line = text.lstrip().split("\n", 1)[0].strip()
+    if data is None:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1_000_000)
+        except OSError as e:
+            raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+    head = data[:1_000_000].decode("utf-8", errors="replace").lstrip("\ufeff")
+    line, newline, _ = head.lstrip().partition("\n")
+    line = line.strip()
     try:
-        first = json.loads(line) if line.startswith("{") else None
+        first = json.loads(line) if line.startswith("{") and newline else None
     except (ValueError, RecursionError):
         first = None
+    if line.startswith("{") and not newline:      # a line longer than what was read: go by its keys
+        first = {key: None for key in ("chat_id", "hash_ids", "input_length", "input_lens") if f'"{key}"' in line}
     if isinstance(first, dict):
         if "chat_id" in first or "parent_chat_id" in first:
             return "bailian"
@@ -4018,7 +4291,7 @@ def trace_format(text: str, path: str) -> str:
         if "input_lens" in first:
             return "vllm-bench"
         return "servesim"
-    if line.startswith("{") and "\"input_lens\"" in text[:1_000_000]:
+    if line.startswith("{") and "\"input_lens\"" in head:
         return "vllm-bench"      # a vllm bench serve result, one object over many lines
     if "ContextTokens" in line:
         return "azure"
@@ -4051,25 +4324,27 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
         raise UserError(f"{where}: missing field 'hash_ids'")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise UserError(f"{where}: field 'hash_ids' must be a list of whole numbers")
+    if len(ids) > MAX_HASH_IDS:
+        raise UserError(f"{where}: {len(ids):,} hash_ids; servesim reads at most {MAX_HASH_IDS:,} a row")
     if len(ids) != -(-tokens // block):
         raise UserError(f"{where}: {len(ids)} hash_ids for {tokens:,} input tokens; this format has one per "
                         f"{block} tokens, so {-(-tokens // block)}")
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
-def jsonl_rows(text: str, path: str) -> Iterator[tuple[str, dict]]:
-    """A JSONL trace's lines, each a JSON object."""
-    for where, row in read_jsonl(path, "trace", text):
+def jsonl_rows(path: str, data: Optional[bytes], max_line: int = TRACE_LINE_BYTES,
+               why: str = "") -> Iterator[tuple[str, dict]]:
+    """A JSONL trace's lines, each a JSON object, read a line at a time."""
+    for where, row in read_jsonl(path, "trace", text_lines(path, "trace", max_line, why, data)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
         yield where, row
 
 
-def servesim_trace(text: str, path: str) -> tuple[list, list]:
+def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
     """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
     prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
-    rows = []
-    for where, row in jsonl_rows(text, path):
+    for where, row in jsonl_rows(path, data):
         unknown = set(row) - set(TRACE_FIELDS)
         if unknown:
             raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}; fields are {', '.join(TRACE_FIELDS)}")
@@ -4084,45 +4359,55 @@ def servesim_trace(text: str, path: str) -> tuple[list, list]:
         if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
-        rows.append((arrival, prompt, output, prefix))
-    return rows, []
+        yield arrival, prompt, output, prefix
 
 
 def hashed_trace(block: int, seconds_per_unit: float):
     """Mooncake (timestamp in ms, 512-token blocks) and Bailian (seconds, 16-token blocks)."""
-    def read(text: str, path: str) -> tuple[list, list]:
-        rows, zero = [], 0
-        for where, row in jsonl_rows(text, path):
+    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+        # A row of MAX_HASH_IDS ids of up to 20 digits each, and its other fields.
+        longest, why = MAX_HASH_IDS * 22 + 65536, f"a row holds at most {MAX_HASH_IDS:,} hash_ids"
+        for where, row in jsonl_rows(path, data, longest, why):
             arrival = trace_number(where, row, "timestamp", 0, MAX_ARRIVAL_S / seconds_per_unit, whole_number=False)
             prompt = trace_number(where, row, "input_length", 1, 10**8)
             output = trace_number(where, row, "output_length", 0, 10**8)
-            zero += output == 0
-            rows.append((arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)))
-        notes = [f"{zero:,} requests ask for 0 output tokens; servesim generates 1, the first token"] if zero else []
-        return rows, notes
+            if output == 0:
+                notes["{:,} requests ask for 0 output tokens; servesim generates 1, the first token"] += 1
+            yield arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)
     return read
 
 
 def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
-    def read(text: str, path: str) -> tuple[list, list]:
-        reader = csv.DictReader(io.StringIO(text))
-        missing = [f for f in (time_field, prompt_field, output_field) if f not in (reader.fieldnames or [])]
+    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data))
+        reader = csv.DictReader(lines)
+        try:
+            header = reader.fieldnames or []
+        except csv.Error as e:
+            raise UserError(f"trace {path} line 1: not readable as CSV ({e})") from None
+        missing = [f for f in (time_field, prompt_field, output_field) if f not in header]
         if missing:
-            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(reader.fieldnames or [])}")
-        rows, failed = [], 0
-        for number, row in enumerate(reader, 2):
-            where = f"trace {path} line {number}"
+            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(header)}")
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise UserError(f"trace {path} line {reader.line_num}: not readable as CSV ({e})") from None
+            where = f"trace {path} line {reader.line_num}"
+            if any(row[f] is None for f in (time_field, prompt_field, output_field)):
+                raise UserError(f"{where}: {len([v for v in row.values() if v is not None])} columns where the "
+                                f"header has {len(header)}")
             arrival = clock(where, row[time_field])
             prompt = trace_number(where, row, prompt_field, 1, 10**8)
             output = trace_number(where, row, output_field, 0, 10**8)
             if output == 0:      # the service answered nothing: a failed request in these traces
-                failed += 1
+                notes["{:,} rows with 0 " + output_field.lower() + " (failed in the original service) are not "
+                      "replayed"] += 1
                 continue
-            rows.append((arrival, prompt, output, ()))
-        notes = [f"{failed:,} rows with 0 {output_field.lower()} (failed in the original service) are not replayed"] \
-            if failed else []
-        return rows, notes
+            yield arrival, prompt, output, ()
     return read
 
 
@@ -4159,18 +4444,20 @@ def plain_seconds(where: str, text: str) -> float:
     return value
 
 
-def vllm_bench_trace(text: str, path: str) -> tuple[list, list]:
+def vllm_bench_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
     """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
-    report = parse_json(text, f"trace {path}", "expected a vllm bench serve --save-detailed result")
+    report = parse_json(read_text(path, "trace", data), f"trace {path}",
+                        "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
     if report.get("start_times") is None:
         raise UserError(f"trace {path}: no start_times (vLLM records them since January 2026, loadgen --detailed "
                         f"always); without them there are no arrivals to replay")
-    measured = run_from_report(report, path, "trace")
-    rows = [(r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in measured.requests if r.error is None]
-    failed = len(measured.requests) - len(rows)
-    return rows, [f"{failed:,} requests failed in the measured run and are not replayed"] if failed else []
+    for r in run_from_report(report, path, "trace").requests:
+        if r.error is None:
+            yield r.sent_s, r.prompt_tokens, r.output_tokens, ()
+        else:
+            notes["{:,} requests failed in the measured run and are not replayed"] += 1
 
 
 TRACE_READERS = {
@@ -4234,12 +4521,14 @@ class StreamRecord:
     asked_prompt_tokens: Optional[int] = None
     text: Optional[list] = None         # the reply's text, kept to carry a conversation on
     measured: bool = True               # False for a warm-up request: sent, but left out of every figure
+    left_out: list = field(default_factory=list)   # (field, why) of server figures not believed
 
 
 @dataclass
 class LoadConfig:
     """A load run described once; each field with a flag is a row of loadgen's settings table."""
-    url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address", "server")
+    url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address (a pasted endpoint ending "
+                       "in /v1 or /v1/chat/completions is taken for it)", "server")
     model: Optional[str] = setting(None, "--model", str, "model id to request", "server",
                                    default_text="the first id from GET /v1/models")
     api_key: Optional[str] = setting(None, "--api-key", str, "sent as a Bearer token, never printed", "server",
@@ -4323,15 +4612,27 @@ class ServerUnreachable(CapacityError):
     pass
 
 
-MAX_LINE_BYTES = 1 << 20      # an event stream line longer than this is a broken stream
+MAX_LINE_BYTES = 1 << 20      # an event stream line (or event) longer than this is a broken stream
+MAX_PAGE_BYTES = 16 << 20     # a GET answer (/metrics, /v1/models, /props) longer than this is refused
+
+
+class PageTooLarge(http.client.HTTPException):
+    pass
 
 
 def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
-    """scheme, host, port, base path and (user, password) of --url, checked into one-line errors."""
+    """scheme, host, port, base path and (user, password) of --url, checked into one-line errors.
+    A pasted endpoint (.../v1, .../v1/chat/completions) is taken for the base address it ends."""
+    netloc = ""
     try:
         parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        netloc = parts.netloc
         port = parts.port
     except ValueError:
+        given = netloc.rpartition("@")[2].rpartition(":")[2]
+        if given.isdigit() and int(given) > 65535:
+            raise UserError(f"--url {redact_url(url)!r}: port {given} is out of range; a port is from 1 "
+                            f"to 65,535") from None
         raise UserError(f"--url {redact_url(url)!r}: not a URL (a password with / ? # or @ must be "
                         f"percent-encoded); expected http://HOST:PORT") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -4344,16 +4645,31 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
     except (OSError, UnicodeError) as e:
         raise UserError(f"--url {redact_url(url)!r}: cannot resolve the host {parts.hostname!r} ({e}); "
                         f"expected http://HOST:PORT") from None
-    base = parts.path.rstrip("/")
-    base = base[:-3] if base.endswith("/v1") else base
+    base = re.sub(r"/v1(/chat/completions|/completions|/models)?/*$", "", parts.path.rstrip("/"))
     credentials = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) \
         if parts.username is not None else None
     return parts.scheme, parts.hostname, port, base, credentials
 
 
+# What a terminal acts on instead of printing (C0 and C1 controls: ESC starts a sequence that can
+# set the window title or clear the screen; bidirectional overrides reorder what is shown), and
+# what no encoding can write (a lone surrogate, which JSON's \ud800 escape makes).
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text from a server, safe to print, store and draw: whitespace controls become spaces, the
+    other characters above their escapes (\\x1b, \\ud800)."""
+    def escaped(match) -> str:
+        c = match.group()
+        return " " if c in "\t\n\r" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return UNPRINTABLE.sub(escaped, text)
+
+
 def redact_url(url: str) -> str:
-    """The URL as reports print it: any user:password@ replaced."""
-    return re.sub(r"(?<=://).*@", "***@", url)
+    """The URL as reports print it: everything up to its last @ (a user and password, with or
+    without a scheme in front, whether or not the URL parses) replaced by ***."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*@", r"\1***@", url, flags=re.S)
 
 
 class Http:
@@ -4380,10 +4696,11 @@ class Http:
             self.secrets.append(token)
 
     def redact(self, text: str) -> str:
-        """A server's words with our secrets taken out, and anything that looks like a key."""
+        """A server's words as servesim shows and stores them: our secrets taken out, and
+        anything that looks like a key, and no control characters (printable())."""
         for secret in self.secrets:
             text = text.replace(secret, "***")
-        return re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text)
+        return printable(re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text))
 
     def open(self, method: str, path: str, body: Optional[bytes] = None, answer_within: Optional[float] = None):
         """Send a request and read the answer's status and headers; with answer_within, a server
@@ -4422,9 +4739,23 @@ class Http:
             raise
 
     def get(self, path: str) -> tuple[int, bytes]:
-        connection, response = self.open("GET", path)
+        """A whole page within --timeout: a server that drips it, or stalls part way, is a timeout,
+        and one longer than MAX_PAGE_BYTES an error, never a page silently cut short."""
+        deadline = time.perf_counter() + self.timeout_s
+        connection, response = self.open("GET", path, answer_within=self.timeout_s)
         try:
-            return response.status, response.read(MAX_LINE_BYTES)
+            body = bytearray()
+            while True:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise socket.timeout(f"{path} did not arrive whole within {self.timeout_s:g} s (--timeout)")
+                response.socket.settimeout(remaining)
+                chunk = response.read1(65536)
+                if not chunk:
+                    return response.status, bytes(body)
+                body += chunk
+                if len(body) > MAX_PAGE_BYTES:
+                    raise PageTooLarge(f"{path} is longer than {MAX_PAGE_BYTES >> 20} MiB")
         finally:
             connection.close()
 
@@ -4499,6 +4830,7 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
 
     data_lines: list[str] = []
     event_at = 0.0
+    event_bytes = 0
     done = False
     events = 0
     for raw, at in stream_lines(response, sock, deadline):
@@ -4509,14 +4841,17 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
             if name == "data":
                 if not data_lines:
                     event_at = at
+                event_bytes += len(raw)
+                if event_bytes > MAX_LINE_BYTES:
+                    raise StreamError(f"bad stream: an event longer than {MAX_LINE_BYTES // 1024:,} KiB")
                 data_lines.append(value)
-                last_event = at
             elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
                 raise StreamError(f"server error in stream: {value}")
             continue                  # comments (": keep-alive"), event:, id:, unknown fields
         if not data_lines:
             continue
-        data, data_lines = "\n".join(data_lines), []
+        # A whole event (its blank line came) is progress; a data: line without one is not.
+        data, data_lines, event_bytes, last_event = "\n".join(data_lines), [], 0, at
         events += 1
         if events > max_events:
             raise StreamError(f"bad stream: more than {max_events:,} events for this request")
@@ -4575,13 +4910,31 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         record.usage_seen = True
         record.prompt_tokens, record.output_tokens = counts
         details = usage.get("prompt_tokens_details")       # OpenAI's, and vLLM's with details on
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            record.cached_tokens = max(0, details["cached_tokens"])
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            cached = server_figure(record, "usage.prompt_tokens_details.cached_tokens", details["cached_tokens"])
+            if cached is not None:
+                record.cached_tokens = min(int(cached), record.prompt_tokens)
     if isinstance(event.get("timings"), dict):
-        record.timings = event["timings"]
-        cached = record.timings.get("cache_n")                # llama.cpp's prompt tokens from its cache
-        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-            record.cached_tokens = cached
+        # llama.cpp's own per-request figures: only numbers in range are kept, the rest are noted
+        record.timings = {key: figure for key in TIMINGS if key in event["timings"]
+                          for figure in [server_figure(record, f"timings.{key}", event["timings"][key])]
+                          if figure is not None}
+        if "cache_n" in record.timings:                       # its prompt tokens from its cache
+            cached = int(record.timings["cache_n"])
+            record.cached_tokens = min(cached, record.prompt_tokens) if record.usage_seen else cached
+
+
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_token_ms", "cache_n")
+
+
+def server_figure(record: StreamRecord, name: str, value) -> Optional[float]:
+    """A number a server sent, if it is one in range (0 to 10^9, finite); else None, and the
+    record notes it was left out."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                             and 0 <= value <= 1e9):
+        record.left_out.append((name, f"{name} {printable(str(value))[:40]!r} is not a number from 0 to 10^9"))
+        return None
+    return value
 
 
 def send_request(client: Http, body: dict, record: StreamRecord, config: LoadConfig) -> None:
@@ -4602,6 +4955,13 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
+            if record.usage_seen and record.output_tokens > body["max_tokens"]:
+                # max_tokens caps what a server generates: a count past it contradicts the request
+                record.left_out.append(("usage.completion_tokens",
+                                        f"usage.completion_tokens {record.output_tokens:,} is more than max_tokens "
+                                        f"{body['max_tokens']:,}; the stream's {len(record.token_times):,} content "
+                                        f"events were counted instead"))
+                record.output_tokens = len(record.token_times)
     except StreamError as e:
         record.error = client.redact(str(e))[:300]
     except (socket.timeout, TimeoutError):
@@ -4616,6 +4976,9 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             connection.close()
         if record.error:
             record.error = client.redact(record.error)
+        if record.finish_reason:
+            record.finish_reason = client.redact(record.finish_reason)[:80]
+        record.left_out = [(name, client.redact(why)) for name, why in record.left_out]
 
 
 def words_for(config: LoadConfig, tokens: float) -> int:
@@ -4708,7 +5071,13 @@ def read_prompts(path: str) -> list:
 # Prometheus text format, by exact name. Labelled series of one name are summed (vLLM has one
 # per engine); `_created` samples are timestamps, not values.
 
-def parse_prometheus(text: str) -> dict[str, float]:
+# No gauge or counter of a serving engine comes near this; a sample beyond it is left out.
+PROMETHEUS_LIMIT = 1e15
+
+
+def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, float]:
+    """name -> value; samples that are not finite or beyond PROMETHEUS_LIMIT are left out (and
+    counted by name in `ignored`)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -4727,44 +5096,75 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(parts[0])
         except ValueError:
             continue
-        if math.isfinite(value):
+        if math.isfinite(value) and abs(value) <= PROMETHEUS_LIMIT:
             values[name] = values.get(name, 0.0) + value
+        elif ignored is not None:
+            ignored[name if name in ignored or len(ignored) < 32 else "other names"] += 1
     return values
+
+
+# The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
+RUNNING_GAUGES = ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")
+WAITING_GAUGES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")
+KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")
+# What a scrape keeps: the samples server_window and the timeline read (a page may hold thousands).
+SCRAPED = frozenset((*RUNNING_GAUGES, *WAITING_GAUGES, *KV_GAUGES,
+                     "llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode", "llamacpp:prompt_tokens_total",
+                     "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_cached_total",
+                     "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+                     "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "vllm:num_preemptions_total",
+                     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "sglang:cached_tokens_total",
+                     "sglang:prompt_tokens_total", "sglang:generation_tokens_total"))
 
 
 class MetricsSampler:
     """Scrapes /metrics before, every interval during, and after a run; reports a missing
-    endpoint once and carries on. Also measures how late a sleeping thread wakes, the client's
-    own worst scheduling delay, which bounds how late an event's timestamp can be."""
+    endpoint once and carries on. Each scrape ends within --timeout (Http.get); the last one is
+    optional: if it fails, the window ends at the last scrape that answered. Also measures how
+    late a sleeping thread wakes, the client's own worst scheduling delay, which bounds how late
+    an event's timestamp can be."""
     def __init__(self, client: Http, interval_s: float):
         self.client = client
         self.interval_s = interval_s
         self.final_scrape = True
         self.scrapes: list[dict[str, float]] = []
         self.times: list[float] = []           # when each scrape was read (perf_counter)
-        self.problem: Optional[str] = None
+        self.problem: Optional[str] = None     # why /metrics cannot be read: no more scrapes
+        self.final_problem: Optional[str] = None
+        self.ignored: Counter = Counter()      # samples out of range, by name
         self.worst_wake_delay_s = 0.0
         self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.closed = False                    # the report has taken the scrapes: keep no more
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
-    def scrape(self) -> None:
+    def scrape(self, final: bool = False) -> None:
         if self.problem:
             return
+        problem = None
         try:
             status, body = self.client.get("/metrics")
         except (OSError, http.client.HTTPException, CapacityError) as e:
-            self.problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
-            return
-        if status != 200:
-            detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
-            self.problem = f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang --enable-metrics"
-            return
-        values = parse_prometheus(body.decode("utf-8", errors="replace"))
-        if not values:
-            self.problem = "/metrics answered but held no samples in Prometheus text format"
-            return
-        self.scrapes.append(values)
-        self.times.append(time.perf_counter())
+            problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
+        else:
+            read = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
+            values = {name: value for name, value in read.items() if name in SCRAPED}   # kept for every scrape
+            if status != 200:
+                detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
+                problem = (f"/metrics answered HTTP {status} ({detail}); llama.cpp needs --metrics, SGLang "
+                           f"--enable-metrics")
+            elif not read:
+                problem = "/metrics answered but held no samples in Prometheus text format"
+        with self.lock:
+            if self.closed:
+                return
+            if problem and final and self.scrapes:
+                self.final_problem = f"the last scrape failed, so the window ends at the one before: {problem}"
+            elif problem:
+                self.problem = problem
+            else:
+                self.scrapes.append(values)
+                self.times.append(time.perf_counter())
 
     def loop(self) -> None:
         next_scrape = time.perf_counter() + self.interval_s
@@ -4775,17 +5175,31 @@ class MetricsSampler:
             if time.perf_counter() >= next_scrape:
                 self.scrape()
                 next_scrape = time.perf_counter() + self.interval_s
+        if self.final_scrape:
+            self.scrape(final=True)
 
     def __enter__(self):
         self.scrape()
         self.thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def finish(self) -> None:
+        """The run is over: take the last scrape and stop. The thread takes it; this one only
+        waits, so Ctrl-C or SIGTERM during a slow last scrape ends the wait, not the report."""
         self.stop.set()
-        self.thread.join(timeout=self.client.timeout_s if self.final_scrape else 0.5)
-        if exc[0] is None and self.final_scrape:
-            self.scrape()
+        while self.thread.is_alive():
+            self.thread.join(0.05)
+        self.close()
+
+    def close(self) -> None:
+        """Keep the scrapes taken so far; any later one is dropped."""
+        self.final_scrape = False
+        self.stop.set()
+        with self.lock:
+            self.closed = True
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def server_window(scrapes: list[dict[str, float]]) -> dict:
@@ -4794,8 +5208,9 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         return {}
     before, after = scrapes[0], scrapes[-1]
 
-    def delta(name):
-        return after[name] - before[name] if name in after and name in before else None
+    def delta(name):     # a counter that went backwards (the server restarted) has no window
+        return after[name] - before[name] if name in after and name in before and after[name] >= before[name] \
+            else None
 
     def peak(name):
         seen = [s[name] for s in scrapes if name in s]
@@ -4855,12 +5270,14 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
 
 
 def timings_report(records: list[StreamRecord]) -> Optional[dict]:
-    """llama.cpp's own per-request timings: prefill time, and TTFT minus it (queue plus network)."""
+    """llama.cpp's own per-request timings: prefill time, and TTFT minus it (queue plus network).
+    take_event kept only numbers in range."""
     timed = [r for r in records if r.error is None and r.timings and r.first_token_s is not None]
     if not timed:
         return None
-    prefill = Counter(float(r.timings.get("prompt_ms") or 0) for r in timed)
-    waited = Counter((r.first_token_s - r.sent_s) * 1000 - float(r.timings.get("prompt_ms") or 0) for r in timed)
+    prompted = [r for r in timed if "prompt_ms" in r.timings]
+    prefill = Counter(float(r.timings["prompt_ms"]) for r in prompted)
+    waited = Counter((r.first_token_s - r.sent_s) * 1000 - float(r.timings["prompt_ms"]) for r in prompted)
     per_token = Counter(float(r.timings["predicted_per_token_ms"]) for r in timed if r.timings.get("predicted_per_token_ms"))
     return {
         "requests": len(timed),
@@ -4891,6 +5308,62 @@ class Stopped(Exception):
         return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
 
 
+# Ctrl-C and SIGTERM, once main() has installed on_signal. The first one stops the work (raised as
+# KeyboardInterrupt or Terminated); from then on the program only writes what it has, so a second
+# one (a double Ctrl-C, or `timeout` signalling the process and then its group) is noted and the
+# report still comes out; a third quits at once. While held even the first is only
+# noted (hold_signals()), so a report being built from what was measured always comes out whole.
+SIGNAL_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+stops = {"held": False, "noted": []}
+
+
+def on_signal(signum, frame) -> None:
+    stops["noted"].append(signum)
+    first = stops["noted"][0]
+    if len(stops["noted"]) >= 3:
+        os.write(2, f"servesim: {SIGNAL_WORDS[first]} three times: quitting without the output\n".encode())
+        os._exit(SIGNAL_CODES[first])
+    if not stops["held"]:
+        stops["held"] = True
+        raise signal_exception(signum)
+
+
+def signal_exception(signum: int) -> BaseException:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def hold_signals(hold: bool = True) -> None:
+    """hold_signals(): from now on Ctrl-C and SIGTERM are noted, not raised (see noted_stop());
+    hold_signals(False): raised again, unless one was noted (the program is then finishing)."""
+    if hold or not stops["noted"]:
+        stops["held"] = hold
+
+
+def noted_stop(what: str) -> Optional[Stopped]:
+    """A Stopped for the first signal noted while held, or None."""
+    return Stopped.by_signal(signal_exception(stops["noted"][0]), what) if stops["noted"] else None
+
+
+def server_shape(client: Http) -> tuple[dict, str]:
+    """llama.cpp's slots and per-slot context from /props, to simulate the same server, or no
+    shape and why not (then the simulator's defaults stand in)."""
+    try:
+        status, body = client.get("/props")
+        if status != 200:
+            return {}, f"no llama.cpp /props (HTTP {status}): simulator defaults"
+        props = json.loads(body)
+        slots, context = props["total_slots"], props["default_generation_settings"]["n_ctx"]
+    except (OSError, http.client.HTTPException, CapacityError, ValueError, KeyError, TypeError, RecursionError) as e:
+        return {}, f"no usable llama.cpp /props ({type(e).__name__}): simulator defaults"
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, context)) \
+            or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
+        return {}, client.redact(f"/props reports {str(slots)[:40]!r} slots of {str(context)[:40]!r} tokens, not a "
+                                 f"server shape: simulator defaults")
+    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
+
+
+
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
     """Closed loop: `concurrency` clients, each sending its next request (or conversation) when
     the last ends. Open loop (--rate, a ramp, a --trace): each request (each conversation's first
@@ -4901,6 +5374,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
     model = config.model or first_model(client)
+    shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
     sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     rows = config.trace.rows if config.trace else None
     limit = config.requests if config.requests is not None else math.inf
@@ -4939,7 +5413,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             refused.append(str(e))
             stop.set()                # the server is gone: send nothing more
         except Exception as e:        # a bug of ours: keep the request, say what happened
-            record.error = f"client error: {type(e).__name__}: {e}"[:240]
+            record.error = client.redact(f"client error: {type(e).__name__}: {e}")[:240]
         with lock:
             if in_flight.pop(index, None) is not None:   # else the main thread already counted it
                 records.append(record)
@@ -5025,9 +5499,11 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         try:
             while any(t.is_alive() for t in list(threads)):
                 time.sleep(0.05)
-        except (KeyboardInterrupt, Terminated) as e:
+            sampler.finish()
+            hold_signals()   # what was measured becomes a report, whatever arrives from now on
+        except (KeyboardInterrupt, Terminated) as e:      # (the first signal holds the later ones)
             stop.set()
-            sampler.final_scrape = False
+            sampler.close()
             stopped = Stopped.by_signal(e, f"{len(records):,} requests ended; {len(in_flight):,} in flight "
                                            f"were stopped")
         with lock:
@@ -5042,7 +5518,10 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                              f"({refused[0]}); the report has every request sent")
     cpu = time.process_time() - cpu_before
     records.sort(key=lambda r: r.index)
-    measured = [r for r in records if r.index >= config.warmup]
+    # The first --warmup requests sent (a trace's in the order of its times) are not measured.
+    warm = set(sorted(range(int(limit)), key=lambda i: rows[i][0])[:config.warmup]) if rows is not None \
+        else set(range(config.warmup))
+    measured = [r for r in records if r.index not in warm]
     result = summarize(measured, slos=config.slos)
     if config.warmup:
         result["warmup_requests"] = len(records) - len(measured)
@@ -5050,6 +5529,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
         result["server"]["problem"] = sampler.problem
+    if sampler.final_problem:
+        result["server"]["final_scrape"] = sampler.final_problem
+    if sampler.ignored:
+        names = client.redact(", ".join(f"{name[:80]} ({n:,})" for name, n in sampler.ignored.most_common(3)))
+        result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
+                                               f"within +-10^15 and were left out: {names}")
     # The server's own shape, kept so that compare simulates this server and not the defaults.
     shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
     result["server"]["shape"] = shape or {"unknown": note}
@@ -5067,6 +5552,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
         **dispatch_report(records, result),
     }
+    left_out: dict = {}
+    for r in records:
+        for name, why in dict(r.left_out).items():
+            left_out.setdefault(name, {"answers": 0, "first": why})["answers"] += 1
+    if left_out:
+        result["client"]["server_figures_left_out"] = left_out
     if sizing is not None:
         asked = [r for r in measured if r.asked_prompt_tokens and r.usage_seen and r.error is None]
         result["prompt_sizing"] = {**sizing, "requests": len(asked),
@@ -5091,8 +5582,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                        trace=config.trace).arrivals() if not rows else f"trace arrivals ({config.trace.name})"
     shape = arrivals + (f", at most {config.concurrency} in flight" if open_loop and config.concurrency else "")
     result["config"] = {
-        "title": f"loadgen {model} at {client.url}  {len(records):,} requests  {shape}",
-        "url": client.url, "model": model, "max_concurrency": config.concurrency, "request_rate": config.rate,
+        "title": f"loadgen {shown_model} at {client.url}  {len(records):,} requests  {shape}",
+        "url": client.url, "model": shown_model, "max_concurrency": config.concurrency, "request_rate": config.rate,
         "num_prompts": len(records), "duration_limit_s": config.duration_s, "max_tokens": config.max_tokens,
         "ignore_eos": config.ignore_eos, "prompt_words": None if config.prompts else config.prompt_words,
         "prefix_words": config.prefix_words, "prompts_file": bool(config.prompts), "seed": config.seed,
@@ -5107,6 +5598,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     }
     if config.timeline:
         result["timeline"] = timeline
+    stopped = stopped or noted_stop("the run had ended; the report is whole")
     if stopped:
         result["stopped"] = stopped.message
     kinds = {error_kind(r.error) for r in records if r.error}
@@ -5129,12 +5621,6 @@ def dispatch_report(records: list[StreamRecord], result: dict) -> dict:
             "achieved_rate": result["request_throughput"],
             "dispatch_lag_ms": {"mean": lag["mean"], "p50": lag["p50"], "p99": lag["p99"],
                                 "max": max((sent - at) * 1000 for at, sent in scheduled)}}
-
-
-# The servers' gauges for the timeline: running, waiting, and KV use (a fraction, shown as %).
-RUNNING_GAUGES = ("vllm:num_requests_running", "llamacpp:requests_processing", "sglang:num_running_reqs")
-WAITING_GAUGES = ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs")
-KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio", "sglang:token_usage")
 
 
 def measured_timeline(records: list[StreamRecord], scrapes: list[tuple[float, dict]], t0: float) -> list[dict]:
@@ -5196,14 +5682,18 @@ def observations(report: dict, name: str) -> list[StepObservation]:
         raise UserError(f"{name}: total_input_tokens and total_output_tokens must be whole numbers")
     prompt = report["total_input_tokens"] / done
     output = report["total_output_tokens"] / done
-    config = report.get("config", {})
+    config = report.get("config") or {}
     clients = config.get("max_concurrency")
     if not clients:
         raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs")
     if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
         raise UserError(f"{name}: config.max_concurrency must be a whole number of clients, got {clients!r}")
     # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
-    batch = (report.get("server") or {}).get("mean_batch_per_decode") or min(clients, config.get("max_num_seqs") or clients)
+    measured, seqs = (report.get("server") or {}).get("mean_batch_per_decode"), config.get("max_num_seqs")
+    for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+            raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
+    batch = measured or min(clients, seqs or clients)
     found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
                              batch, batch * (prompt + output / 2), batch)]
     if clients == 1 and report.get("median_ttft_ms"):
@@ -5308,7 +5798,7 @@ def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = Fal
     trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
     workload = {name: f.default for name, f in SETTINGS.items() if f.metadata["group"] == "workload" and name != "seed"}
-    workload.update(trace=trace, max_model_len=max(spec.max_model_len, longest))
+    workload.update(trace=trace, max_model_len=max(spec.model_len(), longest))
     spec = replace(spec, **workload)
     return run(spec, timeline=timeline)
 
@@ -5347,26 +5837,6 @@ def compared_rows(measured: dict, simulated: dict, timeline: list = ()) -> dict:
         rows["goodput req/s"] = (measured["request_goodput"], simulated.get("request_goodput"))
     return {label: {"measured": m, "servesim": s, "error": s / m - 1 if m and s is not None else None}
             for label, (m, s) in rows.items() if m is not None or s is not None}
-
-
-SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "max_num_batched_tokens": (1, 10**7)}
-
-
-def server_shape(client: Http) -> tuple[dict, str]:
-    """llama.cpp's slots and per-slot context from /props, to simulate the same server, or no
-    shape and why not (then the simulator's defaults stand in)."""
-    try:
-        status, body = client.get("/props")
-        if status != 200:
-            return {}, f"no llama.cpp /props (HTTP {status}): simulator defaults"
-        props = json.loads(body)
-        slots, context = props["total_slots"], props["default_generation_settings"]["n_ctx"]
-    except (OSError, http.client.HTTPException, CapacityError, ValueError, KeyError, TypeError, RecursionError) as e:
-        return {}, f"no usable llama.cpp /props ({type(e).__name__}): simulator defaults"
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, context)) \
-            or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
-        return {}, f"/props reports {slots!r} slots of {context!r} tokens, not a server shape: simulator defaults"
-    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
 
 
 def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
@@ -5668,21 +6138,32 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes = [], []
+    parts, notes, seen = [], [], {}
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
         measured = run_from_report(report, path)
         config, starts = report.get("config") or {}, report.get("start_times") or []
-        number_ = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        # Clocks: started_unix is the wall clock (2001 to 2286), started_perf the clock start_times use.
+        for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", -1e10, 1e10)):
+            value = config.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not low <= value <= high):
+                raise UserError(f"report {path}: config.{key} is {str(value)[:40]}; expected seconds from {low:g} "
+                                f"to {high:g}")
         anchor = (config["started_unix"] + min(starts) - config["started_perf"]
-                  if starts and number_(config.get("started_unix")) and number_(config.get("started_perf")) else None)
-        same = [other for other, _, _, run in parts if run is not None and run == (config.get("run_id"), anchor)]
-        if same or path in [other for other, _, _, _ in parts]:
-            raise UserError(f"report {path} is the same run as {same[0] if same else path}: merging it twice would "
-                            f"count its requests twice")
-        parts.append((path, measured, anchor, (config.get("run_id"), anchor) if anchor is not None else None))
-    parts = [part[:3] for part in parts]
+                  if starts and config.get("started_unix") is not None and config.get("started_perf") is not None
+                  else None)
+        # The same run twice: the same run id at the same moment, or the same per-request arrays.
+        marks = [json.dumps([report.get(k) for k in ("input_lens", "output_lens", "ttfts", "itls", "start_times")])]
+        if anchor is not None:
+            marks.append(repr((config.get("run_id"), anchor)))
+        same = next((seen[mark] for mark in marks if mark in seen), None)
+        if same:
+            raise UserError(f"report {path} is the same run as {same}: merging it twice would count its requests "
+                            f"twice")
+        seen.update({mark: path for mark in marks})
+        parts.append((path, measured, anchor))
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -5729,7 +6210,7 @@ class Remedy:
     binds: str
     knobs: dict          # server -> the knob to change first
     effect: str          # expected effect on each metric
-    will_not_help: str
+    will_not_help: str   # each claim holds in servesim's own model (test_explain.WontHelp turns the knob)
 
 
 DECISION_TABLE = (
@@ -5740,8 +6221,7 @@ DECISION_TABLE = (
             "llama.cpp": "`--cache-reuse` for shared prefixes; else `--ctx-size` up",
             "sglang": "`--mem-fraction-static` up"},
            "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
-           "raising `--max-num-seqs` (memory, not the cap, limits the batch); a second GPU while prefix caching "
-           "is off (every request still stores its own copy of the prefix)"),
+           "raising `--max-num-seqs` (memory, not the cap, limits the batch)"),
     Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
            "compute (the roofline)",
            {"vllm": "`--max-num-seqs` down toward the knee to protect TPOT; quantization or tensor "
@@ -5750,8 +6230,8 @@ DECISION_TABLE = (
             "sglang": "`--max-running-requests` down"},
            "TPOT falls toward the batch-1 step; throughput drops by less than the batch does (past the knee "
            "each sequence bought little); TTFT rises for waiting requests",
-           "more KV memory or prefix caching (the cache is not the limit); reading GPU utilisation as batch "
-           "fullness (it says a kernel ran, not how full the batch was)"),
+           "more KV memory (the cache is not the limit); reading GPU utilisation as batch fullness (it says a "
+           "kernel ran, not how full the batch was)"),
     Remedy("sequence-bound", "running requests at the sequence cap; KV cache mostly idle; requests wait",
            "sequences",
            {"vllm": "`--max-num-seqs` up",
@@ -5865,15 +6345,16 @@ def server_flags(text: str) -> dict:
 
 
 def mean_of(scrape: dict, histogram: str, scale: float = 1000) -> Optional[float]:
-    """A histogram's mean from its _sum and _count; seconds become ms unless scale says otherwise."""
-    count = scrape.get(f"{histogram}_count")
-    return scrape[f"{histogram}_sum"] / count * scale if count else None
+    """A histogram's mean from its _sum and _count; seconds become ms unless scale says otherwise.
+    None when either is missing or the count is not positive."""
+    count, total = scrape.get(f"{histogram}_count"), scrape.get(f"{histogram}_sum")
+    return total / count * scale if count and count > 0 and total is not None and total >= 0 else None
 
 
 def signals_from_scrape(text: str, name: str) -> Signals:
     m = parse_prometheus(text)
     if any(k.startswith("vllm:") for k in m):
-        queries = m.get("vllm:prefix_cache_queries_total")
+        queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),
                        queue_ms=mean_of(m, "vllm:request_queue_time_seconds"),
                        prefill_ms=mean_of(m, "vllm:request_prefill_time_seconds"),
@@ -5882,7 +6363,8 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        running=m.get("vllm:num_requests_running"), waiting=m.get("vllm:num_requests_waiting"),
                        kv_peak=m.get("vllm:kv_cache_usage_perc", m.get("vllm:gpu_cache_usage_perc")),
                        preemptions=m.get("vllm:num_preemptions_total"),
-                       prefix_hit_rate=m["vllm:prefix_cache_hits_total"] / queries if queries else None,
+                       prefix_hit_rate=hits / queries if queries and hits is not None and 0 <= hits <= queries
+                       else None,
                        mean_batch=m.get("vllm:num_requests_running"),
                        prompt_tokens=mean_of(m, "vllm:request_prompt_tokens", scale=1),
                        output_tokens=mean_of(m, "vllm:request_generation_tokens", scale=1))
@@ -5901,44 +6383,62 @@ def signals_from_scrape(text: str, name: str) -> Signals:
 
 
 def signals_from_report(report: dict, name: str, previous: Optional[dict] = None) -> Signals:
-    done = report.get("completed") or 0
-    config, engine = report.get("config", {}), report.get("engine")
+    def number_at(section: dict, key: str, label: str = "") -> Optional[float]:
+        """A figure of the report: None if it is not there, a one-line error if it is not a number."""
+        value = section.get(key) if isinstance(section, dict) else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"explain input {name}: {label or key} is {str(value)[:40]!r}; expected a number")
+        return value
+
+    done = number_at(report, "completed") or 0
+    config, engine = report.get("config") or {}, report.get("engine")
     server = report.get("server") or {}
-    sig = Signals(name, "servesim" if engine else server.get("server", "unknown"),
-                  ttft_ms=report.get("median_ttft_ms"), queue_ms=report.get("median_queue_ms"),
-                  e2e_ms=report.get("median_e2el_ms"), tpot_ms=report.get("median_tpot_ms"),
-                  prompt_tokens=report["total_input_tokens"] / done if done else None,
-                  output_tokens=report["total_output_tokens"] / done if done else None)
-    if previous and previous.get("output_throughput"):
+    totals = [number_at(report, key) for key in ("total_input_tokens", "total_output_tokens")]
+    sig = Signals(name, "servesim" if engine else str(server.get("server", "unknown")),
+                  ttft_ms=number_at(report, "median_ttft_ms"), queue_ms=number_at(report, "median_queue_ms"),
+                  e2e_ms=number_at(report, "median_e2el_ms"), tpot_ms=number_at(report, "median_tpot_ms"),
+                  prompt_tokens=totals[0] / done if done and totals[0] is not None else None,
+                  output_tokens=totals[1] / done if done and totals[1] is not None else None)
+    if previous and number_at(previous, "output_throughput") and number_at(report, "output_throughput") is not None:
         sig.throughput_trend = report["output_throughput"] / previous["output_throughput"]
     if engine:
-        sig.running, sig.waiting = engine["peak_running"], engine["peak_waiting"]
-        sig.max_seqs, sig.kv_peak = config.get("max_num_seqs"), engine["kv_peak"]
-        sig.kv_tokens, sig.preemptions = engine["num_blocks"] * engine["block_size"], engine["preemptions"]
-        sig.prefix_hit_rate, sig.mean_batch = engine["prefix_hit_rate"], engine["mean_batch"]
-        sig.waited_at_cap = engine["steps_waiting_at_seq_cap"] > 0.05 * engine["steps"]
-        sig.budget = config.get("max_num_batched_tokens")
-        sig.prefix_caching = config.get("prefix_caching")
+        figure = lambda key: number_at(engine, key, f"engine.{key}")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_waiting")
+        sig.max_seqs, sig.kv_peak = number_at(config, "max_num_seqs", "config.max_num_seqs"), figure("kv_peak")
+        blocks, block_size = figure("num_blocks"), figure("block_size")
+        sig.kv_tokens = int(blocks * block_size) if blocks is not None and block_size is not None else None
+        sig.preemptions = figure("preemptions")
+        sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("mean_batch")
+        capped, steps = figure("steps_waiting_at_seq_cap"), figure("steps")
+        sig.waited_at_cap = capped > 0.05 * steps if capped is not None and steps is not None else None
+        sig.budget = number_at(config, "max_num_batched_tokens", "config.max_num_batched_tokens")
+        sig.prefix_caching = config.get("prefix_caching") is True
         if sig.queue_ms is not None and sig.ttft_ms is not None:
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
-        if config.get("hardware") in HARDWARE and config.get("model") in MODELS:
+        if isinstance(config.get("hardware"), str) and config["hardware"] in HARDWARE \
+                and isinstance(config.get("model"), str) and config["model"] in MODELS:
             h, m = HARDWARE[config["hardware"]], MODELS[config["model"]]
             cost = cost_model("roofline", h, m)
             sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, 0) * 1000
-    elif server.get("server") == "llama.cpp":
-        sig.running, sig.waiting = server.get("peak_requests_processing"), server.get("peak_requests_deferred")
-        sig.mean_batch = server.get("mean_batch_per_decode")
+        return sig
+    figure = lambda key: number_at(server, key, f"server.{key}")
+    if server.get("server") == "llama.cpp":
+        sig.running, sig.waiting = figure("peak_requests_processing"), figure("peak_requests_deferred")
+        sig.mean_batch = figure("mean_batch_per_decode")
         timings = report.get("timings") or {}
-        if timings:
-            sig.prefill_ms = timings["prompt_ms"]["p50"]
-            sig.queue_ms = timings["ttft_minus_prompt_ms"]["p50"]
+        prompt, waited = timings.get("prompt_ms"), timings.get("ttft_minus_prompt_ms")
+        if isinstance(prompt, dict) and isinstance(waited, dict):
+            sig.prefill_ms = number_at(prompt, "p50", "timings.prompt_ms.p50")
+            sig.queue_ms = number_at(waited, "p50", "timings.ttft_minus_prompt_ms.p50")
     elif server.get("server") == "vllm":
-        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_waiting")
-        sig.kv_peak, sig.preemptions = server.get("peak_kv_cache_usage"), server.get("preemptions")
-        sig.prefix_hit_rate, sig.mean_batch = server.get("prefix_hit_rate"), server.get("peak_running")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_waiting")
+        sig.kv_peak, sig.preemptions = figure("peak_kv_cache_usage"), figure("preemptions")
+        sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("peak_running")
     elif server.get("server") == "sglang":
-        sig.running, sig.waiting = server.get("peak_running"), server.get("peak_queued")
-        sig.kv_peak, sig.mean_batch = server.get("peak_token_usage"), server.get("peak_running")
+        sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
+        sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
     return sig
 
 
@@ -5992,7 +6492,7 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                            if past_knee else "throughput flat from the previous point",
                                            f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1"]
     if waiting and at_cap and kv_room:
-        return REMEDIES["sequence-bound"], [f"{sig.running:.0f} running of {sig.max_seqs} allowed",
+        return REMEDIES["sequence-bound"], [f"{number(sig.running, 0)} running of {number(sig.max_seqs, 0)} allowed",
                                             f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
                                             f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV not reported"]
     if waiting and kv_room and sig.budget and sig.prompt_tokens and sig.prompt_tokens >= sig.budget / 4:
@@ -6017,13 +6517,14 @@ def explain(sig: Signals) -> dict:
     if sig.kv_tokens and length:
         fit = sig.kv_tokens / length
         arithmetic.append(f"the KV cache holds {sig.kv_tokens:,} tokens: {fit:,.1f} requests of "
-                          f"{length:,.0f} tokens (prompt {sig.prompt_tokens:,.0f} + output {sig.output_tokens:,.0f})")
+                          f"{length:,.0f} tokens (prompt {number(sig.prompt_tokens, 0)} + output "
+                          f"{number(sig.output_tokens, 0)})")
         if sig.max_seqs:
             arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}, so "
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
         arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
-                          f"the mean batch was {sig.mean_batch:,.1f}")
+                          f"the mean batch was {number(sig.mean_batch)}")
     if sig.running is not None:
         arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}")
     if not arithmetic:
@@ -6079,8 +6580,16 @@ def finite(value):
 def write_text(text: str, out=None) -> None:
     """A finished report, written at once so an interrupt never leaves half of it."""
     out = out or sys.stdout
+    text = text if text.endswith("\n") else text + "\n"
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    try:        # what the terminal's encoding cannot hold is shown as its escape, never a traceback
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        pass
     try:
-        out.write(text if text.endswith("\n") else text + "\n")
+        out.write(text)
         out.flush()
     except BrokenPipeError:
         raise
@@ -6092,33 +6601,67 @@ def write_json(report, out=None) -> None:
     write_text(json.dumps(finite(report), indent=2, allow_nan=False), out)
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Before the work: a file we are asked to write must have a directory to go in."""
+# The arguments that name files a command reads: an output must not be one of them.
+INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardware", "model": "--model",
+              "draft_model": "--draft-model", "prefill_hardware": "--prefill-hardware",
+              "decode_hardware": "--decode-hardware", "simulate": "--simulate", "run": "the run",
+              "reports": "a report", "files": "an input"}
+
+
+def check_writable(path: str, flag: str, args=None) -> None:
+    """Before the work: a file we are asked to write must have a directory to go in, and must not
+    be a file the command reads (writing it would destroy the input)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UserError(f"{flag} {path}: the directory {directory} does not exist")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    for name, what in INPUT_ARGS.items():
+        given = getattr(args, name, None)
+        for value in given if isinstance(given, list) else [given]:
+            if not isinstance(value, str):
+                continue
+            for read in run_files(value) if name == "run" else [value]:
+                if os.path.exists(read) and (os.path.realpath(read) == os.path.realpath(path) or
+                                             (os.path.exists(path) and os.path.samefile(read, path))):
+                    raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
+                                    f"the input, so give {flag} another file")
 
 
 def write_file(path: str, text: str) -> None:
-    """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1."""
+    """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1. The
+    text goes to a new file of a random name beside it (created exclusively, so a planted file or
+    link of that name cannot redirect it), then replaces the file."""
+    data = text.encode("utf-8", "backslashreplace")
     if os.path.exists(path) and not os.path.isfile(path):
         try:                          # a device or a pipe: write to it, there is nothing to replace
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+            with open(path, "wb") as f:
+                f.write(data)
             return
         except OSError as e:
             raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
-    partial = f"{path}.partial"
+    partial = None
     try:
-        with open(partial, "w", encoding="utf-8") as f:
-            f.write(text)
+        for _ in range(100):
+            candidate = f"{path}.{os.urandom(6).hex()}.partial"
+            try:
+                fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+            except FileExistsError:
+                continue
+            partial = candidate
+            break
+        else:
+            raise CapacityError(f"cannot write {path}: no free name for its temporary file beside it")
+        with open(fd, "wb") as f:
+            f.write(data)
         os.replace(partial, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException as e:        # a full disk, or a signal: no half-written file is left
+        if partial:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
+        if isinstance(e, OSError):
+            raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
 
 
 def load_verdict(result: dict) -> str:
@@ -6196,6 +6739,9 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'steps':<12}{engine['steps']:,.0f}  mean batch {engine['mean_batch']:.1f} seqs  "
           f"preemptions {engine['preemptions']:,.0f}  evictions {engine['evictions']:,.0f}  "
           f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+        if engine["evictions"]:
+            w(f"{'':<12}an eviction is a freed block's cached prefix overwritten when the block is reused (least "
+              f"recently used first), so it happens below a full cache; it costs a later prefix hit, not a request\n")
         if engine["row_utilisation"] is not None:
             w(f"{'rows':<12}{engine['row_utilisation']:.1%} of decode rows useful ({engine['wasted_decode_rows']:,.0f} "
               f"padding)  kv reserved {engine['kv_reserved_peak_tokens']:,.0f} tokens, "
@@ -6276,6 +6822,9 @@ def print_server(result: dict, w) -> None:
         if server.get("generated_tokens") is not None:
             w(f"{'':<12}client counted {server['client_output_tokens']:,} output tokens, the server "
               f"{server['generated_tokens']:,.0f} (difference {server['client_minus_server_tokens']:,.0f})\n")
+    for note in ("final_scrape", "ignored_samples"):
+        if server.get(note):
+            w(f"{'':<12}{server[note]}\n")
     timings = result.get("timings")
     if timings:
         w(f"{'timings':<12}llama.cpp per request (p50/p95): prompt {number(timings['prompt_ms']['p50'])}/"
@@ -6298,6 +6847,8 @@ def print_server(result: dict, w) -> None:
                                 f"template tokens, measured by two probe requests")
           + (f"; asked {number(sizing['asked_prompt_tokens_mean'])}, received {number(sizing['received_prompt_tokens_mean'])} "
              f"prompt tokens a request" if sizing.get("asked_prompt_tokens_mean") is not None else "") + "\n")
+    for name, seen in (client.get("server_figures_left_out") or {}).items():
+        w(f"{'':<12}left out of {seen['answers']:,} answer{'s' if seen['answers'] != 1 else ''}: {seen['first']}\n")
     if client.get("short_of_max_tokens"):
         w(f"{'':<12}--ignore-eos was not honoured: {client['short_of_max_tokens']:,} answers were shorter than "
           f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "
@@ -6393,8 +6944,9 @@ class SweepTable:
         self.out.write(f"{self.title}\n")
         self.line(self.headers + [name for name, _ in self.columns])
 
-    def row(self, result: dict) -> None:
-        labels = self.labels[self.printed]
+    def row(self, result: dict, index: Optional[int] = None) -> None:
+        """The next point's row, or point `index`'s (one that finished out of turn)."""
+        labels = self.labels[self.printed if index is None else index]
         self.printed += 1
         if result.get("does_not_fit"):
             self.out.write("  ".join(c.rjust(w) for c, w in zip(labels, self.width))
@@ -6681,8 +7233,13 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
         out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
-    out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
-              f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
+    if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
+        out.write(f"{'vllm would stop':<17}one request of {plan.max_model_len:,} tokens does not fit the "
+                  f"{plan.kv_tokens:,}-token KV cache, so vLLM refuses to start: pass --max-model-len "
+                  f"{plan.kv_tokens} or less\n")
+    else:
+        out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
+                  f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
 
 def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
@@ -6734,8 +7291,12 @@ class Panel:
             self.series.append((name, points, style, len(self.series) if color is None else color))
 
 
+# What XML 1.0 cannot hold at all, escaped or not: control characters, lone surrogates, U+FFFE/F.
+NOT_XML = re.compile(r"[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def escape(text) -> str:
-    return xml_escape(str(text), {'"': "&quot;"})
+    return xml_escape(NOT_XML.sub("?", str(text)), {'"': "&quot;"})
 
 
 def nice_ticks(low: float, high: float, log: bool) -> list[float]:
@@ -7025,7 +7586,7 @@ def read_setting(args, f):
         return load_preset("hardware", value, HARDWARE, Hardware) if f.name.endswith("hardware") else \
             load_preset("model", value, MODELS, ModelSpec)
     if f.name == "trace" and value:
-        trace = read_trace(value, args.trace_format)
+        trace = read_trace(value, args.trace_format, getattr(args, "requests", None))
         for note in trace.notes:
             sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
         return trace
@@ -7146,7 +7707,7 @@ def write_timeline(args, title: str, rows: list[dict]) -> None:
 def cmd_simulate(args) -> int:
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
-            check_writable(path, flag)
+            check_writable(path, flag, args)
     spec = spec_from_args(args)
     pictured = bool(args.timeline or args.plot)
     if args.seeds > 1 and (pictured or spec.detailed):
@@ -7192,7 +7753,7 @@ def cmd_sweep(args) -> int:
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
     if args.plot:
-        check_writable(args.plot, "--plot")
+        check_writable(args.plot, "--plot", args)
     progress = Progress("sweep")
     table = None
     if not (args.json or args.csv):
@@ -7209,15 +7770,24 @@ def cmd_sweep(args) -> int:
                            axes, points, sweep_columns(spec, axes))
         table.header()
     results, stopped = [], None
+
+    def take(result: dict, index: Optional[int] = None) -> None:
+        result["config"]["sweep_points"] = len(points)
+        results.append(result)
+        progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
+        if table:
+            table.row(result, index)
+    runner = iter_sweep(spec, points, args.jobs, progress, args.seeds)
     try:
-        for result in iter_sweep(spec, points, args.jobs, progress, args.seeds):
-            result["config"]["sweep_points"] = len(points)
-            results.append(result)
-            progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
-            if table:
-                table.row(result)
-    except (KeyboardInterrupt, Terminated) as e:
-        stopped = Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
+        for result in runner:
+            take(result)
+    except (KeyboardInterrupt, Terminated, WorkerDied) as e:
+        hold_signals()
+        for index, result in runner.finished():       # points that finished behind an unfinished one
+            take(result, index)
+        stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
+            Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
+    hold_signals()           # the output is written whole, whatever arrives now
     if args.json:
         write_json(results)
     elif args.csv:
@@ -7262,18 +7832,18 @@ def cmd_search(args) -> int:
     if args.confirm:
         confirm_check(args.confirm, spec)
     if args.plot:
-        check_writable(args.plot, "--plot")
+        check_writable(args.plot, "--plot", args)
     progress = Progress("search")
     found, stopped = [], None
     try:
         for item in search_points(spec, points, probing, args.jobs, progress):
             found.append(item)
             progress(f"{len(found)}/{len(points)} deployments done")
-    except (KeyboardInterrupt, Terminated) as e:
-        stopped = Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the "
-                                       f"finished ones")
-    sources = {load_preset("hardware", h, HARDWARE, Hardware).name: h for h in (args.hardware or [])}
-    sources[spec.model.name] = args.model or spec.model.name
+    except (KeyboardInterrupt, Terminated, WorkerDied) as e:
+        stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
+            Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the finished ones")
+    sources = {load_preset("hardware", h, HARDWARE, Hardware): h for h in (args.hardware or [])}
+    sources[spec.model] = args.model or spec.model.name
     report = search_report(spec, points, found, probing, sources, bool(stopped))
     ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
@@ -7349,8 +7919,8 @@ def load_from_args(args) -> LoadConfig:
     if given.get("warmup") and given["requests"] is not None and \
             given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
         raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
-    sized = "prompt_words" in given or bool(given.get("prefix_words")) or bool(trace)
-    given["size_prompts"] = given.get("size_prompts", True) and sized
+    # Generated prompts, the default 40 tokens included, are sized to the tokens asked.
+    given["size_prompts"] = given.get("size_prompts", True) and not given.get("prompts")
     if given.get("prompts"):
         given["prompts"] = read_prompts(given["prompts"])
     if "slos" in given:
@@ -7366,16 +7936,21 @@ def cmd_loadgen(args) -> int:
     config = load_from_args(args)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
-            check_writable(path, flag)
+            check_writable(path, flag, args)
     if args.simulate:
         # Resolve the presets before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
-    result, records, stopped = run_load(config, Progress("loadgen"))
+    result, records, stopped = run_load(config, Progress("loadgen"))     # returns with signals held
+    if args.simulate and not stopped:
+        try:        # Ctrl-C or SIGTERM here costs the side by side, never the report
+            hold_signals(False)
+            result["side_by_side"] = beside_the_run(config, {**result, **detailed_arrays(records)}, hardware, model)
+        except (KeyboardInterrupt, Terminated) as e:
+            stopped = Stopped.by_signal(e, "the run had ended, during --simulate; the report has no side by side")
+        hold_signals()
     timeline = result.pop("timeline", None)
     arrays = detailed_arrays(records)
-    if args.simulate and not stopped:
-        result["side_by_side"] = beside_the_run(config, {**result, **arrays}, hardware, model)
     if args.json or args.detailed:
         write_json({**result, **arrays} if args.detailed else result)
     else:
@@ -7410,10 +7985,10 @@ def cmd_merge(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.timeline:
+        check_writable(args.timeline, "--timeline", args)
     measured = read_run(args.run)
     spec = recorded_spec(measured, settings_from_args(RunSpec, args))
-    if args.timeline:
-        check_writable(args.timeline, "--timeline")
     compared = compare_run(measured, spec, timeline=bool(args.timeline))
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
@@ -7421,14 +7996,14 @@ def cmd_compare(args) -> int:
     for note in measured.notes:
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
     timeline = simulated.pop("timeline", None)
-    if args.timeline:
-        write_file(args.timeline, timeline_csv(timeline))
     if args.json:
         write_json(compared)
     else:
         out = io.StringIO()
         print_compared(compared["title"], compared["rows"], out.write)
         write_text(out.getvalue())
+    if args.timeline:        # after the report, so a failed write loses nothing
+        write_file(args.timeline, timeline_csv(timeline))
     return 0
 
 
@@ -7457,7 +8032,10 @@ def cmd_calibrate(args) -> int:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
-            model_names.add(report.get("config", {}).get("model"))
+            name = (report.get("config") or {}).get("model")
+            if name is not None and not isinstance(name, str):
+                raise UserError(f"report {path}: config.model must be a model preset's name, got {str(name)[:40]}")
+            model_names.add(name)
     if args.model:
         model = load_preset("model", args.model, MODELS, ModelSpec)
     elif len(model_names) == 1 and next(iter(model_names)) in MODELS:
@@ -7469,7 +8047,7 @@ def cmd_calibrate(args) -> int:
                         f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
     base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     if args.out:
-        check_writable(args.out, "--out")
+        check_writable(args.out, "--out", args)
     hardware, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     if args.out:
         write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
@@ -7534,20 +8112,22 @@ def cmd_presets(args) -> int:
         write_json({"hardware": [preset_fields(h) for h in HARDWARE.values()],
                     "models": [preset_fields(m) for m in MODELS.values()]})
         return 0
-    cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour"]]
+    cells = [["hardware", "memory", "GB/s", "TFLOPS", "FP8", "mbu", "mfu", "step ms", "reserve", "link GB/s", "$/hour",
+              "price from"]]
     for h in HARDWARE.values():
         cells.append([h.name, f"{h.memory_gib:.1f} GiB", f"{h.bandwidth_gbs:g}", f"{h.tflops:g}",
                       f"{h.fp8_tflops:g}" if h.fp8_tflops else "-", f"{h.mbu:g}", f"{h.mfu:g}", f"{h.step_overhead_ms:g}",
                       f"{h.reserve_gib:g} GiB", f"{h.interconnect_gbs:g}" if h.interconnect_gbs else "-",
-                      f"{h.price_per_hour:.2f}" if h.price_per_hour else "-"])
+                      f"{h.price_per_hour:.2f}" if h.price_per_hour else "-", PRICE_SOURCES.get(h.name, "-")])
     lines = table(cells) + [""]
-    cells = [["model", "params", "active", "experts", "layers", "kv heads", "head dim", "bytes/param", "kv/token"]]
+    cells = [["model", "params", "active", "experts", "layers", "kv heads", "head dim", "bytes/param", "kv/token",
+              "max len"]]
     for m in MODELS.values():
         cells.append([m.name, f"{m.params / 1e9:.3g} B", f"{m.active_params / 1e9:.3g} B" if m.experts else "all",
                       f"{m.experts_per_token} of {m.experts}" if m.experts else "-", f"{m.layers}", f"{m.kv_heads}",
                       f"{m.head_dim}", f"{m.weight_dtype_bytes:.4g}" + (f", experts {m.expert_dtype_bytes:.3g}"
                                                                        if m.expert_dtype_bytes else ""),
-                      f"{m.kv_bytes_per_token / KIB:.1f} KiB"])
+                      f"{m.kv_bytes_per_token / KIB:.1f} KiB", f"{m.max_position_embeddings:,}"])
     lines += table(cells)
     lines += ["", "Add your own: `main.py presets h100-sxm-80gb > my-gpu.json`, edit it, pass --hardware my-gpu.json "
                   "(or a model's name and --model)."]
@@ -7765,16 +8345,21 @@ def quiet_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    previous = signal.signal(signal.SIGTERM, raise_terminated) \
-        if threading.current_thread() is threading.main_thread() else None
+def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
+    """The command line: one line on stderr for every error, the exit code returned. `program`:
+    the process ends after this, so Ctrl-C and SIGTERM are ignored from then on (never a
+    traceback or a death by the signal after the output is written)."""
+    stops.update(held=False, noted=[])
+    previous = {signum: signal.signal(signum, on_signal) for signum in SIGNAL_CODES} \
+        if threading.current_thread() is threading.main_thread() else {}
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        if stops["noted"]:          # arrived while the output was being written: it is whole
+            first = stops["noted"][0]
+            sys.stderr.write(f"servesim: {SIGNAL_WORDS[first]} after the output was written\n")
+            return SIGNAL_CODES[first]
+        return code
     except UserError as e:
         sys.stderr.write(f"servesim: {e}\n")
         return 2
@@ -7798,9 +8383,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.write(f"servesim: cannot write the output: {e.strerror or e}\n")
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            # Ignored, not left to Python: the interpreter puts its own handlers back to the default
+            # as it exits, so a signal arriving then would kill the process after the output.
+            signal.signal(signum, signal.SIG_IGN if program else handler)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(program=True))

@@ -7,8 +7,8 @@ from helpers import main, run_cli
 class Step9Capacity(unittest.TestCase):
     """The lesson's Step 9 capacity output for Llama 3.1 8B on an L4, figure for figure."""
 
-    def setUp(self):
-        self.code, self.out, self.err = run_cli("capacity", "--hardware", "l4-24gb")
+    def setUp(self):     # the lesson counts max concurrency at 4,096 tokens
+        self.code, self.out, self.err = run_cli("capacity", "--hardware", "l4-24gb", "--max-model-len", "4096")
 
     def line(self, label):
         return next(l for l in self.out.splitlines() if l.startswith(label))
@@ -33,6 +33,37 @@ class Step9Capacity(unittest.TestCase):
     def test_prints_vllms_startup_line_for_the_same_plan(self):
         self.assertIn("GPU KV cache size: 31,056 tokens, Maximum concurrency for 4,096 tokens per request: 7.58x",
                       self.out)
+
+
+class ModelLength(unittest.TestCase):
+    """--max-model-len defaults to the model's own length, as vLLM's does (issue 20 finding 26)."""
+
+    def test_the_default_is_the_models_max_position_embeddings(self):
+        for model, length in (("llama-3.1-8b", 131072), ("qwen3-8b", 40960), ("smollm2-135m-q8_0", 8192)):
+            with self.subTest(model):
+                code, out, err = run_cli("capacity", "--model", model, "--json")
+                self.assertEqual(code, 0, err)
+                self.assertEqual(json.loads(out)["max_model_len"], length)
+
+    def test_a_model_file_without_a_length_keeps_4096(self):
+        import os
+        import tempfile
+        fields = {k: v for k, v in main.preset_fields(main.MODELS["llama-3.1-8b"]).items()
+                  if k != "max_position_embeddings"}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.json")
+            with open(path, "w") as f:
+                json.dump(fields, f)
+            code, out, err = run_cli("capacity", "--model", path, "--json")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["max_model_len"], 4096)
+
+    def test_vllm_would_refuse_to_start_when_one_request_of_that_length_does_not_fit(self):
+        code, out, err = run_cli("capacity", "--hardware", "l4-24gb")
+        self.assertEqual(code, 0, err)
+        self.assertIn("0.24x               at 131,072 tokens per request", out)
+        self.assertIn("vLLM refuses to start: pass --max-model-len 31056 or less", out)
+        self.assertNotIn("vllm would log", out)
 
 
 class CriticalBatch(unittest.TestCase):

@@ -70,6 +70,67 @@ class Rows(unittest.TestCase):
         self.assertEqual(e["symptom"], "compute-bound")
 
 
+class WontHelp(unittest.TestCase):
+    """Every "won't help" of the table holds in servesim's own model: on each row's case, the
+    knob it rules out changes nothing, and what the simulator shows helping is not ruled out
+    (issue 20 finding 25)."""
+
+    def points(self, *sweep):
+        code, out, err = run_cli("sweep", *sweep, "--jobs", 1, "--json")
+        self.assertIn(code, (0, 1), err)
+        return json.loads(out)
+
+    def explained(self, point):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "point.json")
+            with open(path, "w") as f:
+                json.dump(point, f)
+            code, out, err = run_cli("explain", path, "--json")
+        self.assertEqual(code, 0, err)
+        return json.loads(out)[0]
+
+    def test_replicas_help_a_kv_bound_run_so_explain_does_not_rule_them_out(self):
+        # issue 20 finding 25: explain said "a second GPU while prefix caching is off" won't help;
+        # servesim's own sweep -dp 1,2 on that case takes TTFT p50 from 2.5 s to 0.36 s
+        one, two = self.points("--kv-tokens", 20000, "--concurrency", 64, "--requests", 600, "-dp", "1,2")
+        e = self.explained(one)
+        self.assertEqual(e["symptom"], "kv-bound")
+        self.assertGreater(one["median_ttft_ms"], 2 * two["median_ttft_ms"])
+        self.assertNotRegex(e["will_not_help"], r"(?i)GPU|replica|data.parallel")
+
+    def test_prefix_caching_helps_a_compute_bound_run_with_shared_prefixes(self):
+        off, on = self.points("--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", 8192,
+                              "--max-num-seqs", 4, "--prefix-tokens", 500, "--prompt-tokens", 40, "--output-tokens", 64,
+                              "--requests", 16, "--concurrency", 4, "--prefix-caching", "off,on")
+        e = self.explained(off)
+        self.assertEqual(e["symptom"], "compute-bound")
+        self.assertGreater(on["output_throughput"], 2 * off["output_throughput"])
+        self.assertNotIn("prefix caching", e["will_not_help"])
+
+    def test_each_knob_ruled_out_changes_nothing_on_its_row_case(self):
+        cases = [   # symptom, the row's case as a sweep of the knob its "won't help" names
+            ("kv-bound", "--max-num-seqs", ["--hardware", "l4-24gb", "--trace", f"{FIXTURES}/burst.jsonl",
+                                             "--max-num-seqs", "256,512"]),
+            ("sequence-bound", "--gpu-memory-utilization", ["--max-num-seqs", 8, "--concurrency", 32, "--requests", 64,
+                                                            "--gpu-memory-utilization", "0.9,0.95"]),
+            ("token-budget-bound", "--max-num-seqs", ["--max-num-batched-tokens", 2048, "--prompt-tokens", "3000-4000",
+                                                      "--output-tokens", "64-128", "--concurrency", 32, "--requests", 64,
+                                                      "--max-model-len", 8192, "--max-num-seqs", "256,512"]),
+            ("queue-bound", "--max-num-seqs", ["--concurrency", 256, "--requests", 256, "--max-num-seqs", "256,512"]),
+            ("compute-bound", "KV memory", ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--max-num-seqs",
+                                            4, "--prompt-tokens", 40, "--output-tokens", 64, "--requests", 16,
+                                            "--concurrency", 4, "--kv-tokens", "4096,8192"]),
+        ]
+        for symptom, knob, sweep in cases:
+            with self.subTest(symptom):
+                before, after = self.points(*sweep)
+                e = self.explained(before)
+                self.assertEqual(e["symptom"], symptom)
+                self.assertIn(knob, e["will_not_help"])
+                for key in ("median_ttft_ms", "median_tpot_ms", "output_throughput"):
+                    self.assertAlmostEqual(after[key], before[key], delta=0.01 * before[key], msg=key)
+
+
 class Scrapes(unittest.TestCase):
     def explain_text(self, text, *flags):
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:

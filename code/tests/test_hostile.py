@@ -139,7 +139,7 @@ class Transport(Hostile):
         with ServerProcess(ttft=0.05, gap=0.02, tokens=5) as server:
             started = time.monotonic()
             proc = subprocess.Popen(loadgen_cmd(server.url, "--requests", 500, "--concurrency", 2,
-                                                "--max-tokens", 5),
+                                                "--max-tokens", 5, "--no-size-prompts"),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                     env={**os.environ, "OPENAI_API_KEY": ""})
             try:
@@ -507,7 +507,7 @@ class Signals(Hostile):
                          + body)
         with RawServer(on_post, on_get) as server:
             proc = subprocess.Popen(loadgen_cmd(server.url, "--model", "m", "--requests", 200, "--concurrency", 4,
-                                                "--scrape-interval", 0.01),
+                                                "--scrape-interval", 0.01, "--no-size-prompts"),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                     env={**os.environ, "OPENAI_API_KEY": ""})
             out, err, took = signal_when(proc, lambda: len(done) >= 6, 0.1, signal.SIGTERM, timeout=15)

@@ -73,7 +73,7 @@ class Timing(unittest.TestCase):
         monotonic clock, the same in the server (this process) and loadgen (a subprocess)."""
         with FakeServer(paced(ttft=0.1, gap=0.02, tokens=10)) as server:
             code, r, err = loadgen(server, "--concurrency", concurrency, "--requests", concurrency * 2,
-                                   "--max-tokens", 10, "--detailed", own_process=True)
+                                   "--max-tokens", 10, "--detailed", "--no-size-prompts", own_process=True)
             log = server.log
         self.assertEqual(code, 0, err)
         self.assertEqual(r["completed"], concurrency * 2)
@@ -284,7 +284,7 @@ class Requests(unittest.TestCase):
         with FakeServer(paced(tokens=2)) as server:
             loadgen(server, "--requests", 2)
             loadgen(server, "--requests", 2)
-            users = [b["messages"][-1]["content"] for b in server.bodies]
+            users = [b["messages"][-1]["content"] for b in server.bodies if b["max_tokens"] != 1]   # not the probes
         self.assertEqual(len(set(users)), 4)
 
     def test_the_api_key_is_sent_but_never_printed(self):

@@ -110,7 +110,8 @@ class JsonOutput(unittest.TestCase):
         self.assertNotEqual(json.loads(a)["mean_ttft_ms"], json.loads(run_cli(*args, "--seed", "8")[1])["mean_ttft_ms"])
 
     def test_failed_requests_are_reported_and_exit_1(self):
-        code, out, _ = run_cli("simulate", "--requests", "10", "--prompt-tokens", "100-5000", "--json")
+        code, out, _ = run_cli("simulate", "--requests", "10", "--prompt-tokens", "100-5000", "--max-model-len", "4096",
+                               "--json")
         result = json.loads(out)
         self.assertEqual(code, 1)
         self.assertGreater(result["failed"], 0)

@@ -1,0 +1,174 @@
+"""A careless user's first hour, second pass (issue 20): wrong numbers or commands a run gives
+without complaint (a warm-up that drops the wrong requests, a rerun command naming the wrong
+file, a default that fails requests, a label that says requests for conversations), claims of
+explain its own simulator contradicts, and the README's exit codes. Each test runs main.py as a
+user does (bounded.py) and asserts what the user sees."""
+import json
+import os
+import re
+import tempfile
+import unittest
+
+from bounded import jsonl, readme_section, run, write_json
+from hostile_server import FakeServer, paced
+
+WORDS = re.compile(r"\S+")
+
+
+def last_user_words(body):
+    """What a server's tokenizer would count, in words: the last user message."""
+    return len(WORDS.findall(body["messages"][-1]["content"]))
+
+
+class WarmupOnUnsortedTrace(unittest.TestCase):
+    """# issue 20 finding 18: --warmup on an unsorted trace drops the first N lines of the file,
+    not the first N requests sent. Lines: A (sent at 5 s, 100 tokens), B (sent first, at 0 s, 7),
+    C (6 s, 13), D (7 s, 17): --warmup 1 must drop B, so 130 prompt tokens are measured."""
+    ROWS = [{"arrival": 5.0, "prompt_tokens": 100, "output_tokens": 2},
+            {"arrival": 0.0, "prompt_tokens": 7, "output_tokens": 2},
+            {"arrival": 6.0, "prompt_tokens": 13, "output_tokens": 2},
+            {"arrival": 7.0, "prompt_tokens": 17, "output_tokens": 2}]
+
+    def test_simulate_warmup_drops_the_first_request_sent(self):
+        # issue 20 finding 18 (simulate)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = jsonl(os.path.join(tmp, "unsorted.jsonl"), self.ROWS)
+            r = run("simulate", "--trace", trace, "--warmup", 1, "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertEqual(r.json()["total_input_tokens"], 130, "the warm-up dropped a request other than the first sent")
+
+    def test_loadgen_warmup_drops_the_first_request_sent(self):
+        # issue 20 finding 18 (loadgen): the server counts one token a word of the prompt
+        with tempfile.TemporaryDirectory() as tmp, FakeServer(paced(tokens=2, prompt_of=last_user_words)) as server:
+            trace = jsonl(os.path.join(tmp, "unsorted.jsonl"), self.ROWS)
+            r = run("loadgen", "--url", server.url, "--trace", trace, "--time-scale", 0.1, "--warmup", 1,
+                    "--no-size-prompts", "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        report = r.json()
+        self.assertEqual(report["completed"], 3)
+        self.assertEqual(report["total_input_tokens"], 130, "the warm-up dropped a request other than the first sent")
+
+
+class SameNamedHardware(unittest.TestCase):
+    """# issue 20 finding 19: two hardware JSONs with the same name: search's rerun line names the
+    wrong file."""
+
+    def test_the_rerun_command_names_the_file_that_met_the_slo(self):
+        # issue 20 finding 19
+        r = run("presets", "h100-sxm-80gb")
+        fast = dict(json.loads(r.out), name="gpu")
+        slow = dict(fast, bandwidth_gbs=200, tflops=20, price_per_hour=0.5)
+        with tempfile.TemporaryDirectory() as tmp:
+            fast_path = write_json(os.path.join(tmp, "fast.json"), fast)
+            slow_path = write_json(os.path.join(tmp, "slow.json"), slow)
+            args = ("search", "--hardware", f"{fast_path},{slow_path}", "--rate", 2, "--slo", "ttft_p95:500",
+                    "--requests", 40, "--jobs", 1)
+            r = run(*args)
+            self.assertEqual(r.code, 0, r.seen())
+            rerun = [line for line in r.out.splitlines() if line.startswith("rerun it:")]
+            self.assertEqual(len(rerun), 1, r.out)
+            self.assertIn(fast_path, rerun[0], "the rerun names the other file with the same name")
+            r = run(*args, "--json")
+            for item in r.json()["deployments"]:
+                fast_one = item["best"] is not None
+                for probe in item["probes"]:
+                    self.assertIn(fast_path if fast_one else slow_path, probe["rerun"])
+
+
+class PresetMistakes(unittest.TestCase):
+    """# issue 20 finding 24: MiB typed as GiB is accepted; --model a,b says "unknown model"."""
+
+    def test_memory_gib_24000_is_refused_with_a_hint(self):
+        # issue 20 finding 24
+        r = run("presets", "l4-24gb")
+        hw = dict(json.loads(r.out), name="my-l4", memory_gib=24000)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "l4.json"), hw)
+            r = run("capacity", "--hardware", path)
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertEqual(len(r.lines()), 1, r.err)
+        self.assertIn("memory_gib", r.lines()[0])
+        self.assertRegex(r.lines()[0], r"(?i)MiB|GiB")
+
+    def test_a_list_of_models_says_lists_are_for_search(self):
+        # issue 20 finding 24: --model a,b
+        for argv in (("simulate", "--requests", 5), ("sweep", "--requests", 5), ("capacity",)):
+            with self.subTest(command=argv[0]):
+                r = run(*argv, "--model", "llama-3.1-8b,qwen3-8b")
+                self.assertEqual(r.code, 2, r.seen())
+                self.assertEqual(len(r.lines()), 1, r.err)
+                self.assertRegex(r.lines()[0], r"(?i)\b(lists?|search|sweep|one model)\b")
+
+
+class FirstHour(unittest.TestCase):
+    """# issue 20 finding 26: defaults and labels a new user trips over."""
+
+    def test_max_model_len_defaults_to_the_models_own_length(self):
+        # issue 20 finding 26: a 5-turn run fails requests at the 4,096 default (llama-3.1-8b: 131,072)
+        r = run("simulate", "--turns", 5, "--prompt-tokens", 1000, "--output-tokens", 200, "--requests", 50,
+                "--rate", 1.5, "--json")
+        self.assertNotIn("Traceback", r.err)
+        report = r.json()
+        self.assertEqual(report["failed"], 0, report.get("first_error_by_kind"))
+        self.assertEqual(r.code, 0, r.seen())
+
+    def test_turns_with_a_rate_labels_it_conversations_a_second(self):
+        # issue 20 finding 26: "poisson 1.5 req/s" where 1.5 is conversations per second
+        r = run("simulate", "--turns", 5, "--prompt-tokens", 100, "--output-tokens", 20, "--requests", 50,
+                "--rate", 1.5)
+        title = r.out.splitlines()[0]
+        self.assertNotRegex(title, r"\b1\.5 req/s", "the conversation rate is labelled as a request rate")
+        self.assertRegex(title, r"(?i)1\.5 conversations?")
+
+    def test_evictions_beside_a_low_kv_peak_are_explained(self):
+        # issue 20 finding 26: "evictions 12,748" beside a 42 % KV peak needs its one-line explanation
+        r = run("simulate", "--prefix-caching", "on", "--requests", 1000, "--concurrency", 32)
+        self.assertEqual(r.code, 0, r.seen())
+        steps = next(l for l in r.out.splitlines() if l.startswith("steps"))
+        evictions = int(re.search(r"evictions ([\d,]+)", steps).group(1).replace(",", ""))
+        self.assertGreater(evictions, 0, "the case no longer evicts; pick another")
+        explained = [l for l in r.out.splitlines() if re.search(r"(?i)evict", l) and not l.startswith("steps")]
+        self.assertTrue(explained or re.search(r"evictions [\d,]+ \(", steps),
+                        f"no explanation of {evictions:,} evictions beside the KV peak:\n{r.out}")
+
+    def test_presets_show_where_each_price_comes_from(self):
+        # issue 20 finding 26: preset prices mix providers with the provider only in source comments
+        r = run("presets")
+        self.assertEqual(r.code, 0, r.seen())
+        for provider in ("Lambda", "Crusoe", "AWS", "RunPod", "Hyperstack"):
+            self.assertIn(provider, r.out, f"presets does not say which prices are {provider}'s")
+
+
+class ReadmeExitCodes(unittest.TestCase):
+    """# issue 20 finding 27: the README's exit-code section and the code disagree."""
+
+    def test_sweep_compare_exit_code_matches_the_readme(self):
+        # issue 20 finding 27: `sweep --compare static,slots,paged` exits 1
+        # 16 slots of 1,024 tokens: the slots mode fails the requests longer than a slot
+        r = run("sweep", "--compare", "static,slots,paged", "--kv-tokens", 16384, "--max-num-seqs", 16,
+                "--requests", 100, "--jobs", 1, "--json", timeout=120)
+        self.assertNotIn("Traceback", r.err)
+        section = readme_section()
+        if r.code == 1:
+            self.assertIn("--compare", section,
+                          f"sweep --compare exits 1 ({r.lines()}) but the exit-code section says sweep exits 1 "
+                          f"when no point fits, and does not mention --compare")
+        else:
+            self.assertEqual(r.code, 0, r.seen())
+
+    def test_plot_into_a_missing_directory_exit_code_matches_the_readme(self):
+        # issue 20 finding 27: a missing --plot directory exits 2 where pictures are listed under 1
+        r = run("simulate", "--requests", 5, "--plot", "/nonexistent-dir-issue20/x.svg")
+        self.assertNotIn("Traceback", r.err)
+        section = readme_section()
+        pictures = next(p for p in section.split("\n- ") if "--plot" in p)
+        if r.code == 2:
+            self.assertRegex(pictures, r"(?s)(director|missing).*\b2\b|\b2\b.*(director|missing)",
+                             f"--plot into a missing directory exits 2, but the README says: {pictures!r}")
+        else:
+            self.assertEqual(r.code, 1, r.seen())
+            self.assertIn("throughput", r.out, "exit 1 should keep the report (the picture is written after it)")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,491 @@
+"""Files a careless or hostile user hands servesim, second pass (issue 20): every reader validates
+as strictly as the others -- one line on stderr naming the file and the field, exit 2, never a
+traceback, a spin or a silently wrong number -- and every file servesim writes goes where it was
+asked, never through a planted link and never over an input. Hand-built files in a temporary
+directory, read through the CLI as a user runs it (bounded.py)."""
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+from bounded import FIXTURES, VLLM_RUN, jsonl, run, write, write_json
+
+PRESETS = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm-80gb")
+
+
+def request_rows(n=6):
+    """vLLM per-request stats, as published runs record them (seconds on the engine's clock)."""
+    rows = []
+    for i in range(n):
+        queued = 100.0 + 0.5 * i
+        rows.append({"request_id": f"r-{i}", "input_toks": 200 + 10 * i, "output_toks": 20, "queued_ts": queued,
+                     "first_token_ts": queued + 0.05, "last_token_ts": queued + 0.5})
+    return rows
+
+
+def detailed_report(n=2, **extra):
+    """A loadgen --detailed report, by hand: the per-request arrays (seconds) and the config merge reads."""
+    report = {"completed": n, "failed": 0, "input_lens": [100 + i for i in range(n)], "output_lens": [5] * n,
+              "ttfts": [0.05] * n, "itls": [[0.01] * 4 for _ in range(n)], "start_times": [10.0 + 0.5 * i for i in range(n)],
+              "errors": [""] * n,
+              "config": {"run_id": "abc123", "started_unix": 1.7e9, "started_perf": 10.0}}
+    report.update(extra)
+    return report
+
+
+class Checks(unittest.TestCase):
+    def assert_one_line(self, r, code=2, mentions=()):
+        """exit `code`, one line on stderr naming each of `mentions`, no traceback, nothing half printed."""
+        self.assertNotIn("Traceback", r.err, r.seen())
+        self.assertEqual(r.code, code, r.seen())
+        self.assertEqual(len(r.lines()), 1, r.seen())
+        for word in mentions:
+            self.assertIn(word.lower(), r.lines()[0].lower(), f"the line does not name {word!r}: {r.lines()[0]}")
+        if code == 2:
+            self.assertEqual(r.out, "", "bad input printed output")
+
+
+class CompareTimelineAfterTheReport(Checks):
+    """# issue 20 finding 21: compare --timeline /dev/full writes the timeline before the report."""
+
+    @unittest.skipUnless(os.path.exists("/dev/full"), "no /dev/full")
+    def test_compare_timeline_to_a_full_disk_still_prints_the_comparison(self):
+        # issue 20 finding 21
+        r = run("compare", VLLM_RUN, "--timeline", "/dev/full", timeout=60)
+        self.assertNotIn("Traceback", r.err)
+        self.assertIn("measured", r.out, f"the comparison was lost: {r.seen()}")
+        self.assertIn("ttft p50 ms", r.out)
+        self.assertEqual(r.code, 1, r.seen())
+        self.assertEqual(len([l for l in r.lines() if not l.startswith("servesim: --num-gpu-blocks")]), 1, r.err)
+
+
+class Writes(Checks):
+    """# issue 20 finding 3: writes follow a planted symlink; an output path may be an input."""
+
+    def test_a_planted_partial_symlink_does_not_redirect_the_plot(self):
+        # issue 20 finding 3: write_file opens a fixed <path>.partial
+        with tempfile.TemporaryDirectory() as tmp:
+            victim = os.path.join(tmp, "victim.txt")
+            with open(victim, "w") as f:
+                f.write("precious\n")
+            target = os.path.join(tmp, "out.svg")
+            os.symlink(victim, target + ".partial")
+            r = run("simulate", "--requests", 5, "--plot", target)
+            self.assertNotIn("Traceback", r.err)
+            with open(victim) as f:
+                self.assertEqual(f.read(), "precious\n", "the write followed the planted symlink into another file")
+            self.assertEqual(r.code, 0, r.err)
+            self.assertTrue(os.path.isfile(target) and not os.path.islink(target))
+
+    def test_a_planted_partial_symlink_does_not_redirect_calibrate_out(self):
+        # issue 20 finding 3: the same for calibrate --out (the other write_file user)
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = ["--model", "smollm2-135m-q8_0", "--hardware", "cpu-4vcpu", "--kv-tokens", "4096",
+                     "--max-num-seqs", "4", "--output-tokens", "64", "--requests", "8", "--prompt-tokens", "40",
+                     "--json"]
+            reports = []
+            for clients in (1, 4):
+                r = run("simulate", *shape, "--concurrency", clients)
+                self.assertEqual(r.code, 0, r.err)
+                reports.append(os.path.join(tmp, f"c{clients}.json"))
+                with open(reports[-1], "w") as f:
+                    f.write(r.out)
+            victim = os.path.join(tmp, "victim.txt")
+            with open(victim, "w") as f:
+                f.write("precious\n")
+            target = os.path.join(tmp, "fitted.json")
+            os.symlink(victim, target + ".partial")
+            r = run("calibrate", *reports, "--out", target)
+            with open(victim) as f:
+                self.assertEqual(f.read(), "precious\n", "calibrate --out followed the planted symlink")
+
+    def test_plot_equal_to_the_trace_is_refused_and_the_trace_kept(self):
+        # issue 20 finding 3: --plot equal to --trace overwrites the input
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = os.path.join(tmp, "t.jsonl")
+            text = "".join(json.dumps({"arrival": i * 0.1, "prompt_tokens": 50, "output_tokens": 5}) + "\n"
+                           for i in range(5))
+            for flag in ("--plot", "--timeline"):
+                with self.subTest(flag=flag):
+                    with open(trace, "w") as f:
+                        f.write(text)
+                    r = run("simulate", "--trace", trace, flag, trace)
+                    with open(trace) as f:
+                        self.assertEqual(f.read(), text, f"{flag} overwrote the trace it read")
+                    self.assertEqual(r.code, 2, r.err)
+                    self.assertEqual(len(r.lines()), 1, r.err)
+                    self.assertIn(flag, r.lines()[0])
+
+    def test_a_write_leaves_no_temporary_file_beside_it(self):
+        # issue 20 finding 3: the random-named temporary file is renamed over the target, or removed
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("a.svg", "b.svg"):
+                r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, name), "--timeline",
+                        os.path.join(tmp, name.replace("svg", "csv")))
+                self.assertEqual(r.code, 0, r.seen())
+            self.assertEqual(sorted(os.listdir(tmp)), ["a.csv", "a.svg", "b.csv", "b.svg"])
+
+    def test_compare_timeline_equal_to_its_run_is_refused(self):
+        # issue 20 finding 3: the same rule for compare (its --timeline onto the requests.jsonl it reads)
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = os.path.join(tmp, "run")
+            os.mkdir(run_dir)
+            source = os.path.join(FIXTURES, "published-runs", "llmservingsim", "rtx4090-llama-3.1-8b")
+            for name in ("meta.json", "requests.jsonl"):
+                with open(os.path.join(source, name)) as f, open(os.path.join(run_dir, name), "w") as g:
+                    g.write(f.read())
+            requests = os.path.join(run_dir, "requests.jsonl")
+            with open(requests) as f:
+                before = f.read()
+            r = run("compare", requests, "--timeline", requests, timeout=60)
+            with open(requests) as f:
+                self.assertEqual(f.read(), before, "compare --timeline overwrote the run it read")
+            self.assertEqual(r.code, 2, r.err)
+
+
+
+class RequestLog(Checks):
+    """# issue 20 finding 6: read_request_log (compare on a requests.jsonl) is not validated."""
+
+    def compare(self, rows, tmp):
+        path = jsonl(os.path.join(tmp, "requests.jsonl"), rows)
+        return run("compare", path, *PRESETS, timeout=30)
+
+    def edited(self, index, **changes):
+        rows = request_rows()
+        rows[index] = {**rows[index], **changes}
+        return rows
+
+    def test_queued_ts_nan_is_one_line_exit_2_not_a_spin(self):
+        # issue 20 finding 6: "queued_ts": NaN spins forever
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [json.dumps(r) for r in request_rows()]
+            rows[2] = rows[2].replace('"queued_ts": 101.0', '"queued_ts": NaN')
+            self.assertIn("NaN", rows[2])
+            self.assert_one_line(self.compare(rows, tmp), mentions=["line 3", "queued_ts"])
+
+    def test_queued_ts_infinity_is_one_line_exit_2(self):
+        # issue 20 finding 6: Infinity prints -inf
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [json.dumps(r) for r in request_rows()]
+            rows[2] = rows[2].replace('"queued_ts": 101.0', '"queued_ts": Infinity')
+            self.assert_one_line(self.compare(rows, tmp), mentions=["line 3", "queued_ts"])
+
+    def test_a_row_at_1e12_seconds_is_one_line_exit_2_not_a_memory_error(self):
+        # issue 20 finding 6: a row at 1e12 -> MemoryError
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = self.edited(2, queued_ts=1e12, first_token_ts=1e12 + 0.05, last_token_ts=1e12 + 0.5)
+            r = self.compare(rows, tmp)
+            self.assert_one_line(r)
+            self.assertLess(r.peak_mb, 300)
+
+    def test_first_token_before_queued_is_refused_not_a_negative_ttft(self):
+        # issue 20 finding 6: first_token_ts before queued_ts -> negative TTFT with exit 0
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = self.edited(2, first_token_ts=100.0 - 5, last_token_ts=101.5)
+            self.assert_one_line(self.compare(rows, tmp), mentions=["line 3"])
+
+    def test_input_toks_1e400_is_one_line_exit_2(self):
+        # issue 20 finding 6: input_toks 1e400 -> traceback
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = [json.dumps(r) for r in request_rows()]
+            rows[2] = rows[2].replace('"input_toks": 220', '"input_toks": 1e400')
+            self.assertIn("1e400", rows[2])
+            self.assert_one_line(self.compare(rows, tmp), mentions=["line 3", "input_toks"])
+
+
+class OtherReaders(Checks):
+    """# issue 20 finding 14: other readers that traceback."""
+
+    def test_config_a_string_in_a_detailed_report(self):
+        # issue 20 finding 14: "config": "x" in a bench/loadgen report (compare, merge, --trace)
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = write_json(os.path.join(tmp, "bad.json"), detailed_report(config="x"))
+            other = write_json(os.path.join(tmp, "other.json"), detailed_report())
+            for argv in (["compare", bad, *PRESETS], ["merge", other, bad], ["simulate", "--trace", bad]):
+                with self.subTest(command=argv[0]):
+                    self.assert_one_line(run(*argv), mentions=["config"])
+
+    def test_a_bench_result_with_empty_arrays(self):
+        # issue 20 finding 14: a bench result with empty arrays
+        empty = {"input_lens": [], "output_lens": [], "ttfts": [], "itls": [], "start_times": [], "errors": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "empty.json"), empty)
+            for argv in (["compare", path, *PRESETS], ["merge", path], ["simulate", "--trace", path]):
+                with self.subTest(command=argv[0]):
+                    self.assert_one_line(run(*argv), mentions=["empty.json"])
+
+    def test_a_csv_field_over_128_kib(self):
+        # issue 20 finding 14: a CSV field over 128 KiB (Azure, BurstGPT, timeseries.csv)
+        big = '"' + "x" * (200 * 1024) + '"'
+        with tempfile.TemporaryDirectory() as tmp:
+            azure = write(os.path.join(tmp, "azure.csv"),
+                          "TIMESTAMP,ContextTokens,GeneratedTokens,Note\n"
+                          "2023-11-16 18:17:03.9799600,100,10,ok\n"
+                          f"2023-11-16 18:17:04.9799600,100,10,{big}\n")
+            burst = write(os.path.join(tmp, "burst.csv"),
+                          "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                          "0,ChatGPT,100,10,110,Conversation log\n"
+                          f"1,{big},100,10,110,Conversation log\n")
+            for name, path in (("azure", azure), ("burstgpt", burst)):
+                with self.subTest(trace=name):
+                    self.assert_one_line(run("simulate", "--trace", path), mentions=[os.path.basename(path)])
+            run_dir = os.path.join(tmp, "run")
+            os.mkdir(run_dir)
+            jsonl(os.path.join(run_dir, "requests.jsonl"), request_rows())
+            write(os.path.join(run_dir, "timeseries.csv"),
+                  "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct,note\n"
+                  f"1.0,100.0,10.0,1,0,1.0,{big}\n")
+            with self.subTest(file="timeseries.csv"):
+                self.assert_one_line(run("compare", run_dir, *PRESETS), mentions=["timeseries"])
+
+    def test_an_azure_header_with_timestamp_not_first_and_a_short_row(self):
+        # issue 20 finding 14: TIMESTAMP not first and a short row
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(os.path.join(tmp, "azure.csv"),
+                         "ContextTokens,GeneratedTokens,TIMESTAMP\n"
+                         "100,10,2023-11-16 18:17:03.9799600\n"
+                         "100,10\n")
+            self.assert_one_line(run("simulate", "--trace", path), mentions=["azure.csv", "line 3"])
+
+    def explain(self, tmp, name, text):
+        path = write(os.path.join(tmp, name), text)
+        return run("explain", path)
+
+    def assert_explained_or_refused(self, r, name):
+        """No traceback; either an explanation (exit 0) or one line naming the file (exit 2)."""
+        self.assertNotIn("Traceback", r.err, r.seen())
+        self.assertIn(r.code, (0, 2), r.seen())
+        if r.code == 2:
+            self.assert_one_line(r, mentions=[name])
+
+    def test_explain_a_vllm_scrape_with_prefix_cache_queries_but_no_hits(self):
+        # issue 20 finding 14
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self.explain(tmp, "scrape.txt", "vllm:num_requests_running 4\nvllm:num_requests_waiting 2\n"
+                                                "vllm:prefix_cache_queries_total 1000\n")
+            self.assert_explained_or_refused(r, "scrape.txt")
+
+    def test_explain_a_vllm_scrape_with_a_histogram_count_but_no_sum(self):
+        # issue 20 finding 14: `_count` without `_sum`
+        with tempfile.TemporaryDirectory() as tmp:
+            r = self.explain(tmp, "scrape.txt", "vllm:num_requests_running 4\nvllm:num_requests_waiting 2\n"
+                                                "vllm:time_to_first_token_seconds_count 10\n")
+            self.assert_explained_or_refused(r, "scrape.txt")
+
+    def test_explain_a_report_missing_total_input_tokens(self):
+        # issue 20 finding 14
+        r = run("simulate", "--requests", 10, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        report = r.json()
+        del report["total_input_tokens"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "report.json"), report)
+            self.assert_explained_or_refused(run("explain", path), "report.json")
+
+
+class MetaJson(Checks):
+    """# issue 20 finding 15: compare's meta.json values are not validated ("same ranges as the flags")."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(VLLM_RUN, "meta.json")) as f:
+            meta = json.load(f)
+        cls.meta = {k: meta[k] for k in ("model", "engine_kwargs", "kv_cache", "hardware")}
+        with open(os.path.join(VLLM_RUN, "requests.jsonl")) as f:
+            cls.requests = f.readlines()[:40]
+
+    def compare(self, edit):
+        meta = copy.deepcopy(self.meta)
+        edit(meta)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "requests.jsonl"), "w") as f:
+                f.writelines(self.requests)
+            write_json(os.path.join(tmp, "meta.json"), meta)
+            return run("compare", tmp, timeout=30)
+
+    def test_the_unedited_meta_json_compares(self):
+        # the baseline the cases below edit one field of
+        r = self.compare(lambda meta: None)
+        self.assertEqual(r.code, 0, r.seen())
+
+    def test_each_bad_meta_value_is_one_line_exit_2_naming_the_field(self):
+        # issue 20 finding 15
+        def engine(key, value):
+            return lambda meta: meta["engine_kwargs"].__setitem__(key, value)
+
+        def kv(key, value):
+            return lambda meta: meta["kv_cache"].__setitem__(key, value)
+        cases = [   # (what, the field the line must name, the edit)
+            ("max_num_seqs \"abc\"", "max_num_seqs", engine("max_num_seqs", "abc")),
+            ("num_gpu_blocks \"2588\"", "num_gpu_blocks", kv("num_gpu_blocks", "2588")),
+            ("block_size 0", "block_size", kv("block_size", 0)),
+            ("tensor_parallel_size 0", "tensor_parallel_size", engine("tensor_parallel_size", 0)),
+            ("engine_kwargs a list", "engine_kwargs", lambda meta: meta.__setitem__("engine_kwargs", [1, 2])),
+            ("data_parallel_size 20000 (the flag caps 1024)", "data_parallel_size",
+             engine("data_parallel_size", 20000)),
+            ("max_num_seqs 0", "max_num_seqs", engine("max_num_seqs", 0)),
+            ("gpu_memory_utilization 5", "gpu_memory_utilization", kv("gpu_memory_utilization", 5)),
+        ]
+        for what, field, edit in cases:
+            with self.subTest(what):
+                self.assert_one_line(self.compare(edit), mentions=[field])
+
+    def test_enable_prefix_caching_the_string_false_does_not_turn_caching_on(self):
+        # issue 20 finding 15: enable_prefix_caching "false" turns caching on
+        r = self.compare(lambda meta: meta["kv_cache"].__setitem__("enable_prefix_caching", "false"))
+        self.assertNotIn("Traceback", r.err, r.seen())
+        if r.code == 2:
+            self.assert_one_line(r, mentions=["enable_prefix_caching"])
+        else:
+            self.assertEqual(r.code, 0, r.seen())
+            title = r.out.splitlines()[0]
+            self.assertNotIn("prefix caching", title, "the string \"false\" turned prefix caching on")
+
+
+class ModelShape(Checks):
+    """# issue 20 finding 16: a model whose embeddings exceed its parameters passes every check."""
+    MODEL = {"name": "weird", "params": 1e9, "layers": 32, "kv_heads": 8, "head_dim": 128, "hidden_size": 4096,
+             "heads": 32, "vocab_size": 10_000_000}
+
+    def test_embeddings_larger_than_params_are_refused(self):
+        # issue 20 finding 16: vocab_size 10,000,000 x hidden_size 4096 > params 1e9
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "model.json"), self.MODEL)
+            for argv in (["capacity", "--model", path], ["capacity", "--model", path, "--cost-model", "kernels"],
+                         ["simulate", "--model", path, "--requests", 5, "--cost-model", "kernels"]):
+                with self.subTest(argv=argv[0:1] + argv[3:]):
+                    r = run(*argv)
+                    self.assertNotRegex(r.out, r"decode step\s+-|ttft ms\s+-\d", "a negative time was printed")
+                    self.assert_one_line(r, mentions=["model.json"])
+                    self.assertRegex(r.lines()[0], r"vocab_size|params|hidden_size")
+
+
+class TracesReadALineAtATime(Checks):
+    """issue 20 finding 9: a trace is read a line at a time; one given as a pipe (read once) still
+    reads whole, in every format."""
+
+    def test_a_trace_through_a_pipe_reads_every_row(self):
+        for name in ("burst.jsonl", "traces/azure_conv_2023_300.csv", "traces/mooncake_synthetic_300.jsonl"):
+            with self.subTest(name):
+                path = os.path.join(FIXTURES, name)
+                direct = run("simulate", "--trace", path, "--requests", 40, "--max-model-len", 200000, "--json")
+                piped = run("simulate", "--trace", "/dev/stdin", "--requests", 40, "--max-model-len", 200000,
+                            "--json", prefix=["bash", "-c", f'cat {path} | "$0" "$@"', sys.executable])
+                self.assertEqual(direct.code, 0, direct.seen())
+                self.assertEqual(piped.code, 0, piped.seen())
+                self.assertEqual(piped.json()["total_input_tokens"], direct.json()["total_input_tokens"])
+
+    def test_a_bad_line_past_the_requests_read_is_not_read(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = ['{"arrival": %d, "prompt_tokens": 10, "output_tokens": 5}' % i for i in range(5)] + ["not json"]
+            path = jsonl(os.path.join(tmp, "t.jsonl"), rows)
+            self.assertEqual(run("simulate", "--trace", path, "--requests", 5).code, 0)
+            self.assert_one_line(run("simulate", "--trace", path, "--requests", 6), mentions=["line 6"])
+
+
+class PresetShapes(unittest.TestCase):
+    def test_every_preset_model_holds_its_shape(self):
+        # issue 20 finding 16: the check refuses no preset (each config.json's shape is in its params)
+        from helpers import main
+        for model in main.MODELS.values():
+            with self.subTest(model.name):
+                self.assertLess(main.shape_params(model), model.compute_params)
+
+
+class Merge(Checks):
+    """# issue 20 finding 17: merge accepts absurd start clocks and the same run twice."""
+
+    def test_started_unix_out_of_range_is_refused(self):
+        # issue 20 finding 17: started_unix 1e15 or +-1e300 (precision turns TTFT p50 into 0.0)
+        for value in (1e15, 1e300, -1e300):
+            with self.subTest(started_unix=value), tempfile.TemporaryDirectory() as tmp:
+                a = write_json(os.path.join(tmp, "a.json"), detailed_report())
+                report = detailed_report()
+                report["config"] = {"run_id": "def456", "started_unix": value, "started_perf": 10.0}
+                b = write_json(os.path.join(tmp, "b.json"), report)
+                self.assert_one_line(run("merge", a, b), mentions=["b.json", "started_unix"])
+
+    def test_two_copies_of_one_vllm_bench_file_are_refused(self):
+        # issue 20 finding 17: two copies of one vllm-bench file merge silently (4 requests from 2)
+        bench = detailed_report()
+        del bench["config"]                       # vllm bench results carry no wall-clock start
+        with tempfile.TemporaryDirectory() as tmp:
+            a = write_json(os.path.join(tmp, "bench.json"), bench)
+            b = os.path.join(tmp, "bench-copy.json")
+            shutil.copy(a, b)
+            r = run("merge", a, b)
+            self.assert_one_line(r, mentions=["bench-copy.json"])
+
+
+class MoreReaders(Checks):
+    """Found while writing the tests above; not in issue 20's list (same family as findings 6, 14)."""
+
+    def test_timeseries_csv_with_nan_or_inf_is_refused_not_printed_as_nan(self):
+        # new (issue 20 follow-up N1): timeseries.csv accepts nan/inf (float() reads them), and
+        # compare prints "mean running nan +nan%" and "peak kv use % inf -100.0%" with exit 0
+        with tempfile.TemporaryDirectory() as tmp:
+            run_dir = os.path.join(tmp, "run")
+            os.mkdir(run_dir)
+            jsonl(os.path.join(run_dir, "requests.jsonl"), request_rows())
+            write(os.path.join(run_dir, "timeseries.csv"),
+                  "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+                  "1.0,nan,inf,nan,-inf,1e999\n2.0,1,1,1,1,1\n")
+            r = run("compare", run_dir, *PRESETS)
+            self.assertNotRegex(r.out, r"(?i)\b(nan|inf)\b", f"nan or inf printed: {r.seen()}")
+            self.assert_one_line(r, mentions=["timeseries"])
+
+    def test_explain_a_loadgen_report_with_edited_timings_or_server_figures(self):
+        # new (issue 20 follow-up N2): explain tracebacks (KeyError, TypeError, ValueError) on a
+        # hand-edited loadgen report: timings percentiles missing or not numbers, server peaks not numbers
+        with open(os.path.join(FIXTURES, "llamacpp-c8.json")) as f:
+            report = json.load(f)
+        cases = {"timings.prompt_ms without p50": dict(report, timings={"prompt_ms": {}, "ttft_minus_prompt_ms": {}}),
+                 "timings.prompt_ms.p50 a string": dict(report, timings={"prompt_ms": {"p50": "x"},
+                                                                         "ttft_minus_prompt_ms": {"p50": 5}}),
+                 "timings without ttft_minus_prompt_ms": dict(report, timings={"prompt_ms": {"p50": 5}}),
+                 "server peak a string": dict(report, server=dict(report["server"], peak_requests_processing="x")),
+                 "server peak a list": dict(report, server=dict(report["server"], server="vllm", peak_running=[1]))}
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, edited in cases.items():
+                with self.subTest(name):
+                    path = write_json(os.path.join(tmp, "report.json"), edited)
+                    r = run("explain", path)
+                    self.assertNotIn("Traceback", r.err, r.seen())
+                    self.assertIn(r.code, (0, 2), r.seen())
+                    if r.code == 2:
+                        self.assert_one_line(r, mentions=["report.json"])
+
+    def test_explain_a_simulate_report_with_a_partial_engine_section(self):
+        # new (issue 20 follow-up N3): explain on a simulate report whose engine lacks peak_waiting
+        r = run("simulate", "--requests", 10, "--json")
+        report = r.json()
+        report["engine"] = {"peak_running": 1}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "report.json"), report)
+            r = run("explain", path)
+        self.assertNotIn("Traceback", r.err, r.seen())
+        self.assertIn(r.code, (0, 2), r.seen())
+        if r.code == 2:
+            self.assert_one_line(r, mentions=["report.json"])
+
+    def test_calibrate_a_report_whose_config_model_is_not_a_string(self):
+        # new (issue 20 follow-up N4): calibrate tracebacks (TypeError: unhashable type) when a
+        # report's config.model is a list or an object
+        shape = ["--model", "smollm2-135m-q8_0", "--hardware", "cpu-4vcpu", "--kv-tokens", "4096", "--max-num-seqs",
+                 "4", "--output-tokens", "64", "--requests", "8", "--prompt-tokens", "40", "--json"]
+        reports = {c: run("simulate", *shape, "--concurrency", c).json() for c in (1, 4)}
+        with tempfile.TemporaryDirectory() as tmp:
+            c4 = write_json(os.path.join(tmp, "c4.json"), reports[4])
+            for value in (["x"], {"a": 1}):
+                with self.subTest(model=value):
+                    c1 = write_json(os.path.join(tmp, "c1.json"),
+                                    dict(reports[1], config=dict(reports[1]["config"], model=value)))
+                    self.assert_one_line(run("calibrate", c1, c4), mentions=["c1.json"])
+
+
+if __name__ == "__main__":
+    unittest.main()
