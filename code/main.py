@@ -5997,16 +5997,20 @@ def replay_all(runs: list[PublishedRun], cost_model: str, scales: list, jobs: in
             if progress:
                 progress(f"{len(results)} of {len(tasks)} runs replayed ({results[-1]['name']})")
         return results
-    pool = multiprocessing.Pool(min(jobs, len(tasks)), initializer=quiet_worker)
+    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(tasks)), initializer=quiet_worker)
     try:
-        for result in pool.imap(call, tasks):
+        for result in pool.map(call, tasks):
             results.append(result)
             if progress:
                 progress(f"{len(results)} of {len(tasks)} runs replayed ({result['name']})")
-        pool.close()
+    except concurrent.futures.BrokenExecutor:
+        raise WorkerDied(f"a worker process died (killed, perhaps by the out-of-memory killer) after "
+                         f"{len(results):,} of {len(tasks):,} runs were replayed") from None
     finally:
-        pool.terminate()
-        pool.join()
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
     return results
 
 

@@ -60,6 +60,7 @@ class LeaveOneSourceOut(unittest.TestCase):
             write_corpus(os.path.join(tmp, "two"), runs)
             one = main.validate(os.path.join(tmp, "one"), "kernels")
             two = main.validate(os.path.join(tmp, "two"), "kernels")
+            self.assertEqual(main.validate(os.path.join(tmp, "one"), "kernels", jobs=2), one)    # processes change nothing
         scored = {r["name"]: r for r in one["runs"]}
         self.assertEqual(scored["a1"]["kernel_scale"], one["kernel_scale"]["left_out"]["a"])
         self.assertEqual(one["kernel_scale"]["left_out"]["a"], two["kernel_scale"]["left_out"]["a"])
