@@ -8018,7 +8018,7 @@ def compare_mode(text: str) -> str:
 
 
 def cmd_validate(args) -> int:
-    report = validate(args.corpus, args.cost_model, args.jobs, Progress("validate"))
+    report = validate(args.corpus, args.cost_model or DEFAULT_COST_MODEL, args.jobs, Progress("validate"))
     if args.json:
         write_json(report)
     else:
