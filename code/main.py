@@ -2379,6 +2379,7 @@ class Trace:
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
 DEFAULT_MODEL_LEN = 4096             # --max-model-len for a model file that gives no length
 MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
+MAX_TIMELINE_S = 200_000              # a timeline's rows, one a simulated second: 2.3 days, some 80 MB
 DEFAULT_CLIENTS = 32
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
 
@@ -2666,6 +2667,10 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
     if spec.think_time and spec.turns == 1:
         raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
+    if (spec.turns - 1) * spec.think_time > MAX_ARRIVAL_S:
+        raise UserError(f"--turns {spec.turns} with --think-time {spec.think_time:g} s is "
+                        f"{(spec.turns - 1) * spec.think_time / 86400:,.0f} days of thinking in one conversation; "
+                        f"servesim simulates up to a year")
     if spec.num_prefixes > 1 and not spec.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     if spec.ramp_up:
@@ -2955,6 +2960,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if isinstance(decode.scheduler, SpeculativeScheduler):
         result["speculative"] = decode.scheduler.report()
     if timeline:
+        if result["duration"] > MAX_TIMELINE_S:      # a row a second: refuse before building them
+            raise UserError(f"--timeline and --plot keep one row per simulated second, and this run spans "
+                            f"{result['duration'] / 86400:,.1f} days, more than {MAX_TIMELINE_S / 86400:,.1f}: "
+                            f"drop them, or shorten the run")
         result["timeline"] = timeline_rows([e.timeline for e in replicas], done, result["duration"])
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
@@ -3592,7 +3601,7 @@ def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str]
 
 
 SEARCH_EXCLUDED = ("kv_link_gbs", "compare", "rate", "concurrency")
-MAX_DEPLOYMENTS = 100_000
+MAX_DEPLOYMENTS = 1_000     # each is several whole simulations, and every probe is kept for the report
 
 
 def search_grid(given: dict) -> tuple[list[str], list[dict]]:
@@ -3600,10 +3609,11 @@ def search_grid(given: dict) -> tuple[list[str], list[dict]]:
     if len(given.get("kv_link_gbs") or []) > 1:
         raise UserError("search tries deployments; --kv-link-gbs takes one value here (sweep it instead)")
     axes = [axis for axis in AXES if axis not in SEARCH_EXCLUDED and len(given.get(axis) or []) > 1]
-    points = [dict(zip(axes, combination)) for combination in itertools.product(*(given[a] for a in axes))]
-    if len(points) > MAX_DEPLOYMENTS:
-        raise UserError(f"search grid of {len(points):,} deployments; narrow the lists to at most {MAX_DEPLOYMENTS:,}")
-    return axes, points
+    count = math.prod(len(given[a]) for a in axes)
+    if count > MAX_DEPLOYMENTS:
+        raise UserError(f"a search of {count:,} deployments ({' x '.join(f'{len(given[a]):,}' for a in axes)} values); "
+                        f"search tries at most {MAX_DEPLOYMENTS:,}, each several whole simulations: shorten the lists")
+    return axes, [dict(zip(axes, combination)) for combination in itertools.product(*(given[a] for a in axes))]
 
 
 def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
@@ -6095,9 +6105,9 @@ def confirm_check(url: str, spec: RunSpec) -> None:
     """search --confirm sends what the search simulated; refuse what loadgen cannot send, before
     searching."""
     try:
-        split_url(url)
+        Http(url, 1.0, os.environ.get("OPENAI_API_KEY"))       # the URL and the key, as loadgen will take them
     except UserError as e:
-        raise UserError(str(e).replace("--url", "--confirm")) from None
+        raise UserError(str(e).replace("--api-key", "OPENAI_API_KEY").replace("--url", "--confirm")) from None
     if spec.trace:
         raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
     if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
@@ -7856,8 +7866,12 @@ def cmd_search(args) -> int:
         if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
             write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing)))
         deployment = sweep_point(spec, points[found.index(chosen)])
-        report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
-                                               args.confirm_requests, args.timeout, Progress("confirm"))
+        try:
+            report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
+                                                   args.confirm_requests, args.timeout, Progress("confirm"))
+        except CapacityError as e:        # unreachable, or not an LLM server: the search's answer stands
+            report["confirm"] = {"url": redact_url(args.confirm), "problem": str(e)}
+            confirmed = Stopped(1, f"--confirm: {e}; the search's answer stands")
     elif args.confirm and not stopped:
         sys.stderr.write("servesim: nothing met the slo, so --confirm has no load to send\n")
     if args.json:

@@ -12,9 +12,9 @@ import tempfile
 import time
 import unittest
 
-from bounded import alive, children, cmdline, cpu_ticks, finish, kill_group, run, start
+from bounded import alive, children, cmdline, cpu_ticks, finish, jsonl, kill_group, run, start
 from fake_server import chunk, data
-from hostile_server import Drip, FakeServer, paced, scripted
+from hostile_server import Drip, FakeServer, closed_port, paced, scripted
 
 METRICS = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
            "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:generation_tokens_total 10\n")
@@ -357,6 +357,92 @@ with open(path) as f:
 threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
 exec(code, {"__name__": "__main__", "__file__": path})
 """
+
+
+class LongRuns(unittest.TestCase):
+    """Issue 20 finding 8: memory does not grow with simulated seconds, and the one-year rule
+    holds after conversations stretch the run."""
+
+    def trace(self, tmp, days):
+        return jsonl(os.path.join(tmp, "far.jsonl"), [{"arrival": 0, "prompt_tokens": 100, "output_tokens": 10},
+                                                     {"arrival": days * 86400, "prompt_tokens": 100, "output_tokens": 10}])
+
+    def test_two_requests_300_days_apart_simulate_in_little_memory(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run("simulate", "--trace", self.trace(tmp, 300), "--json", as_bytes=2**30)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertLess(r.peak_mb, 200, f"peak RSS {r.peak_mb:.0f} MB for 2 requests")
+
+    def test_a_timeline_of_300_days_is_refused_in_one_line_not_built(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run("simulate", "--trace", self.trace(tmp, 300), "--timeline", os.path.join(tmp, "t.csv"),
+                    as_bytes=2**30, timeout=60)
+        self.assertEqual(r.code, 2, r.err)
+        self.assertEqual(len(r.lines()), 1, r.err)
+        self.assertIn("one row per simulated second", r.err)
+        self.assertLess(r.peak_mb, 200)
+
+    def test_conversations_past_a_year_are_refused(self):
+        for extra in ((), ("--rate", "1")):
+            with self.subTest(extra=extra):
+                r = run("simulate", "--requests", 1000, "--turns", 1000, "--think-time", 86400, "--prompt-tokens", 1,
+                        "--output-tokens", 1, *extra, as_bytes=2**30)
+                self.assertEqual(r.code, 2, r.err[-300:])
+                self.assertEqual(len(r.lines()), 1, r.err)
+                self.assertIn("up to a year", r.err)
+
+    def test_a_search_grid_past_the_cap_is_refused_before_it_runs(self):
+        """Issue 20 finding 9: a 23,040-deployment grid once took 1.9 GB."""
+        seqs = ",".join(str(i) for i in range(8, 32))
+        budget = ",".join(str(2048 + 64 * i) for i in range(20))
+        util = ",".join(f"{0.5 + 0.01 * i:.2f}" for i in range(48))
+        r = run("search", "--slo", "ttft_p95:500", "--rate", 1, "--requests", 8, "--max-num-seqs", seqs,
+                "--max-num-batched-tokens", budget, "--gpu-memory-utilization", util, "--jobs", 1, "--json", timeout=30)
+        self.assertEqual(r.code, 2, r.err[-300:])
+        self.assertEqual(len(r.lines()), 1, r.err)
+        self.assertIn("23,040 deployments", r.err)
+
+
+class SearchConfirm(unittest.TestCase):
+    """Issue 20 finding 11: confirm's inputs are checked before the search, and a confirm that
+    fails leaves the search's answer in the output."""
+    SEARCH = ("search", "--slo", "ttft_p95:100000", "--rate", "1", "--requests", "10", "--prompt-tokens", "20",
+              "--output-tokens", "5", "--jobs", "1", "--confirm-requests", "2")
+
+    def test_an_unreachable_confirm_server_keeps_the_search(self):
+        url = f"http://127.0.0.1:{closed_port()}"
+        for fmt in ("--json", "--csv"):
+            with self.subTest(fmt=fmt):
+                r = run(*self.SEARCH, "--confirm", url, fmt, timeout=60)
+                self.assertTrue(r.out.strip(), r.err)
+                if fmt == "--json":
+                    report = json.loads(r.out)
+                    self.assertTrue(report["deployments"])
+                    self.assertIn("cannot connect", report["confirm"]["problem"])
+                else:
+                    self.assertIn("meets", r.out)
+                self.assertEqual(r.code, 1, r.err)
+                self.assertEqual(len(r.lines()), 1, r.err)
+
+    def test_a_server_that_is_no_llm_server_keeps_the_search(self):
+        with FakeServer(scripted(), pages={"/v1/models": (404, '{"detail": "Not Found"}', "application/json")}) as server:
+            r = run(*self.SEARCH, "--confirm", server.url, "--timeout", 2, "--json", timeout=90)
+        self.assertTrue(json.loads(r.out)["deployments"], r.err)
+        self.assertEqual(r.code, 1, r.err)
+
+    def test_a_bad_key_is_refused_before_the_search_naming_what_search_takes(self):
+        long_search = ("search", "--slo", "ttft_p95:500", "--requests", "5000", "--prompt-tokens", "100",
+                       "--output-tokens", "20", "--jobs", "1")
+        cases = {"a key with a line break": ("http://127.0.0.1:9", {"OPENAI_API_KEY": "sk-abc\ndef"}),
+                 "a URL password and a key": ("http://bob:pw@127.0.0.1:9", {"OPENAI_API_KEY": "sk-abcdef"})}
+        for name, (url, env) in cases.items():
+            with self.subTest(name):
+                r = run(*long_search, "--confirm", url, env=env, timeout=60)
+                self.assertEqual(r.code, 2, r.err)
+                self.assertEqual(r.out, "")
+                self.assertEqual(len(r.lines()), 1, r.err)
+                self.assertNotRegex(r.lines()[0], r"--api-key|--url\b")
+                self.assertRegex(r.lines()[0], r"--confirm|OPENAI_API_KEY")
 
 
 if __name__ == "__main__":
