@@ -49,6 +49,7 @@ import csv
 import datetime
 import difflib
 import functools
+import hashlib
 import http.client
 import io
 import itertools
@@ -63,7 +64,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter, defaultdict, deque
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Callable, Iterable, Iterator, Optional
 from xml.sax.saxutils import escape as xml_escape
 
@@ -3523,6 +3524,69 @@ def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int
     results are the same either way."""
     return map_points(functools.partial(search_point, spec, probing=probing), points, jobs, progress,
                       spread=probing.seeds > 1 and len(points) < jobs)
+
+
+# A search split over machines: shard K of N runs every N-th deployment from the K-th, as the
+# whole search would run it, and writes what it found; collect puts the shards back in the grid's
+# order, and the report is the whole search's. A fingerprint of the search (its settings, grid and
+# probing) keeps shards of different searches apart.
+
+def search_fingerprint(spec: RunSpec, points: list[dict], probing: Probing) -> str:
+    def plain(o):
+        return asdict(o) if is_dataclass(o) else repr(o)
+    settings = {f.name: getattr(spec, f.name) for f in fields(spec) if f.metadata}
+    text = json.dumps({"spec": settings, "points": points, "probing": asdict(probing)}, default=plain, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def shard_indices(shard: tuple[int, int], count: int) -> list[int]:
+    k, n = shard
+    return list(range(k - 1, count, n))
+
+
+def shard_report(found: list[dict], shard: tuple[int, int], fingerprint: str, count: int, complete: bool) -> dict:
+    return {"search_shard": {"shard": shard[0], "of": shard[1], "fingerprint": fingerprint, "deployments": count,
+                             "indices": shard_indices(shard, count)[:len(found)], "complete": complete},
+            "found": found}
+
+
+def collect_shards(paths: list[str], fingerprint: str, count: int) -> list[dict]:
+    """Every deployment's result from the shard reports, in the grid's order: each shard of the
+    same search exactly once, each complete."""
+    found: dict[int, dict] = {}
+    seen: dict[int, str] = {}
+    total = None
+    for path in paths:
+        report = parse_json(read_text(path, "shard"), f"shard {path}", "pass what search --shard K/N --json wrote")
+        head = report.get("search_shard") if isinstance(report, dict) else None
+        if not isinstance(head, dict) or not isinstance(report.get("found"), list):
+            raise UserError(f"shard {path}: not a search --shard report")
+        if head.get("fingerprint") != fingerprint or head.get("deployments") != count:
+            raise UserError(f"shard {path}: from another search (other settings, grid or slo); collect with the "
+                            f"flags the shards ran with")
+        k, n = head.get("shard"), head.get("of")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k, n)) or not 1 <= k <= n:
+            raise UserError(f"shard {path}: shard {k!r} of {n!r} is not a shard K/N with 1 <= K <= N")
+        if total is not None and n != total:
+            raise UserError(f"shard {path}: one of {n} shards, where the others are of {total}")
+        total = n
+        if k in seen:
+            raise UserError(f"shard {path}: shard {k}/{n} again (also {seen[k]})")
+        if not head.get("complete") or len(report["found"]) != len(shard_indices((k, n), count)):
+            raise UserError(f"shard {path}: shard {k}/{n} was stopped before it finished; run it again")
+        seen[k] = path
+        for index, item in zip(shard_indices((k, n), count), report["found"]):
+            found[index] = item
+    missing = [k for k in range(1, (total or 0) + 1) if k not in seen]
+    if missing:
+        raise UserError(f"collect: shard {missing[0]}/{total} is missing" + (f" (and {len(missing) - 1} more)"
+                                                                          if len(missing) > 1 else ""))
+    items = [found[i] for i in range(count)]
+    for item in items:          # a deployment's best probe is one of its probes, as the search made it
+        for part in (item, item.get("burst") or {}):
+            if part.get("best") is not None:
+                part["best"] = next(p for p in part["probes"] if p["load"] == part["best"]["load"])
+    return items
 
 
 def cheapest_first(found: list[dict]) -> list[dict]:
@@ -7847,15 +7911,29 @@ def cmd_search(args) -> int:
         confirm_check(args.confirm, spec)
     if args.plot:
         check_writable(args.plot, "--plot", args)
+    fingerprint = search_fingerprint(spec, points, probing)
+    if args.shard and args.shard[0] > len(points):
+        raise UserError(f"--shard {args.shard[0]}/{args.shard[1]}: this search has {len(points):,} deployment"
+                        f"{'s' * (len(points) != 1)}, so shard {args.shard[0]} has none; use at most "
+                        f"{len(points)} shards")
     progress = Progress("search")
     found, stopped = [], None
+    mine = [points[i] for i in shard_indices(args.shard, len(points))] if args.shard else points
     try:
-        for item in search_points(spec, points, probing, args.jobs, progress):
-            found.append(item)
-            progress(f"{len(found)}/{len(points)} deployments done")
+        if args.collect:
+            found = collect_shards(args.collect, fingerprint, len(points))
+        else:
+            for item in search_points(spec, mine, probing, args.jobs, progress):
+                found.append(item)
+                progress(f"{len(found)}/{len(mine)} deployments done")
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
-            Stopped.by_signal(e, f"{len(found)} of {len(points)} deployments; the output holds the finished ones")
+            Stopped.by_signal(e, f"{len(found)} of {len(mine)} deployments; the output holds the finished ones")
+    if args.shard:            # a shard's report is for collect: JSON, whatever the format asked
+        write_json(shard_report(found, args.shard, fingerprint, len(points), complete=not stopped))
+        if stopped:
+            raise stopped
+        return 0
     sources = {load_preset("hardware", h, HARDWARE, Hardware): h for h in (args.hardware or [])}
     sources[spec.model] = args.model or spec.model.name
     report = search_report(spec, points, found, probing, sources, bool(stopped))
@@ -8023,6 +8101,13 @@ def cmd_compare(args) -> int:
     if args.timeline:        # after the report, so a failed write loses nothing
         write_file(args.timeline, timeline_csv(timeline))
     return 0
+
+
+def shard_of(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N (e.g. 3/8: the third of eight shards)")
+    return int(match.group(1)), int(match.group(2))
 
 
 def compare_mode(text: str) -> str:
@@ -8256,6 +8341,15 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = out.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="one JSON object: the slo, and each deployment with every probe")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per probe, nested keys dotted")
+    spread = p.add_argument_group("across machines")
+    split = spread.add_mutually_exclusive_group()
+    split.add_argument("--shard", type=shard_of, metavar="K/N",
+                       help="search only the K-th of N slices of the deployment grid (every N-th deployment from the "
+                            "K-th) and print that shard's JSON for --collect; seeds and probes as in the whole search "
+                            "(default: the whole grid)")
+    split.add_argument("--collect", nargs="+", metavar="SHARD.json",
+                       help="put the N shard reports of this same search (the same flags) back together and print "
+                            "what the whole search prints; runs nothing (default: off)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("loadgen", help="measure the same metrics from a real OpenAI-compatible server",

@@ -293,5 +293,64 @@ class Pictures(unittest.TestCase):
             ET.fromstring(f.read())
 
 
+class Shards(unittest.TestCase):
+    """search --shard K/N and --collect: the shards of a search, collected, print what the whole
+    search prints, byte for byte; a collect set that misses, repeats or mixes shards is refused."""
+    SEARCH = ("search", "--slo", "ttft_p95:2000", "--hardware", "l4-24gb,rtx-4090-24gb", "--max-num-seqs", "16,64",
+              "--prompt-tokens", "500", "--output-tokens", "100", "--steady-requests", "100", "--jobs", "1")
+
+    def shards(self, tmp, n, *extra):
+        paths = []
+        for k in range(1, n + 1):
+            code, out, err = call_cli(*self.SEARCH, *extra, "--shard", f"{k}/{n}")
+            self.assertEqual(code, 0, err)
+            paths.append(os.path.join(tmp, f"shard{k}.json"))
+            with open(paths[-1], "w") as f:
+                f.write(out)
+        return paths
+
+    def test_collected_shards_print_what_the_whole_search_prints(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = self.shards(tmp, 3)
+            with open(paths[0]) as f:
+                self.assertEqual(len(json.load(f)["found"]), 2)      # deployments 1 and 4 of 4
+            for fmt in ((), ("--json",), ("--csv",)):
+                with self.subTest(fmt=fmt):
+                    whole = call_cli(*self.SEARCH, *fmt)
+                    collected = call_cli(*self.SEARCH, *fmt, "--collect", *reversed(paths))
+                    self.assertEqual(collected, whole)
+
+    def test_a_target_rate_search_collects_the_same_ranking(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = self.shards(tmp, 2, "--rate", "0.5")
+            self.assertEqual(call_cli(*self.SEARCH, "--rate", "0.5", "--collect", *paths),
+                             call_cli(*self.SEARCH, "--rate", "0.5"))
+
+    def test_a_set_that_misses_repeats_or_mixes_shards_is_one_line(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = self.shards(tmp, 2)
+            other = os.path.join(tmp, "other.json")
+            with open(other, "w") as f:
+                f.write(call_cli(*self.SEARCH, "--slo", "ttft_p95:1000", "--shard", "2/2")[1])
+            cases = {"missing": ([paths[0]], "shard 2/2 is missing"),
+                     "repeated": ([paths[0], paths[0], paths[1]], "shard 1/2 again"),
+                     "another search": ([paths[0], other], "from another search")}
+            for name, (given, said) in cases.items():
+                with self.subTest(name):
+                    code, out, err = call_cli(*self.SEARCH, "--collect", *given)
+                    self.assertEqual(code, 2)
+                    self.assertEqual(out, "")
+                    self.assertIn(said, err)
+                    self.assertEqual(err.count("\n"), 1, err)
+        for bad in ("0/2", "3/2", "x", "1/0"):
+            with self.subTest(shard=bad):
+                code, _, err = call_cli(*self.SEARCH, "--shard", bad)
+                self.assertEqual(code, 2)
+                self.assertIn("--shard", err)
+        code, _, err = call_cli(*self.SEARCH, "--shard", "5/8")      # 4 deployments: shard 5 has none
+        self.assertEqual(code, 2)
+        self.assertIn("use at most 4 shards", err)
+
+
 if __name__ == "__main__":
     unittest.main()
