@@ -1208,6 +1208,26 @@ def next_gap(rng: random.Random, rate: float, burstiness: float = 1.0) -> float:
     return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
 
 
+def profile_arrivals(windows: tuple, end_s: float, rng: random.Random, burstiness: float = 1.0,
+                     limit: int = 0) -> list[float]:
+    """Send times following a rate that changes by window: within a window, gaps as at a fixed
+    rate; a gap that would cross into the next window is drawn again from the boundary at the
+    next window's rate (exact for Poisson arrivals, which forget how long they have waited)."""
+    times, clock = [], 0.0
+    bounds = [start for start, _ in windows[1:]] + [end_s]
+    for (start, rate), stop in zip(windows, bounds):
+        clock = max(clock, start)
+        while rate > 0:
+            at = clock + next_gap(rng, rate, burstiness)
+            if at >= stop:
+                break
+            times.append(at)
+            clock = at
+            if limit and len(times) >= limit:
+                return times
+    return times
+
+
 # ---------------------------------------------------------------------------------------------
 # Metrics: one definition for simulated and measured requests. TTFT is queue plus prefill;
 # TPOT is the mean gap after the first token; ITL is every gap; percentiles are nearest rank.
@@ -1760,11 +1780,14 @@ PREFIX_ROUTER_MATCH, PREFIX_ROUTER_ABS, PREFIX_ROUTER_REL = 0.3, 64, 1.5
 
 
 class Router:
-    def __init__(self, engines: list[Engine], policy: str):
+    def __init__(self, engines: list[Engine], policy: str, spans: Optional[list] = None):
         self.engines, self.policy = engines, policy
         self.arrivals: list = []          # heap of (time, order sent, request) not yet routed
         self.sent = itertools.count()
         self.turn = 0
+        # Replicas that come and go: each engine's (asked, ready, leave) spans; it takes requests
+        # only while ready and not yet let go. None: every engine, always.
+        self.spans = spans
 
     def arrive(self, request: Request, at: float) -> None:
         heapq.heappush(self.arrivals, (at, next(self.sent), request))
@@ -1777,25 +1800,30 @@ class Router:
         self.send(request, at)
 
     def send(self, request: Request, at: float) -> None:
-        self.choose(request).deliver(at, request)
+        self.choose(request, self.serving(at)).deliver(at, request)
 
-    def choose(self, request: Request) -> Engine:
+    def serving(self, at: float) -> list[Engine]:
+        if self.spans is None:
+            return self.engines
+        return [e for e, spans in zip(self.engines, self.spans) if any(ready <= at < leave for _, ready, leave in spans)]
+
+    def choose(self, request: Request, engines: list[Engine]) -> Engine:
         if self.policy == "round-robin":
             self.turn += 1
-            return self.engines[(self.turn - 1) % len(self.engines)]
+            return engines[(self.turn - 1) % len(engines)]
         load = lambda e: len(e.scheduler.waiting) + len(e.scheduler.running) + len(e.inbox)
         if self.policy == "prefix-aware":
             # SGLang's cache-aware router, with its defaults: while the loads are balanced, the
             # replica whose cache holds the longest run of the prompt, if that run is over 30% of
             # it; otherwise, or once the busiest replica has 64 more requests than the idlest and
             # 1.5 times as many, the least loaded.
-            loads = [load(e) for e in self.engines]
+            loads = [load(e) for e in engines]
             balanced = max(loads) - min(loads) <= PREFIX_ROUTER_ABS or max(loads) <= PREFIX_ROUTER_REL * min(loads)
-            hits = [len(e.scheduler.cache_hits(request)) for e in self.engines]
-            blocks = request.prompt_tokens / self.engines[0].scheduler.config.block_size
+            hits = [len(e.scheduler.cache_hits(request)) for e in engines]
+            blocks = request.prompt_tokens / engines[0].scheduler.config.block_size
             if balanced and max(hits) > PREFIX_ROUTER_MATCH * blocks:
-                return min((e for e, h in zip(self.engines, hits) if h == max(hits)), key=load)
-        return min(self.engines, key=load)
+                return min((e for e, h in zip(engines, hits) if h == max(hits)), key=load)
+        return min(engines, key=load)
 
 
 class Replicas:
@@ -2377,9 +2405,60 @@ class Trace:
     notes: tuple = ()     # what the reader left out or changed, said once on stderr
 
 
+@dataclass(frozen=True)
+class RateProfile:
+    """An arrival rate that changes over time, read from a file: each window starts at its time
+    and runs at its rate until the next; the last lasts as long as the one before it."""
+    name: str
+    windows: tuple    # (start_s, requests per second), starts ascending from 0
+    end_s: float
+
+    def mean_rate(self, start: float, end: float) -> float:
+        """The mean rate over [start, end), windows cut where they cross it."""
+        bounds = [w[0] for w in self.windows[1:]] + [self.end_s]
+        total = sum(rate * max(0.0, min(end, stop) - max(start, begin))
+                    for (begin, rate), stop in zip(self.windows, bounds))
+        return total / (end - start)
+
+
+@dataclass(frozen=True)
+class ReplicaSchedule:
+    """Replicas asked for over time, as an autoscaler decides them: (time_s, replicas) steps from
+    0. A replica asked for later than 0 serves once it has loaded (the scale-up delay); when fewer
+    are asked for, the last ones added stop taking requests and drain what they have."""
+    name: str
+    steps: tuple      # (time_s, replicas)
+
+    @property
+    def most(self) -> int:
+        return max(n for _, n in self.steps)
+
+    def spans(self, delay: float) -> list[list[tuple[float, float, float]]]:
+        """Each replica's (asked, ready, leave) spans; leave is inf if it is never let go."""
+        spans: list[list] = [[] for _ in range(self.most)]
+        asked: list = [None] * self.most
+        count = 0
+        for at, n in self.steps:
+            for i in range(count, n):
+                asked[i] = at
+            for i in range(n, count):
+                spans[i].append((asked[i], asked[i] + (delay if asked[i] else 0.0), at))
+            count = n
+        for i in range(count):
+            spans[i].append((asked[i], asked[i] + (delay if asked[i] else 0.0), math.inf))
+        return spans
+
+
 DEFAULT_REQUESTS, DEFAULT_PROMPT, DEFAULT_OUTPUT = 256, TokenRange(256, 1024), TokenRange(64, 256)
 DEFAULT_MODEL_LEN = 4096             # --max-model-len for a model file that gives no length
 MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses the milliseconds
+# A replica's start: a vLLM restart averaged 48 s per switch with a small model (vLLM blog "Zero-
+# Reload Model Switching with vLLM Sleep Mode", 2025-10-26, A100), then the weights: 2 GB/s, a
+# safetensors read from local NVMe (NVIDIA Run:ai Model Streamer's benchmarks: 0.3 GB/s for the
+# default loader on a throttled cloud disk, about 2 with a streamer on fast SSD).
+ENGINE_START_S = 48.0
+WEIGHT_LOAD_GBS = 2.0
+PROFILE_SEED = 104729                 # a rate profile's send times have their own random stream
 MAX_TIMELINE_S = 200_000              # a timeline's rows, one a simulated second: 2.3 days, some 80 MB
 DEFAULT_CLIENTS = 32
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
@@ -2473,6 +2552,15 @@ class RunSpec:
         False, "--enable-expert-parallel", on_off, "with replicas and a mixture-of-experts model: spread the experts "
         "over the replicas (attention stays on each), adding an all-to-all per MoE layer", "replicas", axis=18,
         switch=True, recorded=True)
+    replica_schedule: Optional[ReplicaSchedule] = setting(
+        None, "--replica-schedule", None, "replicas that come and go: a CSV of time_s,replicas rows, the replicas "
+        "asked for from each time on (a plan's --csv, or an autoscaler's log); a replica added serves after "
+        "--scale-up-delay, one let go takes no new requests and finishes its own", "replicas", metavar="FILE",
+        default_text="a fixed --data-parallel-size")
+    scale_up_delay: Optional[float] = setting(
+        None, "--scale-up-delay", real(0, 86_400, above_low=False), "seconds from asking for a replica to its first "
+        "request: start-up and loading the weights", "replicas", metavar="S",
+        default_text=f"{ENGINE_START_S:g} s to start an engine + each GPU's weights at {WEIGHT_LOAD_GBS:g} GB/s")
     disaggregate: bool = setting(
         False, "--disaggregate", None, "one engine only prefills, another only decodes; each request's KV crosses a "
         "link between them", "disaggregation", default_text="off; any flag below turns it on")
@@ -2528,6 +2616,11 @@ class RunSpec:
         None, "--ramp-up-strategy", choice("linear", "exponential"), "raise the arrival rate from --ramp-up-start-rps to --ramp-up-end-rps over "
         "the run, request by request, as vllm bench serve does; instead of --rate", "workload",
         metavar="linear|exponential", default_text="off")
+    rate_profile: Optional[RateProfile] = setting(
+        None, "--rate-profile", None, "open loop at a rate that changes over time: a CSV of time_s,rate rows, each "
+        "window at its rate until the next (the last as long as the one before it), arrivals Poisson (or gamma with "
+        "--burstiness) within each; --time-scale stretches it; it sets the requests unless --requests caps them",
+        "workload", metavar="FILE", default_text="off", exclusive="arrivals")
     turns: int = setting(
         1, "--turns", whole(1, 10_000), "conversations of N requests: each turn's prompt is the conversation so far "
         "(earlier messages and answers) plus a new --prompt-tokens message; --requests counts requests", "workload",
@@ -2590,7 +2683,7 @@ class RunSpec:
         otherwise a trace or a --rate is open loop, and neither is a closed loop of 32 clients."""
         if self.concurrency:
             return self.concurrency
-        return None if self.trace or self.rate or self.ramp_up else DEFAULT_CLIENTS
+        return None if self.trace or self.rate or self.ramp_up or self.rate_profile else DEFAULT_CLIENTS
 
     def arrivals(self) -> str:
         chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
@@ -2603,6 +2696,11 @@ class RunSpec:
         if self.ramp_up:
             strategy, start, end = self.ramp_up
             return f"{shape} ramp {strategy} {start:g} to {end:g} {unit}" + chats
+        if self.rate_profile:
+            p, x = self.rate_profile, self.time_scale
+            return (f"{shape} rate profile {p.name} ({len(p.windows)} windows over {p.end_s * x / 3600:,.3g} h, "
+                    f"mean {p.mean_rate(0, p.end_s) / x:,.3g}, peak {max(r for _, r in p.windows) / x:,.3g} {unit})"
+                    + chats)
         return f"{shape} {self.rate:g} {unit}" + chats
 
 
@@ -2660,8 +2758,8 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("--trace brings its own arrivals; drop --concurrency and --rate")
     if spec.rate and spec.concurrency:
         raise UserError("--rate (open loop) and --concurrency (closed loop) are two ways to send load: give one")
-    if spec.time_scale != 1 and not spec.trace:
-        raise UserError("--time-scale stretches a --trace's arrival times; without a trace use --rate")
+    if spec.time_scale != 1 and not (spec.trace or spec.rate_profile):
+        raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
     if spec.turns > 1 and spec.trace:
@@ -2680,7 +2778,9 @@ def check_spec(spec: RunSpec) -> None:
             raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
         if spec.rate or spec.concurrency or spec.trace:
             raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
-    if spec.burstiness != 1 and not (spec.ramp_up or spec.rate):
+    if spec.rate_profile and spec.ramp_up:
+        raise UserError("--rate-profile and a ramp are two ways to vary the rate: give one")
+    if spec.burstiness != 1 and not (spec.ramp_up or spec.rate or spec.rate_profile):
         raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
     if spec.warmup:
         sent = min(len(spec.trace.rows), spec.requests or len(spec.trace.rows)) if spec.trace else \
@@ -2694,6 +2794,13 @@ def check_spec(spec: RunSpec) -> None:
     if spec.kv_layout == "slots" and spec.prefix_caching:
         raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
                         "drop --prefix-caching")
+    if spec.replica_schedule and spec.data_parallel_size not in (1, spec.replica_schedule.most):
+        raise UserError(f"--replica-schedule asks for up to {spec.replica_schedule.most} replicas and sets "
+                        f"--data-parallel-size itself: drop --data-parallel-size {spec.data_parallel_size}")
+    if spec.replica_schedule and spec.disaggregate:
+        raise UserError("--replica-schedule with --disaggregate is not modelled: one prefill and one decode engine")
+    if spec.scale_up_delay is not None and not spec.replica_schedule:
+        raise UserError("--scale-up-delay is how long a replica added by a --replica-schedule takes: give the schedule")
     if spec.disaggregate and spec.data_parallel_size > 1:
         raise UserError("--data-parallel-size with --disaggregate is not modelled: one prefill and one decode engine")
     if spec.enable_expert_parallel and not spec.model.experts:
@@ -2728,7 +2835,7 @@ def flag_words(f, value) -> list[str]:
     if f.name == "ramp_up":
         strategy, start, end = value
         return [flag, strategy, "--ramp-up-start-rps", f"{start:g}", "--ramp-up-end-rps", f"{end:g}"]
-    if isinstance(value, (Hardware, ModelSpec, Trace)):
+    if isinstance(value, (Hardware, ModelSpec, Trace, RateProfile, ReplicaSchedule)):
         return [flag, value.name]
     if isinstance(value, float):          # exact, so the command reruns the same run
         return [flag, f"{value:g}" if float(f"{value:g}") == value else repr(value)]
@@ -2865,13 +2972,31 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
                 for i, (arrival, prompt, output, content) in enumerate(rows)]
     rng = random.Random(spec.seed)
     count = spec.requests or DEFAULT_REQUESTS
+    if spec.rate_profile:        # the profile sets the count: its send times are drawn first, apart
+        p, x = spec.rate_profile, spec.time_scale
+        windows, end = tuple((start * x, rate / x) for start, rate in p.windows), p.end_s * x
+        if end > MAX_ARRIVAL_S:
+            raise UserError(f"rate profile {p.name} at time scale {x:g} spans {end / 86400:,.0f} days; servesim "
+                            f"simulates up to a year")
+        expected = p.mean_rate(0, p.end_s) * p.end_s
+        if not spec.requests and expected > MAX_REQUESTS:
+            raise UserError(f"rate profile {p.name} sends about {expected:,.0f} requests; servesim simulates up to "
+                            f"{MAX_REQUESTS:,}: cap them with --requests, or lower its rates")
+        sends = profile_arrivals(windows, end, random.Random(spec.seed + PROFILE_SEED), spec.burstiness,
+                                 spec.requests or 0)
+        if not sends:
+            raise UserError(f"rate profile {p.name} sends no requests: its rates are 0, or too low for its windows")
+        count = len(sends)
     if spec.turns > 1:
         requests = conversations(count, spec.prompt_tokens, spec.output_tokens, rng, spec.turns, spec.think_time,
                                  spec.prefix_tokens, spec.num_prefixes)
     else:
         requests = synthetic_requests(count, spec.prompt_tokens, spec.output_tokens, rng,
                                       spec.prefix_tokens, spec.num_prefixes, progress)
-    if spec.rate or spec.ramp_up:
+    if spec.rate_profile:
+        for request, at in zip([r for r in requests if r.turn <= 1], sends):
+            request.sent_s = at
+    elif spec.rate or spec.ramp_up:
         # Drawn after the lengths, so a rate sweep sees the same requests. A conversation's
         # later turns are sent when the turn before ends.
         starts = [r for r in requests if r.turn <= 1]
@@ -2883,15 +3008,39 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
     return requests
 
 
+def scale_up_delay(spec: RunSpec) -> float:
+    """--scale-up-delay, or the start of an engine and its share of the weights read from disk."""
+    if spec.scale_up_delay is not None:
+        return spec.scale_up_delay
+    share = quantized(spec.model, spec.quantization, spec.kv_cache_dtype).weight_bytes / spec.tensor_parallel_size
+    return ENGINE_START_S + share / (WEIGHT_LOAD_GBS * 1e9)
+
+
+def schedule_report(schedule: ReplicaSchedule, spans: list, delay: float, duration: float, gpus: int,
+                    price: Optional[float]) -> dict:
+    """What a schedule costs: each replica paid from the moment it is asked for until it is let go
+    (or the run ends), against the same replicas kept all the time."""
+    paid = sum(min(leave, duration) - asked for replica in spans for asked, _, leave in replica if asked < duration)
+    gpu_hours, fixed = paid * gpus / 3600, schedule.most * duration * gpus / 3600
+    return {"name": schedule.name, "scale_up_delay_s": delay, "least": min(n for _, n in schedule.steps),
+            "most": schedule.most, "mean_replicas": paid / duration if duration else 0.0,
+            "gpu_hours": gpu_hours, "fixed_fleet_gpu_hours": fixed,
+            "usd": gpu_hours * price if price else None, "fixed_fleet_usd": fixed * price if price else None}
+
+
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
     with `timeline`, per-second stats in the shape vLLM logs them."""
+    schedule = spec.replica_schedule
+    if schedule:
+        spec = replace(spec, data_parallel_size=schedule.most)
     engines, link = build_engines(spec)
     replicas = engines if len(engines) > 1 and not link else [engines[-1]]
     if timeline:
         for engine in replicas:
             engine.timeline = {}
-    router = Router(engines, spec.router) if len(replicas) > 1 else None
+    spans = schedule.spans(scale_up_delay(spec)) if schedule else None
+    router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
     server = engines[0] if len(engines) == 1 else Replicas(engines, router)
     requests = make_requests(spec, progress)
     # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
@@ -2954,8 +3103,14 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
-    result["cost"] = cost_report(deployment_price(spec, [e.hardware for e in engines], gpus // len(engines)),
-                                 result["output_throughput"], spec.hours_per_month)
+    if schedule:
+        result["replica_schedule"] = schedule_report(schedule, spans or [[(0.0, 0.0, math.inf)]], scale_up_delay(spec),
+                                                     result["duration"], gpus // max(1, spec.data_parallel_size),
+                                                     deployment_price(spec, [decode.hardware], 1))
+    price = deployment_price(spec, [e.hardware for e in engines], gpus // len(engines))
+    if schedule and price:      # what the schedule pays an hour on average, not its largest fleet's
+        price = result["replica_schedule"]["usd"] / (result["duration"] / 3600) if result["duration"] else price
+    result["cost"] = cost_report(price, result["output_throughput"], spec.hours_per_month)
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
     if isinstance(decode.scheduler, SpeculativeScheduler):
@@ -3548,45 +3703,6 @@ def shard_report(found: list[dict], shard: tuple[int, int], fingerprint: str, co
     return {"search_shard": {"shard": shard[0], "of": shard[1], "fingerprint": fingerprint, "deployments": count,
                              "indices": shard_indices(shard, count)[:len(found)], "complete": complete},
             "found": found}
-
-
-def collect_shards(paths: list[str], fingerprint: str, count: int) -> list[dict]:
-    """Every deployment's result from the shard reports, in the grid's order: each shard of the
-    same search exactly once, each complete."""
-    found: dict[int, dict] = {}
-    seen: dict[int, str] = {}
-    total = None
-    for path in paths:
-        report = parse_json(read_text(path, "shard"), f"shard {path}", "pass what search --shard K/N --json wrote")
-        head = report.get("search_shard") if isinstance(report, dict) else None
-        if not isinstance(head, dict) or not isinstance(report.get("found"), list):
-            raise UserError(f"shard {path}: not a search --shard report")
-        if head.get("fingerprint") != fingerprint or head.get("deployments") != count:
-            raise UserError(f"shard {path}: from another search (other settings, grid or slo); collect with the "
-                            f"flags the shards ran with")
-        k, n = head.get("shard"), head.get("of")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k, n)) or not 1 <= k <= n:
-            raise UserError(f"shard {path}: shard {k!r} of {n!r} is not a shard K/N with 1 <= K <= N")
-        if total is not None and n != total:
-            raise UserError(f"shard {path}: one of {n} shards, where the others are of {total}")
-        total = n
-        if k in seen:
-            raise UserError(f"shard {path}: shard {k}/{n} again (also {seen[k]})")
-        if not head.get("complete") or len(report["found"]) != len(shard_indices((k, n), count)):
-            raise UserError(f"shard {path}: shard {k}/{n} was stopped before it finished; run it again")
-        seen[k] = path
-        for index, item in zip(shard_indices((k, n), count), report["found"]):
-            found[index] = item
-    missing = [k for k in range(1, (total or 0) + 1) if k not in seen]
-    if missing:
-        raise UserError(f"collect: shard {missing[0]}/{total} is missing" + (f" (and {len(missing) - 1} more)"
-                                                                          if len(missing) > 1 else ""))
-    items = [found[i] for i in range(count)]
-    for item in items:          # a deployment's best probe is one of its probes, as the search made it
-        for part in (item, item.get("burst") or {}):
-            if part.get("best") is not None:
-                part["best"] = next(p for p in part["probes"] if p["load"] == part["best"]["load"])
-    return items
 
 
 def cheapest_first(found: list[dict]) -> list[dict]:
@@ -4337,6 +4453,89 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
     return Trace(path, tuple(rows), fmt, tuple(note.format(count) for note, count in notes.items()))
+
+
+def read_rate_profile(path: str) -> RateProfile:
+    """A CSV of time_s,rate (requests per second) rows, times ascending from 0."""
+    windows = []
+    for number, row in csv_rows(read_text(path, "rate profile"), f"rate profile {path}"):
+        where = f"rate profile {path} line {number}"
+        if None in row or None in row.values():
+            raise UserError(f"{where}: expected two columns, time_s,rate")
+        start = trace_number(where, row, "time_s", 0, MAX_ARRIVAL_S, whole_number=False)
+        rate = trace_number(where, row, "rate", 0, 1e6, whole_number=False)
+        if windows and start <= windows[-1][0]:
+            raise UserError(f"{where}: time_s {start:g} is not after the line before's {windows[-1][0]:g}; sort the "
+                            f"rows by time")
+        if not windows and start != 0:
+            raise UserError(f"{where}: the first window starts at time_s {start:g}; a profile starts at 0")
+        windows.append((start, rate))
+    if len(windows) < 2:
+        raise UserError(f"rate profile {path}: {len(windows)} window{'s' * (len(windows) != 1)}; give a header "
+                        f"time_s,rate and at least two rows (the last window lasts as long as the one before it)")
+    end = 2 * windows[-1][0] - windows[-2][0]
+    if end > MAX_ARRIVAL_S:
+        raise UserError(f"rate profile {path}: spans {end / 86400:,.0f} days; servesim simulates up to a year")
+    return RateProfile(path, tuple(windows), end)
+
+
+def collect_shards(paths: list[str], fingerprint: str, count: int) -> list[dict]:
+    """Every deployment's result from the shard reports, in the grid's order: each shard of the
+    same search exactly once, each complete."""
+    found: dict[int, dict] = {}
+    seen: dict[int, str] = {}
+    total = None
+    for path in paths:
+        report = parse_json(read_text(path, "shard"), f"shard {path}", "pass what search --shard K/N --json wrote")
+        head = report.get("search_shard") if isinstance(report, dict) else None
+        if not isinstance(head, dict) or not isinstance(report.get("found"), list):
+            raise UserError(f"shard {path}: not a search --shard report")
+        if head.get("fingerprint") != fingerprint or head.get("deployments") != count:
+            raise UserError(f"shard {path}: from another search (other settings, grid or slo); collect with the "
+                            f"flags the shards ran with")
+        k, n = head.get("shard"), head.get("of")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (k, n)) or not 1 <= k <= n:
+            raise UserError(f"shard {path}: shard {k!r} of {n!r} is not a shard K/N with 1 <= K <= N")
+        if total is not None and n != total:
+            raise UserError(f"shard {path}: one of {n} shards, where the others are of {total}")
+        total = n
+        if k in seen:
+            raise UserError(f"shard {path}: shard {k}/{n} again (also {seen[k]})")
+        if not head.get("complete") or len(report["found"]) != len(shard_indices((k, n), count)):
+            raise UserError(f"shard {path}: shard {k}/{n} was stopped before it finished; run it again")
+        seen[k] = path
+        for index, item in zip(shard_indices((k, n), count), report["found"]):
+            found[index] = item
+    missing = [k for k in range(1, (total or 0) + 1) if k not in seen]
+    if missing:
+        raise UserError(f"collect: shard {missing[0]}/{total} is missing" + (f" (and {len(missing) - 1} more)"
+                                                                          if len(missing) > 1 else ""))
+    items = [found[i] for i in range(count)]
+    for item in items:          # a deployment's best probe is one of its probes, as the search made it
+        for part in (item, item.get("burst") or {}):
+            if part.get("best") is not None:
+                part["best"] = next(p for p in part["probes"] if p["load"] == part["best"]["load"])
+    return items
+
+
+def read_replica_schedule(path: str) -> ReplicaSchedule:
+    """A CSV of time_s,replicas rows, times ascending from 0, at least one replica throughout."""
+    steps = []
+    for number, row in csv_rows(read_text(path, "replica schedule"), f"replica schedule {path}"):
+        where = f"replica schedule {path} line {number}"
+        if None in row or None in row.values() or not {"time_s", "replicas"} <= set(row):
+            raise UserError(f"{where}: expected the columns time_s,replicas")
+        at = trace_number(where, row, "time_s", 0, MAX_ARRIVAL_S, whole_number=False)
+        n = trace_number(where, row, "replicas", 1, 1024)
+        if steps and at <= steps[-1][0]:
+            raise UserError(f"{where}: time_s {at:g} is not after the line before's {steps[-1][0]:g}; sort the rows")
+        if not steps and at != 0:
+            raise UserError(f"{where}: the first row is at time_s {at:g}; a schedule starts at 0 with the replicas "
+                            f"running then")
+        steps.append((at, n))
+    if not steps:
+        raise UserError(f"replica schedule {path}: no rows; expected a header time_s,replicas and a row per change")
+    return ReplicaSchedule(path, tuple(steps))
 
 
 def trace_format(path: str, data: Optional[bytes] = None) -> str:
@@ -6853,6 +7052,13 @@ def print_run(result: dict, out=None) -> None:
       f"over {result['duration']:,.2f} s\n")
     for line in steady_lines(result.get("steady_state")) + seed_lines(result.get("seeds")):
         w(line + "\n")
+    plan = result.get("replica_schedule")
+    if plan:
+        paid = f", ${plan['usd']:,.2f}" if plan["usd"] is not None else ""
+        fleet = f", ${plan['fixed_fleet_usd']:,.2f}" if plan["fixed_fleet_usd"] is not None else ""
+        w(f"{'schedule':<12}{plan['least']} to {plan['most']} replicas (mean {plan['mean_replicas']:.2f}), each added "
+          f"serving {plan['scale_up_delay_s']:,.0f} s after it is asked for: {plan['gpu_hours']:,.2f} GPU-hours{paid}; "
+          f"{plan['most']} replicas all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}\n")
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
@@ -6867,7 +7073,10 @@ def print_run(result: dict, out=None) -> None:
     cost = result.get("cost")
     if cost:
         gpus = cfg.get("gpus")
-        w(f"{'cost':<12}${cost['usd_per_hour']:,.2f} an hour" + (f" ({gpus} GPUs)" if gpus and gpus > 1 else "")
+        paid = f" ({gpus} GPUs)" if gpus and gpus > 1 else ""
+        if plan:
+            paid = f" (a mean of {plan['mean_replicas'] * gpus / plan['most']:,.2f} GPUs over the schedule)"
+        w(f"{'cost':<12}${cost['usd_per_hour']:,.2f} an hour" + paid
           + f", ${cost['usd_per_month']:,.0f} a month of {cost['hours_per_month']:g} hours"
           + (f"  ${cost['usd_per_million_output_tokens']:,.3f} per million output tokens"
              if cost["usd_per_million_output_tokens"] is not None else "") + "\n")
@@ -7668,6 +7877,10 @@ def read_setting(args, f):
         for note in trace.notes:
             sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
         return trace
+    if f.name == "rate_profile" and value:
+        return read_rate_profile(value)
+    if f.name == "replica_schedule" and value:
+        return read_replica_schedule(value)
     if f.name == "ramp_up":
         given = [args.ramp_up, args.ramp_up_start_rps, args.ramp_up_end_rps]
         if any(v is not None for v in given) and any(v is None for v in given):

@@ -1,0 +1,139 @@
+"""Load that changes over time and replicas that come and go: a rate profile's arrivals, a
+replica schedule's spans, the router that sends work only to replicas that are ready and not let
+go, and what a schedule costs. Each checked on a case small enough to work out by hand."""
+import os
+import random
+import tempfile
+import unittest
+
+from helpers import call_cli, main
+
+
+def write(tmp, name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class RateProfiles(unittest.TestCase):
+    def test_arrivals_follow_each_window_and_none_falls_outside(self):
+        windows, end = ((0.0, 2.0), (1000.0, 0.0), (2000.0, 10.0)), 3000.0
+        times = main.profile_arrivals(windows, end, random.Random(1))
+        counts = [sum(start <= t < stop for t in times) for start, stop in ((0, 1000), (1000, 2000), (2000, 3000))]
+        self.assertEqual(counts[1], 0)                       # a window at rate 0 sends nothing
+        self.assertAlmostEqual(counts[0] / 2000, 1, delta=0.1)   # Poisson: 2,000 +- 45
+        self.assertAlmostEqual(counts[2] / 10000, 1, delta=0.05)
+        self.assertLess(max(times), end)
+        self.assertEqual(times, sorted(times))
+        self.assertEqual(main.profile_arrivals(windows, end, random.Random(1), limit=5), times[:5])
+
+    def test_the_profile_sets_the_requests_and_time_scale_stretches_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(tmp, "day.csv", "time_s,rate\n0,1\n100,3\n")
+            profile = main.read_rate_profile(path)
+            self.assertEqual(profile.end_s, 200)            # the last window as long as the one before
+            self.assertEqual(profile.mean_rate(0, 200), 2.0)
+            self.assertEqual(profile.mean_rate(50, 150), 2.0)
+            spec = main.RunSpec(rate_profile=profile, prompt_tokens=main.TokenRange(10, 10),
+                                output_tokens=main.TokenRange(5, 5))
+            once = main.run(spec)
+            self.assertEqual(once, main.run(spec))          # deterministic for a seed
+            self.assertAlmostEqual(once["completed"] / 400, 1, delta=0.15)
+            slow = main.run(main.replace(spec, time_scale=2.0))       # the same arrivals over twice the time
+            self.assertEqual(slow["completed"], once["completed"])
+            self.assertIn("rate profile", once["config"]["arrivals"])
+            capped = main.run(main.replace(spec, requests=50))
+            self.assertEqual(capped["completed"], 50)
+
+    def test_a_bad_profile_is_one_line_naming_the_line(self):
+        cases = {"time_s,rate\n0,1\n0,2\n": "line 3: time_s 0 is not after",
+                 "time_s,rate\n5,1\n10,2\n": "a profile starts at 0",
+                 "time_s,rate\n0,-1\n10,2\n": "'rate' must be a number from 0",
+                 "time_s,rate\n0,abc\n10,2\n": "'rate' must be a number",
+                 "time_s,rate\n0,1\n": "at least two rows",
+                 "hour,requests\n0,1\n1,2\n": "missing field 'time_s'",
+                 "time_s,rate\n0,0\n10,0\n": "sends no requests"}
+        with tempfile.TemporaryDirectory() as tmp:
+            for text, said in cases.items():
+                with self.subTest(text=text):
+                    code, out, err = call_cli("simulate", "--rate-profile", write(tmp, "p.csv", text))
+                    self.assertEqual(code, 2, err)
+                    self.assertIn(said, err)
+                    self.assertEqual(err.count("\n"), 1, err)
+            code, _, err = call_cli("simulate", "--rate-profile", write(tmp, "p.csv", "time_s,rate\n0,1\n10,1\n"),
+                                    "--rate", "2")
+            self.assertEqual(code, 2)
+
+
+class ReplicaSchedules(unittest.TestCase):
+    SCHEDULE = main.ReplicaSchedule("s", ((0.0, 1), (100.0, 3), (300.0, 2), (400.0, 1)))
+
+    def test_a_replica_asked_for_serves_after_the_delay_and_the_last_added_leaves_first(self):
+        spans = self.SCHEDULE.spans(30.0)
+        self.assertEqual(spans[0], [(0.0, 0.0, float("inf"))])          # running from the start
+        self.assertEqual(spans[1], [(100.0, 130.0, 400.0)])
+        self.assertEqual(spans[2], [(100.0, 130.0, 300.0)])
+
+    def test_the_router_sends_nothing_to_a_replica_before_it_is_ready_or_after_it_is_let_go(self):
+        spans = self.SCHEDULE.spans(30.0)
+        delivered = []
+        deliver = main.Engine.deliver
+
+        def recording(engine, at, request):
+            delivered.append((at, engine))
+            deliver(engine, at, request)
+
+        spec = main.RunSpec(rate=2.0, requests=1000, replica_schedule=self.SCHEDULE, scale_up_delay=30.0,
+                            router="round-robin", prompt_tokens=main.TokenRange(50, 50),
+                            output_tokens=main.TokenRange(20, 20))
+        main.Engine.deliver = recording
+        try:
+            result = main.run(spec)
+            engines_seen = {}
+            for at, engine in delivered:
+                engines_seen.setdefault(engine, []).append(at)
+        finally:
+            main.Engine.deliver = deliver
+        self.assertEqual(result["failed"], 0)
+        self.assertEqual(result["completed"], 1000)          # a replica let go finishes what it has
+        times = sorted(engines_seen.values(), key=len, reverse=True)
+        self.assertEqual(len(times), 3)
+        by_first = sorted(times, key=min)
+        self.assertEqual(min(by_first[0]), min(t for t, _ in delivered))
+        for sent in by_first[1:]:                            # replicas 2 and 3: only inside their spans
+            self.assertGreaterEqual(min(sent), 130.0)
+        self.assertLess(max(by_first[1] + by_first[2]), 400.0)
+        self.assertTrue(any(t >= 300 for t in by_first[1] + by_first[2]))   # one serves until 400
+        self.assertFalse(all(t >= 300 for t in by_first[1]) and all(t >= 300 for t in by_first[2]))
+
+    def test_a_schedule_is_paid_from_asking_to_letting_go(self):
+        report = main.schedule_report(self.SCHEDULE, self.SCHEDULE.spans(30.0), 30.0, 500.0, 2, 4.0)
+        paid = 500 + (400 - 100) + (300 - 100)          # replica seconds
+        self.assertAlmostEqual(report["gpu_hours"], paid * 2 / 3600)
+        self.assertAlmostEqual(report["fixed_fleet_gpu_hours"], 3 * 500 * 2 / 3600)
+        self.assertAlmostEqual(report["usd"], paid * 2 / 3600 * 4.0)
+        self.assertAlmostEqual(report["mean_replicas"], paid / 500)
+
+    def test_the_default_delay_is_start_up_and_the_weights_at_the_stated_bandwidth(self):
+        spec = main.RunSpec(model=main.MODELS["llama-3.1-8b"], replica_schedule=self.SCHEDULE)
+        self.assertAlmostEqual(main.scale_up_delay(spec), 48 + main.MODELS["llama-3.1-8b"].weight_bytes / 2e9)
+
+    def test_a_bad_schedule_is_one_line(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for text, said in {"time_s,replicas\n10,1\n": "starts at 0", "time_s,replicas\n0,0\n": "'replicas' must be",
+                               "time_s,replicas\n0,1\n0,2\n": "not after", "a,b\n0,1\n": "time_s,replicas"}.items():
+                with self.subTest(text=text):
+                    code, _, err = call_cli("simulate", "--replica-schedule", write(tmp, "s.csv", text), "--rate", "1")
+                    self.assertEqual(code, 2, err)
+                    self.assertIn(said, err)
+            path = write(tmp, "s.csv", "time_s,replicas\n0,1\n10,2\n")
+            code, _, err = call_cli("simulate", "--replica-schedule", path, "-dp", "3", "--rate", "1")
+            self.assertEqual(code, 2)
+            self.assertIn("drop --data-parallel-size 3", err)
+            code, _, err = call_cli("simulate", "--scale-up-delay", "10", "--rate", "1")
+            self.assertEqual(code, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
