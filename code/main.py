@@ -3681,6 +3681,172 @@ def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int
                       spread=probing.seeds > 1 and len(points) < jobs)
 
 
+# Plan: replicas window by window over a day of traffic. Each window's load (a rate profile's mean,
+# or a trace's arrivals counted) gets the fewest replicas whose sustained probe at that load meets
+# the SLO; the needs become a schedule an autoscaler could follow (replicas asked for at a
+# window's start serve after the scale-up delay; fewer are asked for only once the need has stayed
+# lower for scale_down_after, as Kubernetes' HPA stabilises a scale-down, 300 s by default); the
+# schedule is priced against a fleet sized for the peak, and the whole period is simulated with it.
+
+@dataclass(frozen=True)
+class Scaling:
+    window_s: float = 900.0
+    min_replicas: int = 1
+    max_replicas: int = 16
+    scale_down_after: float = 300.0
+    ahead: bool = False        # ask for each window's replicas the scale-up delay before it starts
+    scale_up_delay: Optional[float] = None     # None: an engine's start-up and its weights' load
+
+
+def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, float]]:
+    """(start s, end s, requests per second) of each window of the profile or the trace."""
+    if spec.rate_profile:
+        p, x = spec.rate_profile, spec.time_scale
+        end = p.end_s * x
+        edges = [i * window_s for i in range(math.ceil(end / window_s - 1e-9))] + [end]
+        return [(a, b, p.mean_rate(a / x, b / x) / x) for a, b in zip(edges, edges[1:])]
+    if not spec.trace:
+        raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
+    sends = sorted(row[0] * spec.time_scale for row in spec.trace.rows)
+    end = max(window_s, math.ceil(sends[-1] / window_s - 1e-9) * window_s)
+    edges = [i * window_s for i in range(round(end / window_s) + 1)]
+    counts = Counter(min(int(t // window_s), len(edges) - 2) for t in sends)
+    return [(a, b, counts[i] / (b - a)) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
+
+
+def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scaling, cache: dict,
+                    guess: int) -> tuple[int, Optional[dict]]:
+    """The replicas for `load`: `guess` (the load over what one replica sustains), or more until
+    their sustained probe meets the SLO, and that probe; (max + 1, None) if even max misses. Not
+    fewer than the guess: replicas behind a router pool their queues, so a short probe of fewer
+    can pass where the load, held for a window, would outgrow them."""
+    if load <= 0:
+        return scaling.min_replicas, None
+
+    def passes(n: int) -> Optional[dict]:
+        if (n, load) not in cache:
+            found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
+            cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
+        return cache[(n, load)]
+
+    n = min(max(guess, scaling.min_replicas), scaling.max_replicas)
+    if passes(n):
+        return n, passes(n)
+    while n < scaling.max_replicas:
+        n += 1
+        if passes(n):
+            return n, passes(n)
+    return scaling.max_replicas + 1, None
+
+
+def autoscaled(needs: list[int], windows: list[tuple], scaling: Scaling) -> list[int]:
+    """Replicas asked for at each window's start: the need now, or more while a higher need of
+    the last scale_down_after seconds still holds (a scale-down waits that long)."""
+    asked = []
+    for i, (start, _, _) in enumerate(windows):
+        recent = [need for need, (other, _, _) in zip(needs[:i + 1], windows) if other >= start - scaling.scale_down_after]
+        asked.append(min(scaling.max_replicas, max([scaling.min_replicas, needs[i], *recent])))
+    return asked
+
+
+MAX_REPAIRS = 3       # whole-period simulations a plan may add replicas after
+
+
+def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
+         progress: Optional[Callable[[str], None]] = None) -> dict:
+    """The plan of one deployment over the period of spec's rate profile or trace. A window's
+    probe holds its load for a steady window of probing.steady_requests, shorter than a window;
+    a backlog that builds more slowly shows only in the whole period. So the whole period is
+    simulated with the schedule, and where a window misses the SLO (for another reason than
+    replicas still starting), it gets one replica more and the period is simulated again."""
+    windows = plan_windows(spec, scaling.window_s)
+    deployment = replace(spec, rate_profile=None, data_parallel_size=1, replica_schedule=None, scale_up_delay=None)
+    one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
+    if one.get("does_not_fit"):
+        raise CapacityError(one["does_not_fit"])
+    per_replica = one.get("highest_load") or 0.0
+    cache: dict = {}
+    rows = []
+    for i, (start, end, load) in enumerate(windows):
+        key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
+        guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
+        need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
+        rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
+                     "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds} if probe else None,
+                     "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
+        if progress:
+            progress(f"window {i + 1}/{len(windows)}: {load:.3g} req/s needs {need} replica{'s' * (need != 1)}")
+    delay = scale_up_delay(replace(spec, scale_up_delay=scaling.scale_up_delay))
+    price = deployment_price(spec, [spec.hardware], spec.tensor_parallel_size)
+    duration = windows[-1][1]
+    report = {"deployment": simulate_command(deployment), "windows": rows, "window_s": scaling.window_s,
+              "one_replica_sustains": per_replica, "scale_up_delay_s": delay, "ahead": scaling.ahead,
+              "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
+              "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
+              "gpus_per_replica": spec.tensor_parallel_size}
+    for _ in range(MAX_REPAIRS + 1):
+        schedule = scheduled(rows, scaling, delay, price)
+        if not verify:
+            break
+        verified = simulated_windows(spec, rows, schedule, delay, probing, progress)
+        fixable = [r for r in rows if r["start_s"] in verified["windows_missing_the_slo"] and not r["short_s"]
+                   and r["needs"] < scaling.max_replicas]
+        if not fixable:
+            break
+        fixable[0]["needs"] += 1
+        fixable[0]["raised"] += 1
+    report["schedule"] = [{"time_s": t, "replicas": n} for t, n in schedule.steps]
+    report["totals"] = schedule_report(schedule, schedule.spans(delay), delay, duration, spec.tensor_parallel_size,
+                                       price / spec.tensor_parallel_size if price else None)
+    peak = max(min(r["needs"], scaling.max_replicas) for r in rows)
+    report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.tensor_parallel_size * duration / 3600,
+                            peak_fleet_usd=peak * price * duration / 3600 if price else None)
+    if verify:
+        report["verified"] = verified
+    return report
+
+
+def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[float]) -> ReplicaSchedule:
+    """The windows' needs as an autoscaler's schedule; each row gets what it asks for, how long
+    its added replicas leave it short, and what it costs."""
+    windows = [(r["start_s"], r["end_s"], r["load"]) for r in rows]
+    asked = autoscaled([min(r["needs"], scaling.max_replicas) for r in rows], windows, scaling)
+    lead = delay if scaling.ahead else 0.0
+    steps, before = [], None
+    for (start, _, _), n in zip(windows, asked):
+        if n != before:
+            steps.append((0.0 if before is None else max(0.0, start - lead) if n > before else start, n))
+            before = n
+    steps = [step for i, step in enumerate(steps) if i + 1 == len(steps) or steps[i + 1][0] > step[0]]
+    for i, (row, n) in enumerate(zip(rows, asked)):
+        grew = i > 0 and n > asked[i - 1]      # the added replicas serve only after the delay
+        row.update(asked=n, short_s=min(delay, row["end_s"] - row["start_s"]) if grew and not scaling.ahead else 0.0,
+                   usd=n * price * (row["end_s"] - row["start_s"]) / 3600 if price else None)
+    return ReplicaSchedule("plan", tuple(steps))
+
+
+def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule, delay: float, probing: Probing,
+                      progress: Optional[Callable[[str], None]]) -> dict:
+    """The whole period simulated with the schedule, its requests judged by the SLO window by window."""
+    whole = replace(spec, replica_schedule=schedule, data_parallel_size=1, detailed=True, requests=None,
+                    scale_up_delay=delay)
+    result = run(whole, progress)
+    measured = run_from_report(result, "the plan's whole period")
+    missed = []
+    for row in rows:
+        sent = [r for r in measured.requests if row["start_s"] <= r.sent_s < row["end_s"]]
+        row["simulated"] = None
+        if sent:
+            misses = probing.slo.misses(summarize(sent))
+            row["simulated"] = {"requests": len(sent), "misses": misses}
+            if misses:
+                missed.append(row["start_s"])
+    return {"requests": result["completed"] + result["failed"], "failed": result["failed"],
+            "windows_missing_the_slo": missed,
+            "of_them_scaling_up": [r["start_s"] for r in rows if r["start_s"] in missed and r["short_s"]],
+            **{k: result[k] for k in ("p95_ttft_ms", "median_tpot_ms", "output_throughput")}}
+
+
 # A search split over machines: shard K of N runs every N-th deployment from the K-th, as the
 # whole search would run it, and writes what it found; collect puts the shards back in the grid's
 # order, and the report is the whole search's. A fingerprint of the search (its settings, grid and
@@ -7198,6 +7364,61 @@ def print_validation(report: dict, w) -> None:
         w(f"skipped: {reason}\n")
 
 
+def clock_text(seconds: float) -> str:
+    """A time in the period as a clock: 09:15, or 1d 09:15 past the first day."""
+    days, rest = divmod(int(round(seconds)), 86400)
+    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
+
+
+def print_plan(report: dict, title: str, w) -> None:
+    totals, slo = report["totals"], report["slo"]
+    w(f"{title}\n")
+    w(f"one replica sustains up to {report['one_replica_sustains']:.4g} req/s within the slo; a replica added serves "
+      f"{report['scale_up_delay_s']:,.0f} s after it is asked for"
+      + (" (asked for that much ahead)" if report["ahead"] else "")
+      + f"; fewer are asked for once the need has been lower for {report['scale_down_after_s']:,.0f} s\n")
+    metrics = list(slo)
+    header = f"{'window':<13}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
+        + f"{'tpot p50':>10}{'$':>9}  note"
+    w(header + "\n")
+    for r in report["windows"]:
+        needs = f"{r['needs']}" if r["needs"] <= r["asked"] or r["needs"] <= max(1, r["asked"]) else f">{r['asked']}"
+        figures = "".join(f"{number((r['figures'] or {}).get(m)):>11}" for m in metrics)
+        notes = []
+        if r["raised"]:
+            notes.append(f"+{r['raised']} after simulating the period")
+        if r["short_s"]:
+            notes.append(f"the added replicas serve after {r['short_s']:,.0f} s")
+        simulated = r.get("simulated")
+        if simulated and simulated["misses"]:
+            notes.append("simulated: " + simulated["misses"][0])
+        usd = "-" if r["usd"] is None else f"{r['usd']:,.2f}"
+        w(f"{clock_text(r['start_s']) + '-' + clock_text(r['end_s']):<13}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
+          f"{figures}{number(r['median_tpot_ms']):>10}{usd:>9}  {'; '.join(notes)}".rstrip() + "\n")
+    money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
+    hours = report["windows"][-1]["end_s"] / 3600
+    w(f"schedule    {totals['least']} to {totals['most']} replicas (mean {totals['mean_replicas']:.2f}) over "
+      f"{hours:,.3g} h: {totals['gpu_hours']:,.1f} GPU-hours{money(totals['usd'])}\n")
+    w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.1f} GPU-hours"
+      f"{money(totals['peak_fleet_usd'])}")
+    if totals["usd"] is not None and totals["peak_fleet_usd"]:
+        w(f"; the schedule saves ${totals['peak_fleet_usd'] - totals['usd']:,.2f} "
+          f"({1 - totals['usd'] / totals['peak_fleet_usd']:.0%})")
+    w("\n")
+    if report["never_met"]:
+        w(f"never met   {len(report['never_met'])} windows need more than --max-replicas, from "
+          f"{clock_text(report['never_met'][0])}\n")
+    verified = report.get("verified")
+    if verified:
+        missed = verified["windows_missing_the_slo"]
+        scaling = len(verified["of_them_scaling_up"])
+        w(f"simulated   the whole period with this schedule: {verified['requests']:,} requests, "
+          f"{verified['failed']:,} failed; {len(missed)} of {len(report['windows'])} windows miss the slo"
+          + (f", {scaling} of them while added replicas start" if missed else "")
+          + (f" ({', '.join(clock_text(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
+          + "\n")
+
+
 SWEEP_COLUMNS = (
     ("out tok/s", lambda r: number(r["output_throughput"])),
     ("ttft p50", lambda r: number(r["median_ttft_ms"])),
@@ -7738,6 +7959,33 @@ def timeline_svg(title: str, rows: list[dict]) -> str:
     return svg_figure(title, [requests, kv, tokens], columns=1, width=760, height=260)
 
 
+def plan_svg(report: dict, title: str) -> str:
+    """The load over the period, and the replicas it needs, those asked for and those serving
+    (the added ones after the delay); windows whose whole-period simulation missed the SLO are
+    marked on the load."""
+    hours = lambda t: t / 3600
+    rows = report["windows"]
+    load = Panel("load", "hours", "requests/s", log_y=False)
+    load.add("offered", [(hours(t), r["load"]) for r in rows for t in (r["start_s"], r["end_s"])])
+    missed = set((report.get("verified") or {}).get("windows_missing_the_slo") or [])
+    for r in rows:
+        if r["start_s"] in missed:
+            load.marks.append((hours((r["start_s"] + r["end_s"]) / 2), r["load"], "slo missed"))
+    replicas = Panel("replicas", "hours", "replicas", log_y=False)
+    replicas.add("needed", [(hours(t), min(r["needs"], r["asked"] + 1)) for r in rows for t in (r["start_s"], r["end_s"])],
+                 "dashed")
+    replicas.add("asked for", [(hours(t), r["asked"]) for r in rows for t in (r["start_s"], r["end_s"])])
+    serving, before = [], None
+    for r in rows:
+        late = r["start_s"] + r["short_s"]
+        if before is not None and r["short_s"]:
+            serving += [(hours(r["start_s"]), before), (hours(late), before)]
+        serving += [(hours(late), r["asked"]), (hours(r["end_s"]), r["asked"])]
+        before = r["asked"]
+    replicas.add("serving", serving, "dashed")
+    return svg_figure(title, [load, replicas], columns=1, width=760, height=300)
+
+
 def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
     """Max load: each deployment's probes, load against the SLO's first metric (in the steady
     window, when sustained), its answer ringed; for a trace, the burst probes dashed beside them.
@@ -8099,6 +8347,46 @@ def cmd_sweep(args) -> int:
         if len(too_small) == len(results):
             return 1
     return failed_exit([r for r in results if not r.get("does_not_fit")])
+
+
+def cmd_plan(args) -> int:
+    slo = parse_slo(args.slo)
+    delay, args.scale_up_delay = args.scale_up_delay, None     # the plan's own, not a schedule's
+    spec = spec_from_args(args)
+    if spec.data_parallel_size != 1 or spec.replica_schedule:
+        raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
+    if not (spec.rate_profile or spec.trace):
+        raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
+    if args.min_replicas > args.max_replicas:
+        raise UserError(f"--min-replicas {args.min_replicas} is above --max-replicas {args.max_replicas}")
+    problem = undefined_slo(spec, slo)
+    if problem:
+        raise UserError(problem)
+    if args.plot:
+        check_writable(args.plot, "--plot", args)
+    probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    scaling = Scaling(args.window, args.min_replicas, args.max_replicas, args.scale_down_after, args.ahead, delay)
+    report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
+    where = f"{spec.hardware.name}" + (f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else "")
+    load = f"rate profile {spec.rate_profile.name}" if spec.rate_profile else f"trace {spec.trace.name}"
+    title = (f"plan {spec.model.name} on {where}  {load} in {len(report['windows'])} windows of "
+             f"{args.window / 60:g} min  slo {slo.text()}")
+    if args.json:
+        write_json(report)
+    elif args.csv:
+        print_csv([{"time_s": r["start_s"], "replicas": r["asked"], "end_s": r["end_s"], "load_rps": r["load"],
+                    "needs": r["needs"], "short_s": r["short_s"], "usd": r["usd"], **(r["figures"] or {}),
+                    "median_tpot_ms": r["median_tpot_ms"]} for r in report["windows"]])
+    else:
+        out = io.StringIO()
+        print_plan(report, title, out.write)
+        write_text(out.getvalue())
+    if args.plot:
+        write_file(args.plot, plan_svg(report, title))
+    if report["never_met"]:
+        sys.stderr.write(f"servesim: {len(report['never_met'])} windows need more than --max-replicas "
+                         f"{args.max_replicas}\n")
+    return 0
 
 
 def cmd_search(args) -> int:
@@ -8564,6 +8852,45 @@ def build_parser() -> argparse.ArgumentParser:
                        help="put the N shard reports of this same search (the same flags) back together and print "
                             "what the whole search prints; runs nothing (default: off)")
     p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("plan", help="replicas window by window over a day of traffic, as an autoscaler would run them",
+                       description="For each window of a --rate-profile (or a --trace's arrivals, counted), find the "
+                                   "fewest replicas whose sustained probe at that window's load meets every --slo "
+                                   "bound; turn the needs into a schedule (a replica added serves after "
+                                   "--scale-up-delay; fewer are asked for once the need has been lower for "
+                                   "--scale-down-after); price it against a fleet sized for the peak; and simulate "
+                                   "the whole period with it. --csv is a --replica-schedule simulate reads.")
+    add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency", "data_parallel_size",
+                                                               "replica_schedule")])
+    g = p.add_argument_group("plan")
+    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
+                   help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50")
+    g.add_argument("--window", type=real(10, 86_400), default=900.0, metavar="S",
+                   help="seconds a window lasts, each planned at its mean load (default: %(default)g, 15 minutes)")
+    g.add_argument("--min-replicas", type=whole(1, 1024), default=1, metavar="N", help="never fewer (default: 1)")
+    g.add_argument("--max-replicas", type=whole(1, 1024), default=16, metavar="N", help="never more (default: 16)")
+    g.add_argument("--scale-down-after", type=real(0, 86_400, above_low=False), default=300.0, metavar="S",
+                   help="ask for fewer replicas only once the need has been lower for S seconds, as Kubernetes' HPA "
+                        "stabilises a scale-down (default: %(default)g)")
+    g.add_argument("--ahead", action="store_true",
+                   help="ask for each window's added replicas the scale-up delay before it starts, as a scheduled "
+                        "scale-up does (default: off, at the window's start, as an autoscaler that follows load)")
+    add_seed_args(g, search=True)
+    g.add_argument("--no-verify", action="store_true",
+                   help="skip simulating the whole period with the schedule (default: simulate it)")
+    g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
+                   help="how close the one-replica capacity the first guesses start from is found (default: %(default)s)")
+    g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
+                   help="requests each probe sends in its steady window, as search's (default: %(default)s)")
+    out = p.add_argument_group("output")
+    out.add_argument("--plot", metavar="FILE.svg",
+                     help="draw the load over the period and the replicas needed, asked for and serving (default: off)")
+    fmt = out.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one JSON object: every window, the schedule, the totals, "
+                                                         "the whole-period simulation")
+    fmt.add_argument("--csv", action="store_true", help="CSV, a row per window: time_s,replicas first, so simulate "
+                                                        "--replica-schedule reads it")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("loadgen", help="measure the same metrics from a real OpenAI-compatible server",
                        description="Send streaming chat completions to an OpenAI-compatible server (llama.cpp, "

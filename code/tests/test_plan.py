@@ -135,5 +135,63 @@ class ReplicaSchedules(unittest.TestCase):
             self.assertEqual(code, 2)
 
 
+class Plans(unittest.TestCase):
+    def test_windows_take_the_profiles_mean_load(self):
+        profile = main.RateProfile("p", ((0.0, 1.0), (600.0, 4.0)), 1200.0)
+        windows = main.plan_windows(main.RunSpec(rate_profile=profile), 400.0)
+        self.assertEqual([(a, b) for a, b, _ in windows], [(0, 400), (400, 800), (800, 1200)])
+        self.assertEqual([load for _, _, load in windows], [1.0, (200 * 1 + 200 * 4) / 400, 4.0])
+
+    def test_a_scale_down_waits_while_a_higher_need_is_recent(self):
+        windows = [(i * 100.0, (i + 1) * 100.0, 0) for i in range(6)]
+        needs = [1, 3, 1, 1, 1, 2]
+        asked = main.autoscaled(needs, windows, main.Scaling(window_s=100, scale_down_after=150))
+        self.assertEqual(asked, [1, 3, 3, 1, 1, 2])     # at 200 the 3 of 100 is recent; at 300 it is not
+        capped = main.autoscaled(needs, windows, main.Scaling(window_s=100, scale_down_after=0, max_replicas=2,
+                                                              min_replicas=2))
+        self.assertEqual(capped, [2, 2, 2, 2, 2, 2])
+
+    def test_a_plan_prices_its_schedule_and_its_csv_replays_in_simulate(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
+            flags = ("--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500", "--output-tokens",
+                     "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100",
+                     "--scale-down-after", "0", "--scale-up-delay", "30")
+            code, out, err = call_cli("plan", *flags, "--json")
+            self.assertEqual(code, 0, err)
+            report = __import__("json").loads(out)
+            rows = report["windows"]
+            self.assertEqual([r["load"] for r in rows], [1.0, 8.0, 2.0])
+            self.assertGreater(rows[1]["asked"], rows[0]["asked"])
+            self.assertEqual(rows[1]["short_s"], 30.0)            # its added replicas start 30 s in
+            per_gpu = main.HARDWARE["l4-24gb"].price_per_hour
+            self.assertAlmostEqual(report["totals"]["usd"], sum(r["asked"] for r in rows) * per_gpu * 600 / 3600)
+            peak = max(r["needs"] for r in rows)
+            self.assertAlmostEqual(report["totals"]["peak_fleet_usd"], peak * per_gpu * 1800 / 3600)
+            self.assertEqual(report["verified"]["failed"], 0)
+            self.assertEqual(report["schedule"][0], {"time_s": 0.0, "replicas": rows[0]["asked"]})
+            code, csv_text, err = call_cli("plan", *flags, "--csv", "--no-verify")
+            self.assertEqual(code, 0, err)
+            schedule = write(tmp, "plan.csv", csv_text)
+            code, out, err = call_cli("simulate", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens",
+                                      "500", "--output-tokens", "100", "--replica-schedule", schedule,
+                                      "--scale-up-delay", "30", "--json")
+            self.assertEqual(code, 0, err)
+            replayed = __import__("json").loads(out)["replica_schedule"]
+            self.assertAlmostEqual(replayed["mean_replicas"] * 1800, sum(r["asked"] for r in rows) * 600, delta=20)   # its own duration
+
+    def test_plan_needs_changing_load_and_a_sane_range(self):
+        code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate", "1")
+        self.assertEqual(code, 2)
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,2\n")
+            for flags, said in ((("--min-replicas", "4", "--max-replicas", "2"), "above --max-replicas"),
+                                (("--window", "1"), "--window"), (("-dp", "2"), "-dp")):
+                with self.subTest(flags=flags):
+                    code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate-profile", profile, *flags)
+                    self.assertEqual(code, 2, err)
+                    self.assertIn(said, err)
+
+
 if __name__ == "__main__":
     unittest.main()
