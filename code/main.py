@@ -3028,9 +3028,11 @@ def schedule_report(schedule: ReplicaSchedule, spans: list, delay: float, durati
             "usd": gpu_hours * price if price else None, "fixed_fleet_usd": fixed * price if price else None}
 
 
-def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False) -> dict:
+def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False,
+        requests_out: Optional[list] = None) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
-    with `timeline`, per-second stats in the shape vLLM logs them."""
+    with `timeline`, per-second stats in the shape vLLM logs them; `requests_out` is given the
+    measured requests themselves, for a caller that summarises them its own way."""
     schedule = spec.replica_schedule
     if schedule:
         spec = replace(spec, data_parallel_size=schedule.most)
@@ -3053,6 +3055,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
                                         f"requests done, {clock:,.1f} s simulated")
     simulate(server, requests, spec.clients(), report)
     done = [r for e in engines for r in e.scheduler.done if r.measured]
+    if requests_out is not None:
+        requests_out.extend(done)
     result = summarize(done, sum((e.scheduler.itl for e in engines), Counter()), dict(spec.goodput))
     if spec.warmup:
         result["warmup_requests"] = spec.warmup
@@ -3828,13 +3832,12 @@ def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[
 def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule, delay: float, probing: Probing,
                       progress: Optional[Callable[[str], None]]) -> dict:
     """The whole period simulated with the schedule, its requests judged by the SLO window by window."""
-    whole = replace(spec, replica_schedule=schedule, data_parallel_size=1, detailed=True, requests=None,
-                    scale_up_delay=delay)
-    result = run(whole, progress)
-    measured = run_from_report(result, "the plan's whole period")
+    whole = replace(spec, replica_schedule=schedule, data_parallel_size=1, requests=None, scale_up_delay=delay)
+    done: list = []
+    result = run(whole, progress, requests_out=done)
     missed = []
     for row in rows:
-        sent = [r for r in measured.requests if row["start_s"] <= r.sent_s < row["end_s"]]
+        sent = [r for r in done if row["start_s"] <= r.sent_s < row["end_s"]]
         row["simulated"] = None
         if sent:
             misses = probing.slo.misses(summarize(sent))
