@@ -4494,6 +4494,21 @@ def csv_rows(text: str, where: str) -> Iterator[tuple[int, dict]]:
         raise UserError(f"{where} line {reader.line_num}: not readable as CSV ({e})") from None
 
 
+# What a terminal acts on instead of printing (C0 and C1 controls: ESC starts a sequence that can
+# set the window title or clear the screen; bidirectional overrides reorder what is shown), and
+# what no encoding can write (a lone surrogate, which JSON's \ud800 escape makes).
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text from a server, safe to print, store and draw: whitespace controls become spaces, the
+    other characters above their escapes (\\x1b, \\ud800)."""
+    def escaped(match) -> str:
+        c = match.group()
+        return " " if c in "\t\n\r" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return UNPRINTABLE.sub(escaped, text)
+
+
 @dataclass
 class PublishedRun:
     """A published run as servesim replays it: where it comes from, the deployment, the load, and
@@ -4509,8 +4524,23 @@ class PublishedRun:
     folder: str
 
 
-PUBLISHED_LOADS = {"concurrency": (1, 100_000), "requests": (1, MAX_REQUESTS), "warmup": (0, MAX_REQUESTS),
-                   "prompt_tokens": (1, 10**7), "output_tokens": (1, 10**7)}
+# Settings a run's description may not give: validate sets them, or the load does.
+NOT_PUBLISHED_SETTINGS = {
+    **{name: "the row's engine field names the engine" for name in ("engine",)},
+    **{name: "validate's --cost-model chooses it" for name in ("cost_model",)},
+    **{name: "the load field describes the load" for name in (
+        "rate", "concurrency", "requests", "warmup", "prompt_tokens", "output_tokens", "trace", "rate_profile",
+        "ramp_up", "turns", "think_time", "burstiness", "time_scale", "trace_repeats", "prefix_tokens",
+        "num_prefixes", "max_model_len", "seed")},
+    **{name: "the row's hardware and model fields name them" for name in ("hardware", "model", "decode_hardware",
+                                                                          "draft_model")},
+    **{name: "it is not part of a deployment" for name in (
+        "goodput", "detailed", "price_per_hour", "hours_per_month", "steady_skip", "min_served",
+        "max_queue_growth", "simulator", "replica_schedule", "scale_up_delay")},
+}
+# A published run is replayed whole: these bound one run to minutes, not hours.
+PUBLISHED_LOADS = {"concurrency": (1, 4096), "requests": (1, 20_000), "warmup": (0, 20_000),
+                   "prompt_tokens": (1, 10**6), "output_tokens": (1, 10**5)}
 PUBLISHED_FIGURES = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
 
 
@@ -4524,9 +4554,13 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
         path = os.path.join(folder, source, "runs.json")
         if not os.path.isfile(path):
             continue
-        data = parse_json(read_text(path, "runs"), f"runs {path}", "expected {\"runs\": [...]}")
-        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-            raise UserError(f"runs {path}: expected an object with a list of runs")
+        try:
+            data = parse_json(read_text(path, "runs"), f"runs {path}", "expected {\"runs\": [...]}")
+            if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+                raise UserError(f"runs {path}: expected an object with a list of runs")
+        except UserError as e:      # one broken source is listed; the others still score
+            skipped.append(str(e))
+            continue
         for i, row in enumerate(data["runs"]):
             where = f"runs {path} run {i + 1}"
             try:
@@ -4534,16 +4568,20 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
             except UserError as e:
                 skipped.append(str(e))
     if not runs:
-        raise UserError(f"corpus {folder}: no runs to score" + (f" ({skipped[0]})" if skipped else ""))
+        hint = "" if skipped else "; pass the folder that holds the sources, each a folder with a runs.json"
+        raise UserError(f"corpus {folder}: no runs to score" + (f" ({skipped[0]})" if skipped else hint))
     return runs, skipped
 
 
 def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     if not isinstance(row, dict) or not isinstance(row.get("name"), str):
         raise UserError(f"{where}: expected an object with a name")
-    where = f"{where} ({row['name']})"
+    where = f"{where} ({printable(row['name'][:80])})"
     engine = row.get("engine")
-    if engine not in ENGINES:
+    for key in ("engine", "hardware", "model"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise UserError(f"{where}: {key} must be a name, got {printable(str(row[key])[:40])}")
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise UserError(f"{where}: engine {engine!r} has no profile; use one of {', '.join(ENGINES)}")
     given = row.get("settings") or {}
     if not isinstance(given, dict):
@@ -4551,6 +4589,10 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     unknown = sorted(set(given) - set(SETTINGS))
     if unknown:
         raise UserError(f"{where}: unknown setting {unknown[0]!r}")
+    theirs = sorted(set(given) & set(NOT_PUBLISHED_SETTINGS))
+    if theirs:
+        raise UserError(f"{where}: settings.{theirs[0]} is not a deployment setting: "
+                        + NOT_PUBLISHED_SETTINGS[theirs[0]])
     settings = {}
     for name, value in given.items():      # each held to what its flag accepts
         kind = SETTINGS[name].metadata["kind"]
@@ -4569,6 +4611,15 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     load = row.get("load")
     if not isinstance(load, dict):
         raise UserError(f"{where}: no load to replay")
+    odd = sorted(set(load) - {"replay", "all_at_once", *PUBLISHED_LOADS})
+    if odd:
+        raise UserError(f"{where}: load.{printable(str(odd[0])[:40])} is not a load field; use replay, all_at_once, "
+                        f"{', '.join(PUBLISHED_LOADS)}")
+    if "all_at_once" in load and not isinstance(load["all_at_once"], bool):
+        raise UserError(f"{where}: load.all_at_once must be true or false")
+    if "replay" in load and (not isinstance(load["replay"], str) or os.path.isabs(load["replay"])
+                             or ".." in load["replay"].split("/")):
+        raise UserError(f"{where}: load.replay must name a folder inside the source's folder")
     if "replay" in load:
         if not os.path.isfile(os.path.join(folder, str(load["replay"]), "requests.jsonl")):
             raise UserError(f"{where}: no {load['replay']}/requests.jsonl to replay")
@@ -4587,7 +4638,7 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
         raise UserError(f"{where}: measured must give positive numbers for some of {', '.join(PUBLISHED_FIGURES)}")
     if not measured and "replay" not in load:
         raise UserError(f"{where}: nothing measured to score")
-    return PublishedRun(source, row["name"], engine, str(row.get("engine_version") or ""), settings, load, measured,
+    return PublishedRun(source, printable(row["name"]), engine, str(row.get("engine_version") or ""), settings, load, measured,
                         str(row.get("cite") or ""), folder)
 
 
@@ -5091,21 +5142,6 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
     credentials = (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) \
         if parts.username is not None else None
     return parts.scheme, parts.hostname, port, base, credentials
-
-
-# What a terminal acts on instead of printing (C0 and C1 controls: ESC starts a sequence that can
-# set the window title or clear the screen; bidirectional overrides reorder what is shown), and
-# what no encoding can write (a lone surrogate, which JSON's \ud800 escape makes).
-UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """Text from a server, safe to print, store and draw: whitespace controls become spaces, the
-    other characters above their escapes (\\x1b, \\ud800)."""
-    def escaped(match) -> str:
-        c = match.group()
-        return " " if c in "\t\n\r" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-    return UNPRINTABLE.sub(escaped, text)
 
 
 def redact_url(url: str) -> str:
@@ -6187,8 +6223,9 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
     Returns the hardware, each observation's error (predicted / measured - 1), and what was kept."""
     def hardware(params: list[float]) -> Hardware:
         bandwidth, tflops, overhead = (float(f"{math.exp(v):.6g}") for v in params[:3])
-        return Hardware(name, base.memory_gib, bandwidth, tflops, mbu=1.0, mfu=1.0, step_overhead_ms=overhead,
-                        reserve_gib=base.reserve_gib, seq_overhead_ms=float(f"{params[3] ** 2:.6g}"))
+        # The base preset's other figures (memory, reserve, link, price, kernel floors) are kept.
+        return replace(base, name=name, bandwidth_gbs=bandwidth, tflops=tflops, mbu=1.0, mfu=1.0,
+                       step_overhead_ms=overhead, seq_overhead_ms=float(f"{params[3] ** 2:.6g}"))
 
     def errors(h: Hardware) -> list[float]:
         return [cost_model("roofline", h, model).step_seconds(o.tokens, o.context, o.seqs) / o.seconds - 1 for o in found]
@@ -6379,7 +6416,9 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             "gpus": spec.tensor_parallel_size * spec.data_parallel_size, "near_capacity": busy >= NEAR_CAPACITY,
             "rows": rows, "sustained": {"measured": None if verdict is None else verdict.get("sustained"),
                                         "servesim": None if predicted is None or verdict is None else predicted.get("sustained")},
-            "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite}
+            "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
+            "failed": simulated["failed"], "sent": simulated["completed"] + simulated["failed"],
+            "failure": next(iter((simulated.get("first_error_by_kind") or {}).values()), None)}
 
 
 # Validation: every published run replayed, scored out of sample. The kernel model's one fitted
@@ -6424,9 +6463,14 @@ def left_out_fits(results: list[dict]) -> dict[str, Optional[float]]:
 
 def replay_or_skip(published: PublishedRun, cost_model: str, kernel_scale: Optional[float] = None) -> dict:
     try:
-        return replay_published(published, cost_model, kernel_scale)
+        result = replay_published(published, cost_model, kernel_scale)
     except (UserError, CapacityError) as e:
         return {"name": published.name, "source": published.source, "skipped": str(e)}
+    if result["failed"]:        # the real server served them all: this is not the deployment it ran
+        return {"name": published.name, "source": published.source,
+                "skipped": f"{result['failed']:,} of {result['sent']:,} simulated requests failed "
+                           f"({result['failure']}); check the run's settings"}
+    return result
 
 
 def replay_all(runs: list[PublishedRun], cost_model: str, scales: list, jobs: int,
@@ -6477,6 +6521,8 @@ def validate(folder: str, cost_model: str = "kernels", jobs: int = 1,
         results = replay_all(runs, cost_model, [None] * len(runs), jobs, progress)
     skipped += [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]
     results = [r for r in results if "skipped" not in r]
+    if not results:
+        raise UserError(f"corpus {folder}: no run could be replayed ({skipped[0]})")
     return {"corpus": folder, "cost_model": cost_model, "runs": results, "skipped": skipped,
             "kernel_scale": {"left_out": fits, "all_sources": every, "in_use": KERNEL_SCALE} if fits else None,
             "summary": validation_summary(results)}
@@ -7362,7 +7408,8 @@ def print_validation(report: dict, w) -> None:
     if scale:
         w("kernel scale fitted without each source: "
           + ", ".join(f"{source} {'unfitted' if fit is None else format(fit, '.2f')}" for source, fit in scale["left_out"].items())
-          + f"; on all sources {scale['all_sources']:.2f} (KERNEL_SCALE holds {scale['in_use']:.2f})\n")
+          + "; on all sources " + ("unfitted" if scale["all_sources"] is None else f"{scale['all_sources']:.2f}")
+          + f" (KERNEL_SCALE holds {scale['in_use']:.2f})\n")
     for reason in report["skipped"]:
         w(f"skipped: {reason}\n")
 
@@ -8631,6 +8678,9 @@ def cmd_validate(args) -> int:
     return 0
 
 
+CALIBRATION_MISS = 0.25      # a fit that misses a measured step by more is not a calibration
+
+
 def cmd_calibrate(args) -> int:
     found, model_names = [], set()
     for path in args.reports:
@@ -8649,13 +8699,19 @@ def cmd_calibrate(args) -> int:
         model = MODELS[next(iter(model_names))]
     else:
         raise UserError(f"the reports do not name one model preset ({', '.join(map(str, model_names))}); pass --model")
-    if len(found) < 3:
-        raise UserError(f"only {len(found)} measured steps in these reports; calibrate needs three: pass a "
+    shapes = len({(o.tokens, o.context, o.seqs) for o in found})
+    if shapes < 3:
+        raise UserError(f"only {shapes} different measured steps in these reports; calibrate needs three: pass a "
                         f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
     base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     if args.out:
         check_writable(args.out, "--out", args)
     hardware, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
+    worst = max(range(len(found)), key=lambda i: abs(errors[i]))
+    if abs(errors[worst]) > CALIBRATION_MISS:
+        raise CapacityError(f"the best fit still misses {found[worst].label} by {errors[worst]:+.0%}: these runs do not "
+                            f"fit one roofline on {base.name}; pass --hardware the device they ran on (and check "
+                            f"--model), nothing written")
     if args.out:
         write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
     else:

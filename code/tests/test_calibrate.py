@@ -75,6 +75,28 @@ class Recovery(unittest.TestCase):
         self.assertNotIn("catches up", summary)
 
 
+    def test_the_base_presets_other_figures_are_kept(self):
+        fitted, _ = self.calibrate(self.report("cpu-4vcpu", 1, 40), self.report("cpu-4vcpu", 4, 40))
+        base = main.HARDWARE["cpu-4vcpu"]
+        for key in ("memory_gib", "reserve_gib", "interconnect_gbs", "price_per_hour", "kernel_floor_us"):
+            self.assertEqual(fitted[key], getattr(base, key), key)
+
+    def test_the_same_run_three_times_is_not_three_steps(self):
+        path = self.report("cpu-4vcpu", 1, 40)
+        code, _, err = run_cli("calibrate", path, path, path)
+        self.assertEqual(code, 2)
+        self.assertIn("only 2 different measured steps", err)
+
+    def test_runs_no_roofline_on_the_base_fits_are_refused_and_nothing_written(self):
+        """A GPU's runs fitted on the CPU preset once wrote a hardware file 10,000% off."""
+        reports = [self.report("h100-sxm-80gb", c, 40) for c in (1, 4)]
+        out = os.path.join(self.tmp.name, "fitted.json")
+        code, _, err = run_cli("calibrate", *reports, "--out", out)
+        self.assertEqual(code, 1, err)
+        self.assertIn("the best fit still misses", err)
+        self.assertFalse(os.path.exists(out))
+
+
 class BadReports(unittest.TestCase):
     def test_too_few_measured_steps_and_unreadable_files_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -97,6 +97,51 @@ class Corpus(unittest.TestCase):
         self.assertIn("engine 'tgi' has no profile; use one of vllm, sglang, trtllm, llamacpp", out)
         self.assertIn("  fine ", out)
 
+    def test_hostile_rows_are_skipped_with_their_reason_never_a_traceback(self):
+        rows = {"engine as a list": {**closed_loop_run("a"), "engine": ["vllm"]},
+                "model as an object": {**closed_loop_run("b"), "model": {"name": "x"}},
+                "the engine in settings": {**closed_loop_run("c"), "settings": {"engine": "trtllm"}},
+                "the cost model in settings": {**closed_loop_run("d"), "settings": {"cost_model": "kernels"}},
+                "a goodput in settings": {**closed_loop_run("e"), "settings": {"goodput": "ttft:100"}},
+                "a typo in the load": {**closed_loop_run("f"), "load": {**closed_loop_run("f")["load"], "warmpu": 3}},
+                "a run too big to replay": {**closed_loop_run("g"), "load": {**closed_loop_run("g")["load"],
+                                                                              "requests": 2_000_000}},
+                "a replay outside the source": {**closed_loop_run("h"), "load": {"replay": "/etc"}},
+                "every request fails": {**closed_loop_run("i"), "settings": {"max_tokens_in_flight": 50}},
+                "a name with escapes": {**closed_loop_run("j\x1b[31m\nred")}}
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": list(rows.values()), "b": [closed_loop_run("fine")]})
+            os.makedirs(os.path.join(tmp, "broken"))
+            with open(os.path.join(tmp, "broken", "runs.json"), "w") as f:
+                f.write("{not json")
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("Traceback", out + err)
+        self.assertNotIn("\x1b", out)
+        self.assertIn("j\\x1b[31m red", out)             # escaped, and its run still scores
+        for said in ("engine must be a name", "model must be a name", "settings.engine is not a deployment setting",
+                     "settings.cost_model is not", "settings.goodput is not", "load.warmpu is not a load field",
+                     "load.requests must be a whole number from 1 to 20,000", "load.replay must name a folder",
+                     "simulated requests failed", "broken/runs.json"):
+            self.assertIn(said, out)
+        self.assertIn("  fine ", out)
+
+    def test_a_corpus_whose_every_run_is_skipped_is_one_line_and_exit_2(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": [{**closed_loop_run("x"), "settings": {"max_tokens_in_flight": 50}}]})
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 2)
+        self.assertEqual(out, "")
+        self.assertIn("no run could be replayed", err)
+
+    def test_a_kernel_fit_with_nothing_to_fit_says_unfitted(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": [{**closed_loop_run("x"), "measured": {"mean_ttft_ms": 20.0}}],
+                               "b": [{**closed_loop_run("y"), "measured": {"mean_ttft_ms": 30.0}}]})
+            code, out, err = call_cli("validate", tmp, "--cost-model", "kernels", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("on all sources unfitted", out)
+
     def test_a_folder_with_no_runs_is_one_line_and_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:
             code, out, err = call_cli("validate", tmp)
