@@ -4345,8 +4345,14 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
-    shape = (report.get("server") or {}).get("shape") if isinstance(report.get("server"), dict) else None
-    if isinstance(shape, dict) and "unknown" not in shape:       # loadgen kept the server's /props
+    server = report.get("server")
+    shape = server.get("shape") if isinstance(server, dict) else None
+    if server is not None and not isinstance(server, dict) or shape is not None and not isinstance(shape, dict):
+        raise UserError(f"{kind} {name}: server and server.shape must be objects, as loadgen writes them")
+    if isinstance(shape, dict) and "unknown" in shape:
+        notes.append(f"the server's shape is unknown ({printable(str(shape['unknown'])[:120])}): servesim's defaults "
+                     f"stand in; pass --max-num-seqs and --kv-tokens as the server ran")
+    elif isinstance(shape, dict):       # loadgen kept the server's /props
         for key, (low, high) in SERVER_SHAPE.items():
             value = shape.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -8642,6 +8648,11 @@ def cmd_compare(args) -> int:
         sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
     for note in measured.notes:
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
+    if simulated["failed"]:
+        kinds = "; ".join(f"{n:,} x {kind}" for kind, n in simulated["errors_by_kind"].items())
+        sys.stderr.write(f"servesim: {simulated['failed']:,} of {simulated['completed'] + simulated['failed']:,} "
+                         f"simulated requests failed ({kinds}): servesim's figures are of the rest; check the "
+                         f"settings against the server's\n")
     timeline = simulated.pop("timeline", None)
     if args.json:
         write_json(compared)

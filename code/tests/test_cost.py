@@ -179,6 +179,26 @@ class Compare(unittest.TestCase):
         for name, error in e.items():
             self.assertAlmostEqual(error, 0.0, places=9, msg=name)
 
+    def test_a_loadgen_report_carries_the_servers_shape_and_compare_simulates_it(self):
+        report = {"input_lens": [100] * 6, "output_lens": [20] * 6, "ttfts": [0.05] * 6, "itls": [[0.01] * 19] * 6,
+                  "errors": [""] * 6, "start_times": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], "config": {"max_concurrency": 2}}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.json")
+            flags = ("--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--json")
+            for shape, said, code_wanted in (
+                    ({"max_num_seqs": 4, "kv_tokens": 4096, "max_num_batched_tokens": 2048}, "4 slots, 4,096 KV tokens", 0),
+                    ({"unknown": "no llama.cpp /props (HTTP 404)"}, "servesim's defaults stand in", 0),
+                    ([4, 4096, 2048], "server.shape must be objects", 2),
+                    ({"max_num_seqs": 4, "kv_tokens": 64, "max_num_batched_tokens": 2048}, "simulated requests failed", 0)):
+                with self.subTest(shape=shape):
+                    with open(path, "w") as f:
+                        json.dump({**report, "server": {"shape": shape}}, f)
+                    code, out, err = call_cli("compare", path, *flags)
+                    self.assertEqual(code, code_wanted, err)
+                    self.assertIn(said, err)
+                    if code == 0 and isinstance(shape, dict) and "kv_tokens" in shape:
+                        self.assertEqual(json.loads(out)["servesim"]["config"]["max_num_seqs"], 4)
+
     def test_a_bench_result_without_start_times_uses_its_rate_and_says_so(self):
         report = {"input_lens": [100, 200], "output_lens": [10, 20], "ttfts": [0.05, 0.06], "itls": [[0.01] * 9, [0.01] * 19],
                   "errors": ["", ""], "request_rate": 4.0}
