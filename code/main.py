@@ -2778,8 +2778,8 @@ def check_spec(spec: RunSpec) -> None:
             raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
         if spec.rate or spec.concurrency or spec.trace:
             raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
-    if spec.rate_profile and spec.ramp_up:
-        raise UserError("--rate-profile and a ramp are two ways to vary the rate: give one")
+    if spec.rate_profile and (spec.ramp_up or spec.rate or spec.concurrency or spec.trace):
+        raise UserError("--rate-profile sets the arrivals: drop --rate, --concurrency, --trace and the ramp")
     if spec.burstiness != 1 and not (spec.ramp_up or spec.rate or spec.rate_profile):
         raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
     if spec.warmup:
@@ -7587,7 +7587,7 @@ def settings_line(spec: RunSpec, axes: list[str]) -> str:
     what the title already says (hardware, model, workload)."""
     shown = {"hardware", "model", "trace", "requests", "prompt_tokens", "output_tokens", "prefix_tokens",
              "num_prefixes", "simulator", "disaggregate", "prefill_hardware", "decode_hardware", *axes,
-             "turns", "think_time", "burstiness", "ramp_up",         # the arrivals in the title say these
+             "turns", "think_time", "burstiness", "ramp_up", "rate_profile",     # the arrivals in the title say these
              "rate", "concurrency", *(("batching", "kv_layout") if "compare" in axes else ())}
     default, words = RunSpec(), []
     for f in SETTINGS.values():
@@ -8353,7 +8353,8 @@ def cmd_sweep(args) -> int:
     table = None
     if not (args.json or args.csv):
         workload = (f"trace {args.trace}" if args.trace else
-                    f"{spec.requests or DEFAULT_REQUESTS:,} requests  prompt {spec.prompt_tokens}  "
+                    (f"{spec.requests:,} requests  " if spec.requests else "" if spec.rate_profile else
+                     f"{DEFAULT_REQUESTS:,} requests  ") + f"prompt {spec.prompt_tokens}  "
                     f"output {spec.output_tokens}"
                     + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
                     + ("" if {"rate", "concurrency"} & set(axes) else
@@ -8451,6 +8452,8 @@ def cmd_search(args) -> int:
     axes, points = search_grid(given)
     by, target = ("rate", args.target_rate) if args.target_rate else \
         ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load, None)
+    if args.rate_profile:
+        raise UserError("search finds one load a deployment sustains; a --rate-profile's changing load is for plan")
     if args.trace and (by == "concurrency" or args.time_scale is not None):
         raise UserError("search scales a --trace's arrivals itself: give --rate R (or nothing, to find the highest "
                         "rate), not --concurrency, --load concurrency or --time-scale")
