@@ -48,6 +48,7 @@ import heapq
 import csv
 import datetime
 import difflib
+import email.utils
 import functools
 import hashlib
 import http.client
@@ -2330,6 +2331,13 @@ def choice(*names: str) -> Callable[[str], str]:
     return parse
 
 
+def shard_of(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N (e.g. 3/8: the third of eight shards)")
+    return int(match.group(1)), int(match.group(2))
+
+
 def on_off(text: str) -> bool:
     if text.lower() in ("on", "true", "yes", "1"):
         return True
@@ -2376,6 +2384,7 @@ GROUPS = {
     "disaggregation": "prefill/decode disaggregation", "workload": "workload", "slo": "SLOs and cost",
     "simulator": "simulator", "server": "server", "load": "load",
     "sustained": "sustained load: the steady window and its verdict (see README, Sustained capacity)",
+    "machines": "across machines (see README, Load from many machines)",
 }
 
 
@@ -2698,7 +2707,9 @@ class RunSpec:
             return f"{shape} ramp {strategy} {start:g} to {end:g} {unit}" + chats
         if self.rate_profile:
             p, x = self.rate_profile, self.time_scale
-            return (f"{shape} rate profile {p.name} ({len(p.windows)} windows over {p.end_s * x / 3600:,.3g} h, "
+            span = p.end_s * x
+            span = f"{span / 3600:,.3g} h" if span >= 3600 else f"{span / 60:,.3g} min" if span >= 60 else f"{span:,.3g} s"
+            return (f"{shape} rate profile {p.name} ({len(p.windows)} windows over {span}, "
                     f"mean {p.mean_rate(0, p.end_s) / x:,.3g}, peak {max(r for _, r in p.windows) / x:,.3g} {unit})"
                     + chats)
         return f"{shape} {self.rate:g} {unit}" + chats
@@ -2960,6 +2971,24 @@ def repeated_rows(rows: tuple, copies: int) -> list:
     return out
 
 
+def profile_sends(profile: RateProfile, time_scale: float, seed: int, burstiness: float, limit: int) -> list[float]:
+    """A rate profile's send times (at most `limit`, 0 for all), its times stretched by
+    `time_scale`; simulate and loadgen draw the same ones for the same seed."""
+    p, x = profile, time_scale
+    windows, end = tuple((start * x, rate / x) for start, rate in p.windows), p.end_s * x
+    if end > MAX_ARRIVAL_S:
+        raise UserError(f"rate profile {p.name} at time scale {x:g} spans {end / 86400:,.0f} days; servesim "
+                        f"simulates up to a year")
+    expected = p.mean_rate(0, p.end_s) * p.end_s
+    if not limit and expected > MAX_REQUESTS:
+        raise UserError(f"rate profile {p.name} sends about {expected:,.0f} requests; servesim simulates up to "
+                        f"{MAX_REQUESTS:,}: cap them with --requests, or lower its rates")
+    sends = profile_arrivals(windows, end, random.Random(seed + PROFILE_SEED), burstiness, limit)
+    if not sends:
+        raise UserError(f"rate profile {p.name} sends no requests: its rates are 0, or too low for its windows")
+    return sends
+
+
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
         rows = repeated_rows(spec.trace.rows, spec.trace_repeats)
@@ -2973,19 +3002,7 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
     rng = random.Random(spec.seed)
     count = spec.requests or DEFAULT_REQUESTS
     if spec.rate_profile:        # the profile sets the count: its send times are drawn first, apart
-        p, x = spec.rate_profile, spec.time_scale
-        windows, end = tuple((start * x, rate / x) for start, rate in p.windows), p.end_s * x
-        if end > MAX_ARRIVAL_S:
-            raise UserError(f"rate profile {p.name} at time scale {x:g} spans {end / 86400:,.0f} days; servesim "
-                            f"simulates up to a year")
-        expected = p.mean_rate(0, p.end_s) * p.end_s
-        if not spec.requests and expected > MAX_REQUESTS:
-            raise UserError(f"rate profile {p.name} sends about {expected:,.0f} requests; servesim simulates up to "
-                            f"{MAX_REQUESTS:,}: cap them with --requests, or lower its rates")
-        sends = profile_arrivals(windows, end, random.Random(spec.seed + PROFILE_SEED), spec.burstiness,
-                                 spec.requests or 0)
-        if not sends:
-            raise UserError(f"rate profile {p.name} sends no requests: its rates are 0, or too low for its windows")
+        sends = profile_sends(spec.rate_profile, spec.time_scale, spec.seed, spec.burstiness, spec.requests or 0)
         count = len(sends)
     if spec.turns > 1:
         requests = conversations(count, spec.prompt_tokens, spec.output_tokens, rng, spec.turns, spec.think_time,
@@ -5021,6 +5038,8 @@ class StreamRecord:
     text: Optional[list] = None         # the reply's text, kept to carry a conversation on
     measured: bool = True               # False for a warm-up request: sent, but left out of every figure
     left_out: list = field(default_factory=list)   # (field, why) of server figures not believed
+    answered_s: Optional[float] = None  # when the answer's headers arrived
+    server_date: Optional[float] = None # the answer's Date header, whole seconds of the server's clock
 
 
 @dataclass
@@ -5086,8 +5105,12 @@ class LoadConfig:
         None, "--trace", None, "replay a trace (any --trace-format): each request at its time (x --time-scale), its "
         "prompt built so equal content runs (hash ids, system prompts) are equal text and others differ, max_tokens "
         "its output length with ignore_eos", "load", metavar="FILE", default_text="off")
-    time_scale: float = setting(1.0, "--time-scale", real(1e-6, 1e6), "multiply the trace's send times by X", "load",
-                                metavar="X")
+    rate_profile: Optional[RateProfile] = setting(
+        None, "--rate-profile", None, "open loop at a rate that changes over time: a CSV of time_s,rate rows (the "
+        "file simulate and plan read), arrivals Poisson (or gamma with --burstiness) within each window; --time-scale "
+        "stretches it; it sets the requests unless --requests caps them", "load", metavar="FILE", default_text="off")
+    time_scale: float = setting(1.0, "--time-scale", real(1e-6, 1e6), "multiply the trace's or the rate profile's "
+                                "times by X (and divide the profile's rates by it)", "load", metavar="X")
     turns: int = setting(
         1, "--turns", whole(1, 10_000), "conversations of N requests: each turn sends the earlier messages and the "
         "server's own replies, plus a new --prompt-tokens message; --requests counts requests", "load", metavar="N")
@@ -5102,6 +5125,17 @@ class LoadConfig:
     price_per_hour: Optional[float] = setting(
         None, "--price-per-hour", real(0, 1e6), "USD an hour for the server measured, all its GPUs together; reports "
         "gain $ an hour and $ per million output tokens", "slo", metavar="USD", default_text="no cost")
+    shard: Optional[tuple] = setting(
+        None, "--shard", shard_of, "send only the K-th of N shares of an open-loop schedule (--rate, a ramp, "
+        "--rate-profile or --trace): every N-th request from the K-th, drawn from the same --seed on every machine, "
+        "so N machines started at the same --start-at send exactly the load one would; --concurrency caps each "
+        "machine's requests in flight; merge joins the reports", "machines", metavar="K/N",
+        default_text="the whole schedule")
+    start_at: Optional[float] = setting(
+        None, "--start-at", real(1e9, 1e10, what="Unix seconds, like $(date +%s) gives"), "start the schedule at this wall-clock instant, Unix seconds (e.g. "
+        "$(( $(date +%s) + 60 ))), after the probe; refused if the clock has already passed it by more than 1 s. "
+        "Keep the machines' clocks synchronised (NTP): merge says how far apart they were", "machines",
+        metavar="UNIX_TIME", default_text="start at once")
     words_per_token: float = 1.0         # set by the probe
     template_tokens: float = 0.0         # the chat template's own tokens, set by the probe
     run_id: str = field(default_factory=lambda: f"{random.SystemRandom().getrandbits(24):06x}")
@@ -5429,6 +5463,7 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
     try:
         connection, response = client.open("POST", "/v1/chat/completions", payload,
                                            answer_within=min(config.timeout_s, config.request_timeout_s or math.inf))
+        record.answered_s, record.server_date = time.perf_counter(), http_date(response.getheader("Date"))
         kind = response.getheader("Content-Type") or ""
         if response.status != 200:
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
@@ -5848,6 +5883,71 @@ def server_shape(client: Http) -> tuple[dict, str]:
 
 
 
+# Load from many machines: each sends its share of one schedule from the same instant, and says
+# how late it started and how far its clock is from the server's, so merge can say how far apart
+# the machines were.
+
+START_LATE_S = 1.0           # a machine later than this to --start-at would skew the load it shares
+START_AHEAD_S = 7 * 86400
+DATE_SLACK_S = 0.25          # servers refresh a cached Date header a few times a second
+
+
+def check_start(start_at: float, why: str = "") -> None:
+    ahead = start_at - time.time()
+    if ahead < -START_LATE_S:
+        raise UserError(f"--start-at {start_at:.3f}: this machine's clock passed it {-ahead:,.1f} s ago"
+                        f"{f' ({why})' if why else ''}; give every machine a later instant, e.g. "
+                        f"$(( $(date +%s) + 60 ))")
+    if ahead > START_AHEAD_S:
+        raise UserError(f"--start-at {start_at:.0f} is {ahead / 86400:,.1f} days away; at most 7")
+
+
+def wait_until(instant: float, progress: Optional[Progress] = None) -> None:
+    while (left := instant - time.time()) > 0:
+        if progress and left > 1:
+            progress(f"waiting for --start-at: {left:,.0f} s")
+        time.sleep(min(left, 0.5))
+
+
+def http_date(text: Optional[str]) -> Optional[float]:
+    """An HTTP Date header as Unix seconds; None when absent or not a date of this century."""
+    if not text or len(text) > 64:
+        return None
+    try:
+        value = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return value if 1e9 <= value <= 1e10 else None
+
+
+def server_clock(records: list[StreamRecord], started: float, started_unix: float) -> dict:
+    """How far the server's clock is ahead of this machine's, bounded by its Date headers: a Date
+    D (whole seconds) on an answer asked at s and received at r means the server read between D
+    and D + 1 at some instant of [s, r], so the offset lies in [D - r, D + 1 - s]. Each answer
+    narrows it; merge compares machines through the server's clock."""
+    wall = lambda perf: started_unix + perf - started
+    bounds = [(r.server_date - wall(r.answered_s), r.server_date + 1 + DATE_SLACK_S - wall(r.sent_s))
+              for r in records if r.server_date is not None and r.answered_s is not None and r.sent_s]
+    if not bounds:
+        return {"offset_s": None, "why": "the server sent no Date header"}
+    low, high = max(b[0] for b in bounds), min(b[1] for b in bounds)
+    if low > high:
+        return {"offset_s": None, "why": f"the server's Date headers contradict each other by {low - high:.2f} s"}
+    return {"offset_s": (low + high) / 2, "low_s": low, "high_s": high, "answers": len(bounds)}
+
+
+def schedule_fingerprint(config: LoadConfig) -> str:
+    """What fixes the schedule every shard draws its share from: equal on every machine of one run."""
+    rows = config.trace.rows if config.trace else None
+    profile = config.rate_profile.windows if config.rate_profile else None
+    text = repr((config.seed, config.rate, config.burstiness, config.ramp_up, len(rows) if rows else None,
+                 rows[0][:3] if rows else None, rows[-1][:3] if rows else None, profile, config.time_scale,
+                 config.requests, config.duration_s, config.turns, config.think_time_s, config.prompt_words,
+                 config.prefix_words, config.max_tokens, config.ignore_eos, config.warmup, config.start_at,
+                 len(config.prompts) if config.prompts else None))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
     """Closed loop: `concurrency` clients, each sending its next request (or conversation) when
     the last ends. Open loop (--rate, a ramp, a --trace): each request (each conversation's first
@@ -5861,10 +5961,14 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
     sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     rows = config.trace.rows if config.trace else None
+    turns = max(1, config.turns)
     limit = config.requests if config.requests is not None else math.inf
     if rows is not None:
         limit = min(limit, len(rows))
-    turns = max(1, config.turns)
+    sends = profile_sends(config.rate_profile, config.time_scale, config.seed, config.burstiness,
+                          -(-config.requests // turns) if config.requests else 0) if config.rate_profile else None
+    if sends is not None:
+        limit = min(limit, len(sends) * turns)
     lock = threading.Lock()
     records: list[StreamRecord] = []
     in_flight: dict[int, StreamRecord] = {}
@@ -5873,7 +5977,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     issued = 0
     slots = threading.BoundedSemaphore(config.concurrency) if config.concurrency else None
     rng = random.Random(config.seed)
-    open_loop = bool(config.rate or config.ramp_up or rows)
+    open_loop = bool(config.rate or config.ramp_up or rows or sends)
 
     def next_unit() -> Optional[int]:
         """The next conversation (a single request when --turns is 1) to start, or None."""
@@ -5938,6 +6042,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         if rows is not None:
             order = sorted(range(int(limit)), key=lambda i: rows[i][0])
             yield from ((i, rows[i][0] * config.time_scale) for i in order)
+        elif sends is not None:
+            yield from enumerate(sends)
         elif config.ramp_up:
             yield from enumerate(arrival_times(-(-int(limit) // turns), rng, None, config.burstiness, config.ramp_up))
         else:
@@ -5955,7 +6061,13 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                 slots.release()
 
     def open_loop_sender() -> None:
-        for unit, offset in offsets():
+        # With --shard K/N, every machine walks the whole schedule and sends the N-th share in
+        # send order from the K-th: together they send each request once, at its time.
+        for position, (unit, offset) in enumerate(offsets()):
+            if position * turns >= limit:
+                break
+            if config.shard and position % config.shard[1] != config.shard[0] - 1:
+                continue
             if next_unit() is None:
                 break
             send_at = started + offset
@@ -5972,7 +6084,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     threads: list = []
     stopped: Optional[Stopped] = None
     cpu_before = time.process_time()
+    if config.start_at is not None:      # the first /metrics scrape takes a moment: begin it a second early
+        wait_until(config.start_at - 1, progress)
     with MetricsSampler(client, config.scrape_interval_s) as sampler:
+        if config.start_at is not None:
+            wait_until(config.start_at, progress)
+            check_start(config.start_at, "the probe and the first /metrics scrape took too long")
         started, started_unix = time.perf_counter(), time.time()
         if not open_loop:
             threads = [threading.Thread(target=worker, daemon=True) for _ in range(config.concurrency or 1)]
@@ -6035,6 +6152,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "short_finish_reasons": dict(Counter(r.finish_reason for r in short)),
         "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
         **dispatch_report(records, result),
+        "server_clock": server_clock(records, started, started_unix),
     }
     left_out: dict = {}
     for r in records:
@@ -6062,9 +6180,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     result["server"]["client_minus_server_tokens"] = None if generated is None else result["total_output_tokens"] - generated
     arrivals = RunSpec(rate=config.rate, ramp_up=config.ramp_up, burstiness=config.burstiness,
                        concurrency=None if open_loop else config.concurrency or 1, turns=turns,
-                       think_time=config.think_time_s,
+                       think_time=config.think_time_s, rate_profile=config.rate_profile,
+                       time_scale=config.time_scale if config.rate_profile else 1.0,
                        trace=config.trace).arrivals() if not rows else f"trace arrivals ({config.trace.name})"
     shape = arrivals + (f", at most {config.concurrency} in flight" if open_loop and config.concurrency else "")
+    if config.shard:
+        shape += f", shard {config.shard[0]}/{config.shard[1]} (one request in {config.shard[1]})"
     result["config"] = {
         "title": f"loadgen {shown_model} at {client.url}  {len(records):,} requests  {shape}",
         "url": client.url, "model": shown_model, "max_concurrency": config.concurrency, "request_rate": config.rate,
@@ -6076,6 +6197,10 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "burstiness": config.burstiness, "ramp_up": list(config.ramp_up) if config.ramp_up else None,
         "trace": config.trace.name if config.trace else None, "time_scale": config.time_scale,
         "turns": turns, "think_time_s": config.think_time_s, "warmup": config.warmup,
+        "rate_profile": config.rate_profile.name if config.rate_profile else None,
+        "shard": list(config.shard) if config.shard else None, "schedule": schedule_fingerprint(config),
+        "start_at": config.start_at,
+        "start_lag_ms": None if config.start_at is None else (started_unix - config.start_at) * 1000,
         # The same moment on the wall clock and on the clock start_times use: merge lines up
         # reports from several machines with it (their clocks synchronised, e.g. by NTP).
         "started_unix": started_unix, "started_perf": started,
@@ -6636,7 +6761,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes, seen = [], [], {}
+    parts, notes, seen, machines = [], [], {}, []
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
@@ -6662,6 +6787,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                             f"twice")
         seen.update({mark: path for mark in marks})
         parts.append((path, measured, anchor))
+        machines.append(machine_of(path, report))
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -6693,7 +6819,104 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
                         "reports": [path for path, _ in reports], "requests_each": [len(m.requests) for _, m, _ in parts],
                         "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
+    if any(m["shard"] for m in machines):
+        result["config"]["machines"] = shards_together(machines, notes)
     return result, requests, notes
+
+
+def machine_of(path: str, report: dict) -> dict:
+    """What a loadgen report says of its machine's share of a sharded run, checked where it is read."""
+    config, client = report.get("config") or {}, report.get("client") or {}
+    shard = config.get("shard")
+    if shard is None:
+        return {"path": path, "shard": None}
+    def number(value, low, high, name):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise UserError(f"report {path}: {name} is {str(value)[:40]}; expected a number from {low:g} to {high:g}")
+        return float(value)
+    if not (isinstance(shard, list) and len(shard) == 2 and all(type(v) is int for v in shard)
+            and 1 <= shard[0] <= shard[1] <= 100_000):
+        raise UserError(f"report {path}: config.shard is {str(shard)[:40]}; expected [K, N] with 1 <= K <= N")
+    schedule = config.get("schedule")
+    if not isinstance(schedule, str) or not re.fullmatch(r"[0-9a-f]{16}", schedule):
+        raise UserError(f"report {path}: a shard without its schedule fingerprint (config.schedule); rerun loadgen")
+    indices = report.get("indices")
+    if not (isinstance(indices, list) and len(indices) == len(report["input_lens"])
+            and all(type(i) is int and 0 <= i < MAX_REQUESTS for i in indices)):
+        raise UserError(f"report {path}: a shard needs its requests' places in the schedule (indices, one whole "
+                        f"number per request); rerun loadgen with --detailed")
+    clock = client.get("server_clock") if isinstance(client.get("server_clock"), dict) else {}
+    low = number(clock.get("low_s"), -1e9, 1e9, "client.server_clock.low_s")
+    high = number(clock.get("high_s"), -1e9, 1e9, "client.server_clock.high_s")
+    lag = client.get("dispatch_lag_ms") if isinstance(client.get("dispatch_lag_ms"), dict) else {}
+    started_unix = number(config.get("started_unix"), 1e9, 1e10, "config.started_unix")
+    started_perf = number(config.get("started_perf"), -1e10, 1e10, "config.started_perf")
+    scheduled = report.get("scheduled_times")
+    if not (isinstance(scheduled, list) and len(scheduled) == len(indices) and all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in scheduled)):
+        raise UserError(f"report {path}: a shard needs its requests' scheduled send times (scheduled_times, one "
+                        f"number per request); rerun loadgen with --detailed")
+    on_wall = None if started_unix is None or started_perf is None else \
+        [started_unix + t - started_perf for t in scheduled]
+    return {"path": path, "shard": tuple(shard), "schedule": schedule, "indices": indices, "scheduled": on_wall,
+            "start_at": number(config.get("start_at"), 1e9, 1e10, "config.start_at"), "started_unix": started_unix,
+            "clock": (low, high) if low is not None and high is not None and low <= high else None,
+            "dispatch_p99_ms": number(lag.get("p99"), -1e9, 1e12, "client.dispatch_lag_ms.p99")}
+
+
+def shards_together(machines: list[dict], notes: list[str]) -> dict:
+    """Whether the reports are the shards of one schedule, each once, and how far apart the machines
+    started and how far their clocks were (each bounded against the server's Date headers)."""
+    plain = next((m for m in machines if not m["shard"]), None)
+    if plain:
+        sharded = next(m for m in machines if m["shard"])
+        raise UserError(f"report {sharded['path']} is shard {sharded['shard'][0]}/{sharded['shard'][1]} of a run and "
+                        f"{plain['path']} is not a shard: merge the reports of one sharded run")
+    first = machines[0]
+    for m in machines[1:]:
+        if m["schedule"] != first["schedule"] or m["shard"][1] != first["shard"][1]:
+            raise UserError(f"report {m['path']} is a shard of another run than {first['path']} (its seed, load, "
+                            f"--shard N or --start-at differ): merge the shards of one run")
+    by_shard: dict = {}
+    for m in machines:
+        if m["shard"] in by_shard:
+            raise UserError(f"reports {by_shard[m['shard']]} and {m['path']} are both shard {m['shard'][0]}/"
+                            f"{m['shard'][1]}: merging both would count its requests twice")
+        by_shard[m["shard"]] = m["path"]
+    count = first["shard"][1]
+    missing = [k for k in range(1, count + 1) if (k, count) not in by_shard]
+    sent = Counter(i for m in machines for i in m["indices"])
+    twice = [i for i, n in sent.items() if n > 1]
+    if twice:
+        raise UserError(f"request {twice[0]:,} of the schedule is in more than one shard's report; these are not "
+                        f"the shares of one run")
+    if missing:
+        notes.append(f"shard{'s' if len(missing) > 1 else ''} {', '.join(f'{k}/{count}' for k in missing[:8])} "
+                     f"{'are' if len(missing) > 1 else 'is'} missing: the merged load is {count - len(missing)} of "
+                     f"{count} shares of the schedule")
+    starts = [m["started_unix"] for m in machines if m["started_unix"] is not None]
+    lags = [(m["started_unix"] - m["start_at"]) * 1000 for m in machines
+            if m["started_unix"] is not None and m["start_at"] is not None]
+    clocks = [m["clock"] for m in machines if m["clock"]]
+    apart = (max(high for _, high in clocks) - min(low for low, _ in clocks)) if len(clocks) == len(machines) else None
+    if apart is None:
+        notes.append("not every machine could bound its clock against the server's Date header: how far apart the "
+                     "clocks were is not known (keep them synchronised, e.g. by NTP)")
+    lagging = [m for m in machines if m["dispatch_p99_ms"] is not None]
+    worst = max(lagging, key=lambda m: m["dispatch_p99_ms"], default=None)
+    # The rate the whole schedule offered: its sends from every machine, on the wall clock.
+    sends = sorted(t for m in machines for t in m["scheduled"] or ())
+    whole = all(m["scheduled"] is not None for m in machines) and len(sends) > 1 and sends[-1] > sends[0]
+    return {"shards": count, "present": sorted(k for k, _ in by_shard), "missing": missing,
+            "requests": len(sent), "schedule_holes": (max(sent) + 1 - len(sent)) if sent else 0,
+            "start_spread_ms": (max(starts) - min(starts)) * 1000 if starts else None,
+            "latest_start_lag_ms": max(lags) if lags else None,
+            "clocks_apart_at_most_s": apart,
+            "offered_rate": (len(sends) - 1) / (sends[-1] - sends[0]) if whole else None,
+            "worst_dispatch_lag_p99_ms": worst["dispatch_p99_ms"] if worst else None,
+            "worst_dispatch_shard": f"{worst['shard'][0]}/{worst['shard'][1]}" if worst else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7273,6 +7496,20 @@ def print_run(result: dict, out=None) -> None:
       f"over {result['duration']:,.2f} s\n")
     for line in steady_lines(result.get("steady_state")) + seed_lines(result.get("seeds")):
         w(line + "\n")
+    machines = cfg.get("machines")
+    if machines:
+        ms = lambda v: "not known" if v is None else f"{v:,.1f} ms"
+        w(f"{'machines':<12}shards {', '.join(map(str, machines['present']))} of {machines['shards']}, "
+          f"{machines['requests']:,} requests of one schedule; started within {ms(machines['start_spread_ms'])} of "
+          f"each other, the last {ms(machines['latest_start_lag_ms'])} after --start-at\n")
+        apart = machines["clocks_apart_at_most_s"]
+        w(f"{'':<12}" + (f"clocks at most {apart:.2f} s apart (each bounded by the server's Date headers)"
+                         if apart is not None else "how far apart the clocks were is not known")
+          + (f"; sends left late by p99 {machines['worst_dispatch_lag_p99_ms']:,.1f} ms at worst (shard "
+             f"{machines['worst_dispatch_shard']})" if machines["worst_dispatch_lag_p99_ms"] is not None else "")
+          + (f"; offered {machines['offered_rate']:,.2f} req/s together, completed "
+             f"{result['request_throughput']:,.2f} req/s"
+             if machines["offered_rate"] is not None else "") + "\n")
     plan = result.get("replica_schedule")
     if plan:
         paid = f", ${plan['usd']:,.2f}" if plan["usd"] is not None else ""
@@ -7344,6 +7581,12 @@ def print_server(result: dict, w) -> None:
       f"finish reasons {client['finish_reasons']}"
       + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
          if client['requests_without_usage'] else "") + "\n")
+    if result["config"].get("start_at") is not None:
+        clock = client.get("server_clock") or {}
+        w(f"{'':<12}started {result['config']['start_lag_ms']:,.1f} ms after --start-at; "
+          + (f"the server's clock is {clock['offset_s']:+.2f} s from this one (between {clock['low_s']:+.2f} and "
+             f"{clock['high_s']:+.2f} s, by {clock['answers']:,} Date headers)" if clock.get("offset_s") is not None
+             else f"clock against the server's not known: {clock.get('why', 'no answers')}") + "\n")
     if client.get("dispatch_lag_ms"):
         lag = client["dispatch_lag_ms"]
         w(f"{'':<12}offered {number(client['offered_rate'], 2)} req/s, completed {client['achieved_rate']:.2f} req/s; "
@@ -8556,8 +8799,11 @@ def load_from_args(args) -> LoadConfig:
                   or given.get("turns", 1) > 1):
         raise UserError("--trace brings its own send times, prompts and output lengths; drop --rate, --prompts, "
                         "--prompt-tokens, --prefix-tokens, --turns and --max-tokens (--time-scale speeds it up)")
-    if "time_scale" in given and not trace:
-        raise UserError("--time-scale stretches a --trace's send times; without a trace use --rate")
+    profile = given.get("rate_profile")
+    if profile and ({"rate", "ramp_up"} & set(given) or trace):
+        raise UserError("--rate-profile sets the arrivals: drop --rate, --trace and the ramp")
+    if "time_scale" in given and not (trace or profile):
+        raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if given.get("think_time_s") and given.get("turns", 1) == 1:
         raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
     if given.get("turns", 1) > 1 and given.get("prompts"):
@@ -8568,10 +8814,20 @@ def load_from_args(args) -> LoadConfig:
         raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
     if given.get("ramp_up") and given["ramp_up"][1] > given["ramp_up"][2]:
         raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
-    if given.get("burstiness", 1) != 1 and not (given.get("ramp_up") or given.get("rate")):
+    if given.get("burstiness", 1) != 1 and not (given.get("ramp_up") or given.get("rate") or profile):
         raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
+    open_loop = bool(given.get("rate") or given.get("ramp_up") or trace or profile)
+    if given.get("shard") and not open_loop:
+        raise UserError("--shard splits an open-loop schedule (--rate, a ramp, --rate-profile or --trace); a closed "
+                        "loop has none to split: run each machine with its share of --concurrency instead")
+    if given.get("shard") and "start_at" not in given:
+        raise UserError("--shard needs --start-at UNIX_TIME, the same on every machine, so the shares start together")
+    if "start_at" in given:
+        check_start(given["start_at"])
+        # Every shard builds the same prompts: a content run is the same text on every machine.
+        given["run_id"] = hashlib.sha256(f"{given['start_at']!r}".encode()).hexdigest()[:6]
     if "requests" not in given:
-        given["requests"] = None if "duration_s" in given else len(trace.rows) if trace else 64
+        given["requests"] = None if "duration_s" in given or profile else len(trace.rows) if trace else 64
     if given.get("warmup") and given["requests"] is not None and \
             given["warmup"] >= min(given["requests"], len(trace.rows) if trace else given["requests"]):
         raise UserError(f"--warmup {given['warmup']:,} leaves no request to measure: send more --requests")
@@ -8581,7 +8837,7 @@ def load_from_args(args) -> LoadConfig:
         given["prompts"] = read_prompts(given["prompts"])
     if "slos" in given:
         given["slos"] = dict(given["slos"])
-    if "concurrency" not in given and not (given.get("rate") or trace or given.get("ramp_up")):
+    if "concurrency" not in given and not open_loop:
         given["concurrency"] = 1
     given["api_key"] = given.get("api_key") or os.environ.get("OPENAI_API_KEY")
     given["timeline"] = bool(args.timeline or args.plot)
@@ -8606,7 +8862,9 @@ def cmd_loadgen(args) -> int:
             stopped = Stopped.by_signal(e, "the run had ended, during --simulate; the report has no side by side")
         hold_signals()
     timeline = result.pop("timeline", None)
-    arrays = detailed_arrays(records)
+    # Each request's place in the schedule: merge checks that shards together sent it once.
+    arrays = {**detailed_arrays(records), "indices": [r.index for r in records],
+              "scheduled_times": [r.scheduled_s for r in records]}
     if args.json or args.detailed:
         write_json({**result, **arrays} if args.detailed else result)
     else:
@@ -8666,13 +8924,6 @@ def cmd_compare(args) -> int:
     if args.timeline:        # after the report, so a failed write loses nothing
         write_file(args.timeline, timeline_csv(timeline))
     return 0
-
-
-def shard_of(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)) <= 100_000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not K/N with 1 <= K <= N (e.g. 3/8: the third of eight shards)")
-    return int(match.group(1)), int(match.group(2))
 
 
 def compare_mode(text: str) -> str:

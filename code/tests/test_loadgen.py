@@ -2,7 +2,10 @@
 import json
 import os
 import socket
+import shutil
 import tempfile
+import threading
+import time
 import unittest
 
 from fake_server import FakeServer, chunk, data, paced, scripted, usage
@@ -329,6 +332,145 @@ class Requests(unittest.TestCase):
         starts = sorted(r["start_times"])
         # Two in flight at a time, each ~0.31 s: the 6 sends spread over about three rounds.
         self.assertGreater(starts[-1] - starts[0], 0.55)
+
+
+class ManyMachines(unittest.TestCase):
+    """loadgen --shard K/N --start-at T: N machines send one schedule between them; merge joins them."""
+
+    def shards(self, server, count, *args):
+        """The N shards run at once, each in its own process as on its own machine."""
+        start = f"{time.time() + 4:.3f}"       # time for three interpreters to start and probe
+        reports = {}
+        def one(k):
+            reports[k] = run_cli("loadgen", "--url", server.url, "--detailed", "--shard", f"{k}/{count}",
+                                 "--start-at", start, *args, env={"OPENAI_API_KEY": ""})
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(1, count + 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, (code, out, err) in reports.items():
+            self.assertEqual(code, 0, err[-400:])
+        return {k: json.loads(out) for k, (_, out, _) in reports.items()}, float(start)
+
+    @staticmethod
+    def offsets(report):
+        at = report["config"]["started_perf"]
+        return {i: t - at for i, t in zip(report["indices"], report["scheduled_times"])}
+
+    def test_three_shards_send_exactly_the_one_machine_schedule_and_merge_into_one_run(self):
+        load = ("--rate", 40, "--requests", 24, "--seed", 3, "--no-size-prompts", "--max-tokens", 3)
+        with FakeServer(paced(ttft=0.01, gap=0.005, tokens=3)) as server:
+            code, whole, _ = loadgen(server, "--detailed", *load)
+            self.assertEqual(code, 0)
+            shards, start = self.shards(server, 3, *load)
+            bodies = server.bodies[24:]
+        one = self.offsets(whole)
+        self.assertEqual(sorted(one), list(range(24)))
+        seen = {}
+        for k, report in shards.items():
+            mine = self.offsets(report)
+            self.assertEqual(sorted(mine), [i for i in range(24) if i % 3 == k - 1])   # every third, from the k-th
+            self.assertFalse(set(mine) & set(seen))
+            seen.update(mine)
+            self.assertGreaterEqual(report["config"]["started_unix"], start)
+        self.assertEqual(sorted(seen), list(range(24)))
+        for i in range(24):       # each at the time the one machine drew for it
+            self.assertAlmostEqual(seen[i], one[i], places=6)
+        prompts = [b["messages"][-1]["content"] for b in bodies]
+        self.assertEqual(len(prompts), 24)
+        self.assertEqual(len(set(prompts)), 24)        # no request sent twice
+        paths = []
+        for k, report in shards.items():
+            path = os.path.join(self.tmp, f"shard{k}.json")
+            with open(path, "w") as f:
+                json.dump(report, f)
+            paths.append(path)
+        code, out, err = call_cli("merge", *paths, "--json")
+        merged = json.loads(out)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(merged["completed"], 24)
+        machines = merged["config"]["machines"]
+        self.assertEqual((machines["present"], machines["missing"], machines["requests"]), ([1, 2, 3], [], 24))
+        self.assertLess(machines["start_spread_ms"], 1000)
+        self.assertIsNotNone(machines["clocks_apart_at_most_s"])     # http.server sends a Date header
+
+    def test_merge_refuses_a_shard_twice_or_of_another_run_and_says_which_is_missing(self):
+        load = ("--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
+        with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
+            shards, _ = self.shards(server, 2, *load)
+        def write(name, report):
+            path = os.path.join(self.tmp, name)
+            with open(path, "w") as f:
+                json.dump(report, f)
+            return path
+        first, second = write("a.json", shards[1]), write("b.json", shards[2])
+        code, _, err = call_cli("merge", first, first)
+        self.assertEqual(code, 2)
+        twice = write("c.json", {**shards[2], "config": {**shards[2]["config"], "shard": [1, 2]}})
+        code, _, err = call_cli("merge", first, twice)
+        self.assertEqual(code, 2)
+        self.assertIn("both shard 1/2", err)
+        other = write("d.json", {**shards[2], "config": {**shards[2]["config"], "schedule": "0" * 16}})
+        code, _, err = call_cli("merge", first, other)
+        self.assertEqual(code, 2)
+        self.assertIn("another run", err)
+        code, out, err = call_cli("merge", second, "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("shard 1/2 is missing", err)
+        self.assertEqual(json.loads(out)["config"]["machines"]["missing"], [1])
+        lost = write("e.json", {k: v for k, v in shards[1].items() if k != "indices"})
+        code, _, err = call_cli("merge", lost, second)
+        self.assertEqual(code, 2)
+        self.assertIn("indices", err)
+
+    def test_a_start_already_passed_is_refused_saying_by_how_much(self):
+        with FakeServer(paced(tokens=1)) as server:
+            code, _, err = call_cli("loadgen", "--url", server.url, "--rate", 5, "--start-at", f"{time.time() - 30:.0f}")
+            self.assertEqual(code, 2)
+            self.assertRegex(err, r"passed it (29|30|31)\.\d s ago")
+            self.assertEqual(server.bodies, [])
+
+    def test_a_shard_needs_an_open_loop_a_start_and_a_k_within_n(self):
+        soon = f"{time.time() + 60:.0f}"
+        for args, words in ((("--shard", "1/2", "--rate", 5), "--start-at"),
+                            (("--shard", "1/2", "--concurrency", 4, "--start-at", soon), "open-loop"),
+                            (("--shard", "3/2", "--rate", 5, "--start-at", soon), "K/N"),
+                            (("--start-at", f"{time.time() + 30 * 86400:.0f}", "--rate", 5), "days away")):
+            code, _, err = call_cli("loadgen", "--url", "http://127.0.0.1:9", *args)
+            self.assertEqual(code, 2, args)
+            self.assertIn(words, err, args)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_the_start_waits_for_the_instant_and_the_clock_is_bounded_by_the_servers(self):
+        with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
+            start = round(time.time() + 1.5, 3)
+            code, r, err = loadgen(server, "--rate", 20, "--requests", 10, "--no-size-prompts", "--start-at",
+                                   f"{start:.3f}")
+        self.assertEqual(code, 0, err)
+        self.assertGreaterEqual(r["config"]["started_unix"], start)
+        self.assertLess(r["config"]["start_lag_ms"], 500)
+        clock = r["client"]["server_clock"]
+        # The server shares this machine's clock: the bound must hold 0.
+        self.assertLessEqual(clock["low_s"], 0)
+        self.assertGreaterEqual(clock["high_s"], 0)
+        self.assertLess(clock["high_s"] - clock["low_s"], 1.3)
+
+    def test_a_rate_profile_is_sent_at_the_times_simulate_draws(self):
+        path = os.path.join(self.tmp, "profile.csv")
+        with open(path, "w") as f:
+            f.write("time_s,rate\n0,20\n0.5,60\n")
+        with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
+            code, r, err = loadgen(server, "--rate-profile", path, "--no-size-prompts", "--detailed", "--seed", 5)
+        self.assertEqual(code, 0, err)
+        drawn = main.profile_sends(main.read_rate_profile(path), 1.0, 5, 1.0, 0)
+        self.assertEqual(len(r["indices"]), len(drawn))
+        self.assertTrue(all(abs(a - b) < 1e-6 for a, b in zip(sorted(self.offsets(r).values()), drawn)))
+        self.assertIn(f"rate profile {path}", r["config"]["title"])
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.tmp, True)
 
 
 if __name__ == "__main__":
