@@ -4833,8 +4833,10 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
 
 
 def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
-    """Mooncake and Bailian hash_ids: one id per `block` tokens of the prompt, the last block
-    partial; equal ids at equal places are equal content, so they become shared content runs."""
+    """Mooncake and Bailian hash_ids: one id per `block` tokens of the prompt; equal ids at equal
+    places are equal content, so they become shared content runs. Mooncake's own traces count a
+    partial last block (ceil); NVIDIA Dynamo's data generator documents full blocks only (floor,
+    benchmarks/data_generator/README.md), its tail then being the request's own text. Both are read."""
     ids = row.get("hash_ids")
     if ids is None:
         raise UserError(f"{where}: missing field 'hash_ids'")
@@ -4842,9 +4844,10 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
         raise UserError(f"{where}: field 'hash_ids' must be a list of whole numbers")
     if len(ids) > MAX_HASH_IDS:
         raise UserError(f"{where}: {len(ids):,} hash_ids; servesim reads at most {MAX_HASH_IDS:,} a row")
-    if len(ids) != -(-tokens // block):
+    if len(ids) not in (-(-tokens // block), tokens // block):
         raise UserError(f"{where}: {len(ids)} hash_ids for {tokens:,} input tokens; this format has one per "
-                        f"{block} tokens, so {-(-tokens // block)}")
+                        f"{block} tokens, so {-(-tokens // block)} (a partial last block counted, as Mooncake's "
+                        f"traces) or {tokens // block} (whole blocks only, as Dynamo's data generator)")
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
@@ -6717,8 +6720,10 @@ def confirm_check(url: str, spec: RunSpec) -> None:
         Http(url, 1.0, os.environ.get("OPENAI_API_KEY"))       # the URL and the key, as loadgen will take them
     except UserError as e:
         raise UserError(str(e).replace("--api-key", "OPENAI_API_KEY").replace("--url", "--confirm")) from None
+    if spec.trace and spec.trace_repeats > 1:
+        raise UserError("--confirm replays the trace once, as loadgen --trace does: drop --trace-repeats")
     if spec.trace:
-        raise UserError("--confirm sends synthetic requests; a --trace search cannot be confirmed by loadgen yet")
+        return
     if spec.prompt_tokens.low != spec.prompt_tokens.high or spec.output_tokens.low != spec.output_tokens.high:
         raise UserError("--confirm sends fixed lengths: give --prompt-tokens N and --output-tokens N, one value each")
     if spec.prefix_tokens and spec.num_prefixes > 1:
@@ -6727,10 +6732,15 @@ def confirm_check(url: str, spec: RunSpec) -> None:
 
 def confirm(url: str, deployment: RunSpec, load: float, by: str, requests: int, timeout_s: float,
             progress: Optional[Callable[[str], None]] = None) -> tuple[dict, Optional[Stopped]]:
-    """One short loadgen at the load a search chose, simulated again on its own send times and
-    lengths: measured against predicted."""
-    config = LoadConfig(url=url, requests=requests, rate=load if by == "rate" else None,
+    """One short loadgen at the load a search chose, with the search's arrivals (gamma gaps of its
+    burstiness, conversations with their think time, or the trace at the time scale that makes
+    the load), simulated again on its own send times and lengths: measured against predicted."""
+    trace = deployment.trace
+    config = LoadConfig(url=url, requests=min(requests, len(trace.rows)) if trace else requests,
+                        rate=load if by == "rate" and not trace else None,
                         concurrency=int(load) if by == "concurrency" else None,
+                        trace=trace, time_scale=at_load(deployment, by, load)["time_scale"] if trace else 1.0,
+                        burstiness=deployment.burstiness, turns=deployment.turns, think_time_s=deployment.think_time,
                         max_tokens=deployment.output_tokens.low, ignore_eos=True,
                         prompt_words=deployment.prompt_tokens.low, prefix_words=deployment.prefix_tokens,
                         seed=deployment.seed, slos=dict(deployment.goodput) or None, size_prompts=True,
@@ -8707,9 +8717,9 @@ def cmd_search(args) -> int:
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
-    for point in points:       # a bad combination is refused before anything runs
+    for point in points:       # a bad combination is refused before anything runs, with a load on it
         with contextlib.suppress(CapacityError):
-            build_engines(sweep_point(spec, point))
+            build_engines(sweep_point(replace(spec, **at_load(spec, by, 1)), point))
     if args.confirm:
         confirm_check(args.confirm, spec)
     if args.plot:

@@ -221,6 +221,58 @@ class Search(unittest.TestCase):
         self.assertIn("fixed lengths", err)
 
 
+class ConfirmSendsWhatWasSearched(unittest.TestCase):
+    """search --confirm sends the search's own arrivals: a trace at the searched rate, bursty gaps,
+    conversations; loadgen's replay code sends them."""
+    SMALL = ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs", "4",
+             "--slo", "ttft_p95:2000", "--json", "--jobs", "1", "--steady-requests", "200"]
+
+    def search(self, server, *args):
+        code, out, err = call_cli("search", *self.SMALL, "--confirm", server.url, "--confirm-requests", "8", *args)
+        self.assertEqual(code, 0, err)
+        return json.loads(out), server.bodies
+
+    def test_a_trace_is_replayed_at_the_time_scale_of_the_rate_found(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "small.jsonl")
+            with open(path, "w") as f:
+                for i in range(20):
+                    f.write(json.dumps({"arrival": i * 0.5, "prompt_tokens": 30 + i, "output_tokens": 3 + i % 4}) + "\n")
+            with FakeServer(paced(ttft=0.01, gap=0.002, tokens=3)) as server:
+                report, bodies = self.search(server, "--trace", path)
+        load = report["deployments"][0]["highest_load"]
+        measured = report["confirm"]["measured"]["config"]
+        self.assertEqual(measured["trace"], path)
+        # The trace's mean rate is 19 / 9.5 s = 2 req/s: played at `load` it is stretched by 2 / load.
+        self.assertAlmostEqual(measured["time_scale"], 2 / load, delta=1e-5 * 2 / load)
+        replayed = [b["max_tokens"] for b in bodies if b["max_tokens"] != 1]
+        self.assertEqual(replayed, [3 + i % 4 for i in range(8)])
+
+    def test_turns_and_burstiness_are_sent_as_searched(self):
+        with FakeServer(paced(ttft=0.01, gap=0.002, tokens=3)) as server:
+            report, bodies = self.search(server, "--prompt-tokens", "20", "--output-tokens", "3", "--turns", "2",
+                                         "--burstiness", "0.5")
+        measured = report["confirm"]["measured"]["config"]
+        self.assertEqual((measured["turns"], measured["burstiness"]), (2, 0.5))
+        sent = [b for b in bodies if b["max_tokens"] == 3]
+        self.assertEqual(len(sent), 8)
+        later = [b for b in sent if any(m["role"] == "assistant" for m in b["messages"])]
+        self.assertEqual(len(later), 4)         # each second turn carries the first turn's answer
+
+
+class BurstySearch(unittest.TestCase):
+    def test_the_highest_rate_under_bursty_arrivals_is_lower_and_its_rerun_is_bursty(self):
+        args = ["search", "--hardware", "l4-24gb", "--prompt-tokens", "1000", "--output-tokens", "200",
+                "--slo", "ttft_p95:2000", "--json", "--jobs", "1"]
+        poisson = json.loads(call_cli(*args)[1])["deployments"][0]
+        code, out, err = call_cli(*args, "--burstiness", "0.25")
+        self.assertEqual(code, 0, err)
+        bursty = json.loads(out)["deployments"][0]
+        self.assertLess(bursty["highest_load"], poisson["highest_load"])
+        best = next(p for p in bursty["probes"] if p["load"] == bursty["highest_load"])
+        self.assertIn("--burstiness 0.25", best["rerun"])
+
+
 class Pictures(unittest.TestCase):
     def setUp(self):
         self.folder = tempfile.TemporaryDirectory()

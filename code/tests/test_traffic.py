@@ -69,6 +69,25 @@ class Arrivals(unittest.TestCase):
 
 
 class ContentAddressedPrefixes(unittest.TestCase):
+    def test_whole_block_hash_ids_as_dynamos_generator_writes_them_are_read_too(self):
+        # 1,300 tokens: 3 ids counting the partial block (Mooncake), 2 counting whole blocks only
+        # (Dynamo's data generator); then the last 276 tokens are the request's own.
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "t.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"timestamp": 0, "input_length": 1300, "output_length": 2, "hash_ids": [1, 2, 3]})
+                        + "\n")
+                f.write(json.dumps({"timestamp": 10, "input_length": 1300, "output_length": 2, "hash_ids": [1, 2]})
+                        + "\n")
+                f.write(json.dumps({"timestamp": 20, "input_length": 300, "output_length": 2, "hash_ids": []}) + "\n")
+            trace = main.read_trace(path)
+            self.assertEqual([sum(t for _, t in row[3]) for row in trace.rows], [1300, 1024, 0])
+            with open(path, "a") as f:
+                f.write(json.dumps({"timestamp": 30, "input_length": 1300, "output_length": 2, "hash_ids": [1]}) + "\n")
+            code, _, err = call_cli("simulate", "--trace", path)
+            self.assertEqual(code, 2)
+            self.assertIn("so 3 (a partial last block counted, as Mooncake's traces) or 2", err)
+
     def test_mooncake_hash_ids_hit_as_their_shared_runs_imply(self):
         # The fixture's requests that share hash ids with an earlier one, and those earlier ones,
         # spread out so each runs alone in a cache that holds them all: a request hits exactly the
