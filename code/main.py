@@ -622,6 +622,9 @@ class Request:
     next_turn: Optional["Request"] = None
     think_s: float = 0.0
     turn: int = 0
+    # A reasoning model thinks first: the first `reasoning_tokens` of the output are thinking, and
+    # the user waits for the token after them (the first answer token).
+    reasoning_tokens: int = 0
     # Engine state.
     generated: int = 0
     computed: int = 0
@@ -635,6 +638,7 @@ class Request:
     queue_s: Optional[float] = None
     first_token_s: Optional[float] = None
     last_token_s: Optional[float] = None
+    answer_s: Optional[float] = None     # the first answer token's time (the first token's without reasoning)
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
     cached_tokens: int = 0       # prompt tokens found in the prefix cache at first admission
@@ -674,6 +678,8 @@ class Request:
         if self.first_token_s is None:
             self.first_token_s = now
         self.generated += 1
+        if self.answer_s is None and self.generated > self.reasoning_tokens:
+            self.answer_s = now
         self.last_token_s = now
         if self.token_times is not None:
             self.token_times.append(now)
@@ -1297,13 +1303,20 @@ def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict
         "output_throughput": per_second(total_out),
         "total_token_throughput": per_second(total_in + total_out),
     }
-    for name in METRICS:
+    # Time to first answer token: only where some request reasons (without reasoning it is TTFT).
+    thinking = any(getattr(r, "reasoning_tokens", 0) for r in done)
+    if thinking:
+        samples["ttfa"] = [(r.answer_s - r.sent_s) * ms for r in done if r.answer_s is not None]
+    for name in METRICS + (("ttfa",) if thinking else ()):
         d = distribution(samples[name])
         result[f"mean_{name}_ms"] = d["mean"]
         result[f"median_{name}_ms"] = d["p50"]
         result[f"std_{name}_ms"] = d["std"]
         for p in PERCENTILES[1:]:
             result[f"p{p}_{name}_ms"] = d[f"p{p}"]
+    if thinking:
+        result["total_reasoning_tokens"] = sum(getattr(r, "reasoning_tokens", 0) for r in done)
+        result["answered"] = len(samples["ttfa"])
     result["request_goodput"] = None
     if slos:
         good = sum(meets_slos(r, slos) for r in done)
@@ -1352,6 +1365,9 @@ def detailed_arrays(requests: list) -> dict:
         "latencies": [r.last_token_s - r.sent_s if good else None for r, good in zip(requests, ok)],
         "start_times": [r.sent_s for r in requests],
         "errors": [r.error or "" for r in requests],
+        **({"ttfas": [r.answer_s - r.sent_s if good and r.answer_s is not None else None
+                      for r, good in zip(requests, ok)]}
+           if any(getattr(r, "reasoning_tokens", 0) for r in requests) else {}),
     }
 
 
@@ -2056,12 +2072,14 @@ class EventScheduler(Scheduler):
         while self.wake_steps and self.wake_steps[0] <= self.steps:
             heapq.heappop(self.wake_steps)
         due = self.wake.pop(self.steps, None)
-        if due and self.lazy_blocks:
-            # Without keys every wake is a last token, and the order of releases cannot be seen:
-            # these decodes take their last token with the others and leave in update().
-            self.finishing = [request for request, since in due if request.cruise_from == since]
-        elif due:
-            woken = [request for request, since in due if request.cruise_from == since]
+        woken = [request for request, since in due if request.cruise_from == since] if due else []
+        if woken and self.lazy_blocks:
+            # Without keys a wake is a last token (or a first answer token), and the order of
+            # releases cannot be seen: decodes at their last token take it with the others and
+            # leave in update().
+            self.finishing = [r for r in woken if r.output_tokens - r.generated == self.steps - r.cruise_from + 1]
+            woken = [r for r in woken if r.output_tokens - r.generated != self.steps - r.cruise_from + 1]
+        if woken:
             for request in woken:
                 self.settle(request)
             self.active = sorted(self.active + woken, key=operator.attrgetter("admitted")) \
@@ -2136,6 +2154,8 @@ class EventScheduler(Scheduler):
         plain = request.output_tokens - request.generated - 1     # steps before its last token
         if not self.lazy_blocks:
             plain = min(plain, -request.computed % self.config.block_size)   # ... or its next block
+        if request.answer_s is None:
+            plain = min(plain, request.reasoning_tokens - request.generated)  # ... or its first answer token
         return self.steps + plain if plain > 0 else None
 
     def cruise(self, request: Request, wake: int) -> None:
@@ -2164,6 +2184,8 @@ class EventScheduler(Scheduler):
             request.computed += advanced
             request.generated += advanced
             request.last_token_s = self.last_end
+            if request.answer_s is None and request.generated > request.reasoning_tokens:
+                request.answer_s = self.last_end     # a decode wakes for its first answer token, unless it is its last
             if request.token_times is not None:
                 request.token_times.extend(self.step_ends[self.steps - advanced:self.steps])
         if self.lazy_blocks:
@@ -2412,6 +2434,7 @@ class Trace:
     rows: tuple      # (arrival_s, prompt_tokens, output_tokens, content) per request
     format: str = "servesim"
     notes: tuple = ()     # what the reader left out or changed, said once on stderr
+    reasoning: tuple = () # each row's thinking tokens (the head of its output), where the trace gives them
 
 
 @dataclass(frozen=True)
@@ -2468,6 +2491,7 @@ MAX_ARRIVAL_S = 365 * 86400           # a year: beyond it a float clock loses th
 ENGINE_START_S = 48.0
 WEIGHT_LOAD_GBS = 2.0
 PROFILE_SEED = 104729                 # a rate profile's send times have their own random stream
+REASONING_SEED = 15485863             # so do reasoning lengths: the same requests with and without them
 MAX_TIMELINE_S = 200_000              # a timeline's rows, one a simulated second: 2.3 days, some 80 MB
 DEFAULT_CLIENTS = 32
 COMPARE_MODES = {"static": ("static", "paged"), "slots": ("continuous", "slots"), "paged": ("continuous", "paged")}
@@ -2600,6 +2624,11 @@ class RunSpec:
     output_tokens: TokenRange = setting(
         DEFAULT_OUTPUT, "--output-tokens", token_range, "output length in tokens, fixed or uniform", "workload",
         metavar="N|A-B")
+    reasoning_tokens: Optional[TokenRange] = setting(
+        None, "--reasoning-tokens", token_range, "a reasoning model: the first N (or uniform A-B) tokens of each output "
+        "are thinking, streamed before the answer; reports add time to the first answer token (ttfa) and the SLO key "
+        "ttfa_pXX. Below the shortest --output-tokens, which counts thinking and answer, as usage does", "workload",
+        metavar="N|A-B", default_text="none")
     prefix_tokens: int = setting(
         0, "--prefix-tokens", whole(0, 10**8), "a shared system prompt of this many tokens in front of every prompt",
         "workload", metavar="TOKENS", default_text="none")
@@ -2783,6 +2812,16 @@ def check_spec(spec: RunSpec) -> None:
                         f"servesim simulates up to a year")
     if spec.num_prefixes > 1 and not spec.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
+    if spec.reasoning_tokens and spec.trace:
+        raise UserError("--reasoning-tokens shapes generated requests; a --trace gives each row its own "
+                        "reasoning_tokens field")
+    if spec.reasoning_tokens and spec.turns > 1:
+        raise UserError("--reasoning-tokens with --turns: whether a conversation's history keeps the earlier "
+                        "thinking differs by model, and servesim does not model it yet; drop one of them")
+    if spec.reasoning_tokens and spec.reasoning_tokens.high >= spec.output_tokens.low:
+        raise UserError(f"--reasoning-tokens {spec.reasoning_tokens}: an output (--output-tokens "
+                        f"{spec.output_tokens}) holds the thinking and the answer, so the thinking must stay below "
+                        f"the shortest output, {spec.output_tokens.low:,} tokens")
     if spec.ramp_up:
         strategy, start, end = spec.ramp_up
         if start > end:
@@ -2997,7 +3036,9 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
         if last > MAX_ARRIVAL_S:
             raise UserError(f"trace {spec.trace.name} x {spec.trace_repeats} at time scale {spec.time_scale:g} spreads "
                             f"{len(rows):,} arrivals over {last / 86400:,.0f} days; servesim simulates up to a year")
-        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content)
+        thinking = spec.trace.reasoning
+        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content,
+                        reasoning_tokens=thinking[i % len(thinking)] if thinking else 0)
                 for i, (arrival, prompt, output, content) in enumerate(rows)]
     rng = random.Random(spec.seed)
     count = spec.requests or DEFAULT_REQUESTS
@@ -3010,6 +3051,11 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
     else:
         requests = synthetic_requests(count, spec.prompt_tokens, spec.output_tokens, rng,
                                       spec.prefix_tokens, spec.num_prefixes, progress)
+    if spec.reasoning_tokens:
+        low, high = spec.reasoning_tokens.low, spec.reasoning_tokens.high
+        think = random.Random(spec.seed + REASONING_SEED)
+        for request in requests:
+            request.reasoning_tokens = think.randrange(low, high + 1)
     if spec.rate_profile:
         for request, at in zip([r for r in requests if r.turn <= 1], sends):
             request.sent_s = at
@@ -3124,6 +3170,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
+    if spec.reasoning_tokens or (spec.trace and spec.trace.reasoning):
+        result["config"]["reasoning_tokens"] = str(spec.reasoning_tokens) if spec.reasoning_tokens else "from the trace"
     if schedule:
         result["replica_schedule"] = schedule_report(schedule, spans or [[(0.0, 0.0, math.inf)]], scale_up_delay(spec),
                                                      result["duration"], gpus // max(1, spec.data_parallel_size),
@@ -3242,7 +3290,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
-            *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el") for stat in ("mean", "median", "p90", "p95", "p99")))
+            *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa") for stat in ("mean", "median", "p90", "p95", "p99")))
     # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
     # queue grows by the difference.
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
@@ -3438,7 +3486,15 @@ def sweep(spec: RunSpec, axis: str, values: list, jobs: int = 1, seeds: int = 1)
 # Search: the highest load a deployment serves within an SLO, and the cheapest deployment that
 # serves a given load within it. Every probe is one run(): the same simulate with the same seed.
 
-SLO_METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
+SLO_METRICS = ("ttft", "tpot", "itl", "e2el", "queue", "ttfa")
+
+
+def answer_figures(result: dict) -> dict:
+    """A result with its time-to-first-answer figures: a run without reasoning has none of its
+    own, and there the first answer token is the first token."""
+    if "p95_ttfa_ms" in result or "p95_ttft_ms" not in result:
+        return result
+    return {**result, **{k.replace("_ttft_", "_ttfa_"): v for k, v in result.items() if "_ttft_" in k}}
 SLO_STATS = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
@@ -3448,6 +3504,7 @@ class Slo:
 
     def misses(self, result: dict) -> list[str]:
         """The bounds a run misses, each as 'ttft_p95 612.3 > 500'; a failed request misses too."""
+        result = answer_figures(result)
         missed = [f"{name} {number(result[key])} > {bound:g}" for name, key, bound in self.bounds
                   if result[key] is None or result[key] > bound]
         if result["failed"]:
@@ -3598,8 +3655,8 @@ class Probing:
         latencies and failures; ITL, which needs every token's time, from the whole run)."""
         steady = result.get("steady_state") or {}
         if not self.sustained or steady.get("sustained") is None:
-            return result
-        return {**result, **{k: v for k, v in steady.items() if k.endswith("_ms") or k == "failed"}}
+            return answer_figures(result)
+        return answer_figures({**result, **{k: v for k, v in steady.items() if k.endswith("_ms") or k == "failed"}})
 
     def misses(self, result: dict) -> list[str]:
         """Why a run misses: the SLO's bounds, failed requests, and a server that did not keep up."""
@@ -3670,13 +3727,19 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             probes.append(result)
             if progress:
                 progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
+            if not enough and how.by == "rate" and ran_alone(result):
+                raise Alone()
             return enough
 
         if how.target is not None:
             passes(how.target)
             return {"probes": probes, "best": probes[0] if not probes[0]["misses"] else None}
-        low, high = highest_passing(passes, how.start(deployment), how.tolerance,
-                                    integer=how.by == "concurrency", lowest=how.lowest(deployment))
+        try:
+            low, high = highest_passing(passes, how.start(deployment), how.tolerance,
+                                        integer=how.by == "concurrency", lowest=how.lowest(deployment))
+        except Alone:
+            return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
+                    "alone": True}
         return {"probes": probes, "highest_load": low, "lowest_missing_load": high,
                 "best": next((p for p in probes if p["load"] == low), None)}
 
@@ -3691,6 +3754,15 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
 
 class Unfit(Exception):
     """A deployment whose model does not fit, inside a search (not an error of the whole search)."""
+
+
+class Alone(Exception):
+    """A probe missed although each of its requests ran alone: no lower rate can meet the SLO."""
+
+
+def ran_alone(result: dict) -> bool:
+    engine = result.get("engine") or {}
+    return engine.get("mean_batch", 2.0) <= 1.01 and not result.get("p99_queue_ms")    # 1% of steps shared, no wait
 
 
 def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int = 1,
@@ -4666,7 +4738,7 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
-                "prefix": str, "prefix_tokens": int}
+                "prefix": str, "prefix_tokens": int, "reasoning_tokens": int}
 
 
 # The longest trace row servesim reads: far past any real row, short of one that would fill memory.
@@ -4695,7 +4767,10 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
-    return Trace(path, tuple(rows), fmt, tuple(note.format(count) for note, count in notes.items()))
+    # A reader may add a fifth field, the row's reasoning tokens; most traces have none.
+    reasoning = tuple(row[4] if len(row) > 4 else 0 for row in rows) if any(len(row) > 4 for row in rows) else ()
+    return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(note.format(count) for note, count in notes.items()),
+                 reasoning if any(reasoning) else ())
 
 
 def read_rate_profile(path: str) -> RateProfile:
@@ -4878,7 +4953,14 @@ def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> I
         if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
-        yield arrival, prompt, output, prefix
+        if "reasoning_tokens" not in row:
+            yield arrival, prompt, output, prefix
+            continue
+        thinking = trace_number(where, row, "reasoning_tokens", 0, 10**8)
+        if thinking >= output:
+            raise UserError(f"{where}: reasoning_tokens {thinking:,} is not below output_tokens {output:,}; the output "
+                            f"holds the thinking and at least one answer token")
+        yield arrival, prompt, output, prefix, thinking
 
 
 def hashed_trace(block: int, seconds_per_unit: float):
@@ -5042,6 +5124,9 @@ class StreamRecord:
     measured: bool = True               # False for a warm-up request: sent, but left out of every figure
     left_out: list = field(default_factory=list)   # (field, why) of server figures not believed
     answered_s: Optional[float] = None  # when the answer's headers arrived
+    answer_s: Optional[float] = None    # the first content event after (or without) reasoning events
+    reasoning_tokens: int = 0           # reasoning events seen (a reasoning parser's split)
+    think_tags: bool = False            # thinking streamed inside content, as <think>...
     server_date: Optional[float] = None # the answer's Date header, whole seconds of the server's clock
 
 
@@ -5414,13 +5499,23 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             raise StreamError(f"bad stream: a delta is not an object: {data[:80]!r}")
-        if delta.get("content") or delta.get("reasoning_content"):
+        # A reasoning parser's thinking: vLLM's `reasoning` (from 0.11; `reasoning_content` before),
+        # SGLang's and llama.cpp's `reasoning_content`. Both are tokens; the answer is `content`.
+        content = delta.get("content")
+        thinking = delta.get("reasoning") or delta.get("reasoning_content")
+        if content or thinking:
             if record.first_token_s is None:
                 record.first_token_s = at
             record.token_times.append(at)
             record.last_token_s = at
-            if record.text is not None and isinstance(delta.get("content"), str):
-                record.text.append(delta["content"])
+            if record.text is not None and isinstance(content, str):
+                record.text.append(content)
+        if thinking:
+            record.reasoning_tokens += 1
+        if content and record.answer_s is None:
+            record.answer_s = at
+        if isinstance(content, str) and "<think>" in content:
+            record.think_tags = True
         if choice.get("finish_reason"):
             record.finish_reason = str(choice["finish_reason"])
     usage = event.get("usage")
@@ -6156,6 +6251,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "fewest_output_tokens": min((r.output_tokens for r in short), default=None),
         **dispatch_report(records, result),
         "server_clock": server_clock(records, started, started_unix),
+        "reasoning": reasoning_report(records),
     }
     left_out: dict = {}
     for r in records:
@@ -6218,6 +6314,19 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["hint"] = (f"this does not look like an OpenAI-compatible server: POST {client.url}/v1/chat/completions "
                           f"answered {', '.join(sorted(kinds))}; is --url the server's base address?")
     return result, records, stopped
+
+
+def reasoning_report(records: list[StreamRecord]) -> Optional[dict]:
+    """Whether the server split thinking from the answer: ttfa needs reasoning events apart from
+    content. None for a server that sent neither (not a reasoning model)."""
+    split = sum(1 for r in records if r.reasoning_tokens)
+    tagged = sum(1 for r in records if r.think_tags)
+    if not split and not tagged:
+        return None
+    return {"requests_with_reasoning": split, "think_tags_in_content": tagged,
+            "note": None if split else "the server streams its thinking inside content (<think>...), so the first "
+                                       "answer token cannot be told apart: start it with a reasoning parser (vLLM "
+                                       "and SGLang --reasoning-parser, llama.cpp --reasoning-format deepseek)"}
 
 
 def dispatch_report(records: list[StreamRecord], result: dict) -> dict:
@@ -7494,8 +7603,8 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'link':<12}{link['gbs']:g} GB/s: {link['transfers']:,} transfers  mean wait {number(link['mean_wait_ms'])} ms "
           f"(queue + transfer)  busy {link['busy']:.1%}\n")
     rows = [(label, [number(result[f"{stat}_{name}_ms"]) for stat in ("mean", "median", "p90", "p95", "p99")])
-            for name, label in (("ttft", "ttft ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
-                                ("queue", "queue ms"), ("e2el", "e2e ms"))]
+            for name, label in (("ttft", "ttft ms"), ("ttfa", "ttfa ms"), ("tpot", "tpot ms"), ("itl", "itl ms"),
+                                ("queue", "queue ms"), ("e2el", "e2e ms")) if f"mean_{name}_ms" in result]
     # Ten characters a column, wider where a value needs it: columns never run together.
     widths = [max(10, *(len(cells[i]) + 2 for _, cells in rows)) for i in range(5)]
     w(f"{'':<12}" + "".join(h.rjust(width) for h, width in zip(("mean", "p50", "p90", "p95", "p99"), widths)) + "\n")
@@ -7591,6 +7700,10 @@ def print_server(result: dict, w) -> None:
       f"finish reasons {client['finish_reasons']}"
       + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
          if client['requests_without_usage'] else "") + "\n")
+    thinking = client.get("reasoning")
+    if thinking:
+        w(f"{'reasoning':<12}" + (thinking["note"] or f"{thinking['requests_with_reasoning']:,} answers streamed "
+                                  f"reasoning events first; ttfa is their first content event") + "\n")
     if result["config"].get("start_at") is not None:
         clock = client.get("server_clock") or {}
         w(f"{'':<12}started {result['config']['start_lag_ms']:,.1f} ms after --start-at; "
@@ -7933,7 +8046,9 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
     """A deployment's highest passing load, in words, with the command that reruns it."""
     low, high = item["highest_load"], item["lowest_missing_load"]
     if low is None:
-        return [f"{what}: the slo is missed even at {high:.4g} {unit}"]
+        return [f"{what}: the slo is missed even at {high:.4g} {unit}"
+                + (", where every request ran alone: no load meets it; it needs a faster deployment or shorter "
+                   "requests" if item.get("alone") else "")]
     if high is None:
         return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
     seeds = (f"; {item['best']['seeds_passed']} of {probing.seeds} seeds meet {probing.slo.text()}"

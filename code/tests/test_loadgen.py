@@ -473,5 +473,45 @@ class ManyMachines(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.tmp, True)
 
 
+class Reasoning(unittest.TestCase):
+    """A reasoning model streams its thinking first: ttft ends at the first thinking event, ttfa
+    at the first answer (content) event, with each server's field name for the thinking."""
+
+    @staticmethod
+    def stream(field, thinking=3, answer=2, gap=0.06):
+        pieces = [data(chunk({"role": "assistant", "content": None}))]
+        for _ in range(thinking):
+            pieces += [gap, data(chunk({field: " hmm"}))]
+        for _ in range(answer):
+            pieces += [gap, data(chunk({"content": " yes"}))]
+        return scripted(*pieces, data(chunk(finish="stop")), data(usage(12, thinking + answer)), "data: [DONE]\n\n")
+
+    def test_the_first_answer_token_comes_after_the_thinking_in_each_servers_field(self):
+        for field in ("reasoning", "reasoning_content"):      # vLLM from 0.11; SGLang, llama.cpp, older vLLM
+            with self.subTest(field=field), FakeServer(self.stream(field)) as server:
+                code, r, err = loadgen(server, "--requests", 2, own_process=True)
+                self.assertEqual(code, 0, err)
+                self.assertTrue(50 <= r["median_ttft_ms"] < 150, r["median_ttft_ms"])     # the first thinking event
+                self.assertTrue(220 <= r["median_ttfa_ms"] < 400, r["median_ttfa_ms"])    # the fourth event
+                self.assertEqual(r["client"]["reasoning"]["requests_with_reasoning"], 2)
+                self.assertEqual(r["total_output_tokens"], 10)           # usage counts thinking and answer
+
+    def test_thinking_inside_content_is_said_and_not_split(self):
+        pieces = [data(chunk({"content": "<think>"})), data(chunk({"content": " hmm </think>"})),
+                  data(chunk({"content": " yes"})), data(chunk(finish="stop")), data(usage(12, 3)), "data: [DONE]\n\n"]
+        with FakeServer(scripted(*pieces)) as server:
+            code, r, out = loadgen(server, "--requests", 1)
+            code, text, _ = call_cli("loadgen", "--url", server.url, "--requests", 1, env={"OPENAI_API_KEY": ""})
+        self.assertNotIn("median_ttfa_ms", r)
+        self.assertIn("--reasoning-parser", r["client"]["reasoning"]["note"])
+        self.assertIn("reasoning   the server streams its thinking inside content", text)
+
+    def test_a_plain_model_reports_no_reasoning(self):
+        with FakeServer(paced(tokens=3)) as server:
+            code, r, _ = loadgen(server, "--requests", 1)
+        self.assertIsNone(r["client"]["reasoning"])
+        self.assertNotIn("median_ttfa_ms", r)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -260,6 +260,23 @@ class ConfirmSendsWhatWasSearched(unittest.TestCase):
         self.assertEqual(len(later), 4)         # each second turn carries the first turn's answer
 
 
+class NoLoadMeetsIt(unittest.TestCase):
+    def test_a_bound_missed_by_requests_that_ran_alone_stops_the_search_and_says_so(self):
+        args = ["search", "--hardware", "h100-sxm-80gb", "--prompt-tokens", "100", "--output-tokens", "10",
+                "--steady-requests", "200", "--jobs", "1"]
+        code, out, err = call_cli(*args, "--slo", "ttft_p95:1")
+        self.assertIn("where every request ran alone: no load meets it", out)
+        report = json.loads(call_cli(*args, "--slo", "ttft_p95:1", "--json")[1])["deployments"][0]
+        last = report["probes"][-1]
+        self.assertTrue(report["alone"])
+        self.assertLessEqual(last["engine"]["mean_batch"], 1.01)
+        self.assertEqual(last["p99_queue_ms"], 0)
+        # A bound a lower rate can meet is bisected as before: no "alone" verdict.
+        met = json.loads(call_cli(*args, "--slo", "ttft_p95:40", "--json")[1])["deployments"][0]
+        self.assertIsNotNone(met["highest_load"])
+        self.assertNotIn("alone", met)
+
+
 class BurstySearch(unittest.TestCase):
     def test_the_highest_rate_under_bursty_arrivals_is_lower_and_its_rerun_is_bursty(self):
         args = ["search", "--hardware", "l4-24gb", "--prompt-tokens", "1000", "--output-tokens", "200",

@@ -377,3 +377,63 @@ class Merge(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReasoningModels(unittest.TestCase):
+    """The first --reasoning-tokens of each output are thinking: the user waits for the token after
+    them. TTFA is TTFT plus the gaps of the thinking tokens, request by request."""
+
+    def test_ttfa_is_ttft_plus_the_thinking_tokens_gaps(self):
+        result = main.run(main.RunSpec(hardware=main.HARDWARE["l4-24gb"], prompt_tokens=main.TokenRange(100, 400),
+                                       output_tokens=main.TokenRange(40, 80), reasoning_tokens=main.TokenRange(30, 30),
+                                       rate=4.0, requests=60, detailed=True))
+        self.assertEqual(result["answered"], 60)
+        self.assertEqual(result["total_reasoning_tokens"], 60 * 30)
+        for ttft, ttfa, gaps in zip(result["ttfts"], result["ttfas"], result["itls"]):
+            self.assertAlmostEqual(ttfa - ttft, sum(gaps[:30]), places=9)
+        self.assertGreater(result["p95_ttfa_ms"], result["p95_ttft_ms"] + 29 * result["median_tpot_ms"] * 0.9)
+
+    def test_thinking_changes_no_request_but_when_its_answer_starts(self):
+        base = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], rate=2.0, requests=40, detailed=True,
+                            output_tokens=main.TokenRange(64, 256))
+        plain = main.run(base)
+        thinking = main.run(main.replace(base, reasoning_tokens=main.TokenRange(10, 60)))
+        for key in ("ttfts", "itls", "input_lens", "output_lens", "latencies"):
+            self.assertEqual(plain[key], thinking[key], key)
+        self.assertNotIn("ttfas", plain)
+        self.assertNotIn("p95_ttfa_ms", plain)
+
+    def test_a_ttfa_slo_binds_where_the_ttft_slo_does_not(self):
+        args = ["search", "--hardware", "l4-24gb", "--prompt-tokens", "500", "--output-tokens", "1200",
+                "--reasoning-tokens", "1000", "--json", "--jobs", "1"]
+        by_ttft = json.loads(call_cli(*args, "--slo", "ttft_p95:3000")[1])["deployments"][0]
+        by_answer = json.loads(call_cli(*args, "--slo", "ttft_p95:3000,ttfa_p95:85000")[1])["deployments"][0]
+        self.assertLess(by_answer["highest_load"], by_ttft["highest_load"])
+        # Without reasoning, the first answer token is the first token: the bounds are the same.
+        plain = ["search", "--hardware", "l4-24gb", "--prompt-tokens", "500", "--output-tokens", "200", "--json",
+                 "--jobs", "1"]
+        self.assertEqual(json.loads(call_cli(*plain, "--slo", "ttft_p95:3000")[1])["deployments"][0]["highest_load"],
+                         json.loads(call_cli(*plain, "--slo", "ttfa_p95:3000")[1])["deployments"][0]["highest_load"])
+
+    def test_a_trace_row_gives_its_own_thinking_and_bad_thinking_is_one_line(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "t.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"arrival": 0, "prompt_tokens": 50, "output_tokens": 20, "reasoning_tokens": 15})
+                        + "\n" + json.dumps({"arrival": 5, "prompt_tokens": 50, "output_tokens": 20}) + "\n")
+            result = main.run(main.RunSpec(trace=main.read_trace(path), detailed=True))
+            self.assertEqual(result["total_reasoning_tokens"], 15)
+            self.assertAlmostEqual(result["ttfas"][0] - result["ttfts"][0], sum(result["itls"][0][:15]), places=9)
+            self.assertEqual(result["ttfas"][1], result["ttfts"][1])
+            with open(path, "a") as f:
+                f.write(json.dumps({"arrival": 9, "prompt_tokens": 50, "output_tokens": 20, "reasoning_tokens": 20})
+                        + "\n")
+            cases = [(("simulate", "--trace", path), "line 3: reasoning_tokens 20 is not below output_tokens 20"),
+                     (("simulate", "--reasoning-tokens", "300", "--output-tokens", "64-256"), "below the shortest"),
+                     (("simulate", "--reasoning-tokens", "10", "--turns", "2"), "--turns"),
+                     (("simulate", "--reasoning-tokens", "0"), "--reasoning-tokens")]
+            for args, words in cases:
+                code, _, err = call_cli(*args)
+                self.assertEqual(code, 2, args)
+                self.assertIn(words, err, args)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
