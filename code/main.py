@@ -64,7 +64,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Callable, Iterable, Iterator, Optional
 from xml.sax.saxutils import escape as xml_escape
@@ -116,6 +116,10 @@ class Hardware:
     # the launch it adds outside one (0 on a CPU: llama.cpp's overheads are calibrated instead).
     kernel_floor_us: float = 1.3
     kernel_launch_us: float = 1.2
+    # Between the GPU and host memory (PCIe), GB/s per direction, for a host tier of the KV cache;
+    # and the host memory one GPU's share of the priced instance has (0: not stated).
+    host_link_gbs: float = 0.0
+    host_memory_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -214,28 +218,32 @@ HARDWARE = {h.name: h for h in [
     # Aug-Sep 2026 from Lambda (H100 3.99, A100 2.79, B200 6.69; 8-GPU instances), Crusoe (H200 4.29,
     # MI300X 3.45), AWS us-east-1 g6.xlarge (L4 0.80), RunPod secure cloud (RTX 4090 0.74,
     # L40S 1.09) and Hyperstack (RTX PRO 6000 1.85); pass --price-per-hour for your own.
+    # To host memory (a host tier of the KV cache): each GPU's own PCIe link, per direction, Gen4
+    # x16 31.5 GB/s (A100, L4, RTX 4090, L40S), Gen5 x16 63 (H100, H200, B200, RTX PRO 6000,
+    # MI300X). Host memory is stated only where the priced instance is one GPU: AWS g6.xlarge, 16 GiB.
     Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=3.99),
+             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=3.99, host_link_gbs=63),
     Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6,
-             interconnect_gbs=300, interconnect_latency_us=0.6, price_per_hour=2.79),
+             interconnect_gbs=300, interconnect_latency_us=0.6, price_per_hour=2.79, host_link_gbs=31.5),
     Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=4.29),
+             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=4.29, host_link_gbs=63),
     Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5,
-             interconnect_gbs=31.5, interconnect_latency_us=1.0, price_per_hour=0.80),
+             interconnect_gbs=31.5, interconnect_latency_us=1.0, price_per_hour=0.80, host_link_gbs=31.5,
+             host_memory_gib=16),
     Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3, gemm_efficiency=0.9,
              attention_efficiency=0.9, bandwidth_efficiency=0.91, interconnect_gbs=31.5,
-             interconnect_latency_us=1.0, price_per_hour=0.74),
+             interconnect_latency_us=1.0, price_per_hour=0.74, host_link_gbs=31.5),
     # Memory as nvidia-smi (or rocm-smi) reports it. L40S datasheet; RTX PRO Blackwell architecture
     # whitepaper table 4 (Workstation Edition; FP8 is twice its BF16); NVIDIA HGX B200 table;
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
     Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=1.0,
-             price_per_hour=1.09),
+             price_per_hour=1.09, host_link_gbs=31.5),
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
-             interconnect_latency_us=1.0, price_per_hour=1.85),
+             interconnect_latency_us=1.0, price_per_hour=1.85, host_link_gbs=63),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
-             interconnect_latency_us=0.6, price_per_hour=6.69),
+             interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
-             interconnect_latency_us=0.6, price_per_hour=3.45),
+             interconnect_latency_us=0.6, price_per_hour=3.45, host_link_gbs=63),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5,
@@ -1025,6 +1033,8 @@ class Engine:
         scheduler, start, preemptions = self.scheduler, self.clock, self.scheduler.preemptions
         batch = scheduler.schedule(start)
         if not batch.seqs and not scheduler.running and scheduler.preemptions == preemptions:
+            if not scheduler.waiting:
+                return batch          # the only request left is loading its prefix from host memory
             # Nothing runs and the head of the queue could not start in an idle engine: it never
             # will. Fail it rather than spin.
             head = scheduler.waiting.popleft()
@@ -1727,6 +1737,125 @@ class KvLink:
                 "busy": self.busy_s / span if span else 0.0}
 
 
+# A host tier for the KV cache (vLLM's --kv-offloading-size GiB, --kv-offloading-backend
+# native|lmcache): every full block the engine computes is also stored in host memory, which
+# keeps the most recently used ones; a waiting request whose prefix goes on in host memory past
+# what HBM still holds leaves the queue while those blocks load over PCIe, and comes back with
+# them computed, so the engine runs the others meanwhile (vLLM's asynchronous load). Stores are
+# asynchronous copies on the link's other direction: they cost no step time, and the report says
+# how busy they kept it. Simplified: the loaded request's HBM blocks are taken when it comes back,
+# not when its load starts, and the blocks HBM already held are taken again, not shared.
+
+HOST_LINK_EFFICIENCY = 0.8     # pinned host-device copies reach about 80% of PCIe's peak per direction
+
+
+def check_offloading(spec: RunSpec) -> None:
+    hardware, gpus = spec.hardware, spec.tensor_parallel_size
+    if not spec.prefix_caching:
+        raise UserError("--kv-offloading-size keeps prefix-cached blocks in host memory: add --prefix-caching")
+    if spec.disaggregate or spec.kv_layout == "slots" or spec.batching == "static":
+        raise UserError("--kv-offloading-size is simulated on the paged, continuous engine: drop --disaggregate, "
+                        "--kv-layout slots and --batching static")
+    if hardware.host_link_gbs <= 0:
+        raise UserError(f"{hardware.name} has no host_link_gbs (GB/s per direction between a GPU and host memory): "
+                        f"add it to the hardware JSON to give it a host tier")
+    if hardware.host_memory_gib and spec.kv_offloading_size > hardware.host_memory_gib * gpus:
+        raise UserError(f"--kv-offloading-size {spec.kv_offloading_size:g} GiB: {hardware.name}'s instance has "
+                        f"{hardware.host_memory_gib * gpus:g} GiB of host memory for {gpus} GPU{'s' * (gpus > 1)}; "
+                        f"give less, or a hardware JSON with your machine's host_memory_gib")
+
+
+class HostTier:
+    """The keys of the blocks host memory holds, least recently used first out, and the traffic
+    on the link to it. Each GPU of a tensor-parallel group moves its own share of a block over
+    its own link, so a transfer takes one device's bytes over one link."""
+
+    def __init__(self, blocks: int, device_block_bytes: float, gbs: float):
+        self.capacity, self.block_bytes = blocks, device_block_bytes
+        self.rate = gbs * 1e9 * HOST_LINK_EFFICIENCY
+        self.keys: OrderedDict = OrderedDict()
+        self.stored = self.evicted = self.loaded = self.loads = self.hit_tokens = 0
+        self.load_free_at = self.load_wait_s = 0.0
+
+    def store(self, key) -> None:
+        if key in self.keys:
+            self.keys.move_to_end(key)
+            return
+        self.keys[key] = None
+        self.stored += 1
+        if len(self.keys) > self.capacity:
+            self.keys.popitem(last=False)
+            self.evicted += 1
+
+    def found(self, keys: Iterable) -> int:
+        """How many of these keys, from the first, host memory holds; each found is used again."""
+        count = 0
+        for key in keys:
+            if key not in self.keys:
+                break
+            self.keys.move_to_end(key)
+            count += 1
+        return count
+
+    def load(self, blocks: int, now: float) -> float:
+        """When `blocks` asked for now are in HBM: loads queue on the link in the order asked."""
+        start = max(now, self.load_free_at)
+        self.load_free_at = start + blocks * self.block_bytes / self.rate
+        self.loads += 1
+        self.loaded += blocks
+        self.load_wait_s += self.load_free_at - now
+        return self.load_free_at
+
+
+class TieredPool(BlockPool):
+    def __init__(self, num_blocks: int, host: HostTier):
+        super().__init__(num_blocks)
+        self.host = host
+
+    def register(self, block: int, key: object) -> None:
+        super().register(block, key)
+        self.host.store(key)        # written through: host memory holds every block computed
+
+
+class Offloaded:
+    """Mixed in before a scheduler class: a host tier behind its block pool."""
+
+    def __init__(self, *args, host: HostTier, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool, self.host = TieredPool(self.pool.num_blocks, host), host
+        self.deliver: Optional[Callable] = None     # the engine's: a loaded request comes back by its inbox
+
+    def admit(self, now: float, budget: int, batch: Batch) -> None:
+        size = self.config.block_size
+        while self.waiting and self.waiting[0].computed == 0:
+            request = self.waiting[0]
+            hbm = len(self.cache_hits(request))
+            more = self.host.found(block_key(request, i, size) for i in range(hbm, (request.length - 1) // size))
+            if not more:
+                break
+            self.waiting.popleft()
+            request.computed = (hbm + more) * size
+            self.host.hit_tokens += more * size
+            self.deliver(self.host.load(more, now), request)
+        super().admit(now, budget, batch)
+
+
+def host_tier_report(tiers: list[HostTier], span: float, block_size: int, queries: int) -> dict:
+    """Both tiers' prefix hits and the host link's traffic, over every replica's tier."""
+    gb = lambda blocks: blocks * tiers[0].block_bytes / 1e9
+    loads = sum(t.loads for t in tiers)
+    hits = sum(t.hit_tokens for t in tiers)
+    return {"blocks": sum(t.capacity for t in tiers), "tokens": sum(t.capacity for t in tiers) * block_size,
+            "host_hit_rate": hits / queries if queries else 0.0, "host_hit_tokens": hits,
+            "stored_gb_per_gpu": gb(sum(t.stored for t in tiers)), "loaded_gb_per_gpu": gb(sum(t.loaded for t in tiers)),
+            "loads": loads, "mean_load_wait_ms": sum(t.load_wait_s for t in tiers) / loads * 1000 if loads else None,
+            "evicted_blocks": sum(t.evicted for t in tiers),
+            "store_link_busy": gb(sum(t.stored for t in tiers)) * 1e9 / tiers[0].rate / span / len(tiers)
+            if span > 0 else 0.0,
+            "load_link_busy": gb(sum(t.loaded for t in tiers)) * 1e9 / tiers[0].rate / span / len(tiers)
+            if span > 0 else 0.0}
+
+
 # Tensor parallelism (vLLM's --tensor-parallel-size N): every weight matrix is split across N
 # devices, and so are the query and KV heads (a KV head is replicated when N exceeds them), so each
 # device holds 1/N of the weights and of each token's KV, and computes 1/N of each step. After the
@@ -2127,6 +2256,7 @@ class EventScheduler(Scheduler):
         return super().schedule(now)
 
     def update(self, batch: Batch, now: float) -> None:
+        ended = len(self.done)
         super().update(batch, now)
         if self.cruising_measured:
             self.count_gaps(now - self.last_end, self.cruising_measured)
@@ -2137,6 +2267,10 @@ class EventScheduler(Scheduler):
         for request in self.finishing:
             self.release(request)
             self.done.append(request)
+        if self.finishing and len(self.done) - ended > 1:
+            # The per-step rule ends a step's requests in running order, and a conversation's
+            # next turns are sent in the order their turns ended: keep that order.
+            self.done[ended:] = sorted(self.done[ended:], key=operator.attrgetter("admitted"))
         self.finishing = []
         active, self.active = self.active, []
         for request in active:
@@ -2606,6 +2740,16 @@ class RunSpec:
     kv_link_gbs: float = setting(
         25.0, "--kv-link-gbs", LINK_GBS, "the link's bandwidth in GB/s", "disaggregation", metavar="GBS", axis=21,
         default_text="25")
+    kv_offloading_size: Optional[float] = setting(
+        None, "--kv-offloading-size", real(0, 1e6), "a second tier of the KV cache in host memory, GiB for the "
+        "whole replica (its tensor-parallel GPUs together), as vLLM's flag: every full block computed is stored "
+        "there too, and a prefix found only there is loaded back over PCIe (the hardware's host_link_gbs) while "
+        "the request waits and others run; needs --prefix-caching", "plan", metavar="GiB", axis=22,
+        short="offload GiB", default_text="off")
+    kv_offloading_backend: str = setting(
+        "native", "--kv-offloading-backend", choice("native", "lmcache"), "vLLM's backend for the host tier; both "
+        "are simulated by the same rule (see README, A host tier for the KV cache)", "plan",
+        metavar="native|lmcache")
     # Workload.
     trace: Optional[Trace] = setting(
         None, "--trace", None, "requests with their own send times, lengths and shared content, in any "
@@ -2812,6 +2956,8 @@ def check_spec(spec: RunSpec) -> None:
                         f"servesim simulates up to a year")
     if spec.num_prefixes > 1 and not spec.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
+    if spec.kv_offloading_size is not None:
+        check_offloading(spec)
     if spec.reasoning_tokens and spec.trace:
         raise UserError("--reasoning-tokens shapes generated requests; a --trace gives each row its own "
                         "reasoning_tokens field")
@@ -2914,6 +3060,14 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
 # the tests and bench.py all go through run(spec) and sweep(spec, axis, values).
 # ---------------------------------------------------------------------------------------------
 
+def host_tier(spec: RunSpec, plan: CapacityPlan) -> HostTier:
+    """A replica's host tier: --kv-offloading-size GiB over its GPUs' share of each block."""
+    device = tensor_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.tensor_parallel_size)
+    block_bytes = device.kv_bytes_per_token * spec.block_size
+    blocks = int(spec.kv_offloading_size * 2**30 / (block_bytes * spec.tensor_parallel_size))
+    return HostTier(blocks, block_bytes, spec.hardware.host_link_gbs)
+
+
 def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] = None) -> Scheduler:
     """The core scheduler (per step or per event) with the variations the spec asks for."""
     config = SchedulerConfig(spec.max_num_seqs, spec.max_num_batched_tokens, spec.model_len(), spec.block_size,
@@ -2929,6 +3083,9 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
                             f"less than one token each; lower --max-num-seqs")
         classes.append(SlotLayout)
         options["kv_tokens"] = plan.kv_tokens
+    if spec.kv_offloading_size is not None:
+        classes.append(Offloaded)
+        options["host"] = host_tier(spec, plan)
     profile = engine_profile(spec)
     if profile.reserve_output:
         classes.append(NoEvict)
@@ -2977,6 +3134,8 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec)) if draft else None
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
+        if isinstance(scheduler, Offloaded):
+            scheduler.deliver = engine.deliver
         engine.plan_note = plan.note
         return engine
 
@@ -3138,6 +3297,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
                             **merged.report([e.scheduler for e in replicas], result["duration"])}
     else:
         result["engine"] = decode.report(result["duration"])
+    tiers = [e.scheduler.host for e in engines if isinstance(e.scheduler, Offloaded)]
+    if tiers:
+        queries = sum(e.scheduler.pool.prefix_queries for e in engines)
+        result["host_tier"] = host_tier_report(tiers, result["duration"], spec.block_size, queries)
     gpus = spec.tensor_parallel_size * spec.data_parallel_size * (2 if link else 1)
     where = f"on {decode.hardware.name}" + (f" x {gpus}" if gpus > 1 else "")
     if spec.tensor_parallel_size > 1:
@@ -7579,6 +7742,12 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'steps':<12}{engine['steps']:,.0f}  mean batch {engine['mean_batch']:.1f} seqs  "
           f"preemptions {engine['preemptions']:,.0f}  evictions {engine['evictions']:,.0f}  "
           f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+        host = result.get("host_tier")
+        if host:
+            w(f"{'host tier':<12}{host['tokens']:,.0f} tokens: {host['host_hit_rate']:.1%} of prompt tokens found only "
+              f"there (so {engine['prefix_hit_rate'] - host['host_hit_rate']:.1%} in HBM); {host['loads']:,} loads, "
+              f"{host['loaded_gb_per_gpu']:,.1f} GB a GPU, mean wait {number(host['mean_load_wait_ms'])} ms; stores "
+              f"{host['stored_gb_per_gpu']:,.1f} GB a GPU, keeping its link {host['store_link_busy']:.1%} busy\n")
         if engine["evictions"]:
             w(f"{'':<12}an eviction is a freed block's cached prefix overwritten when the block is reused (least "
               f"recently used first), so it happens below a full cache; it costs a later prefix hit, not a request\n")

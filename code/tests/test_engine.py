@@ -3,7 +3,8 @@ lesson's rule, read as written; the EventScheduler and EventEngine skip the requ
 where nothing happens. On random small cases, chosen to hit every rule (tiny caches that force
 preemption, tiny budgets that cut the running list, block sizes of 1, prefix caching, closed
 and open loop, disaggregation, replicas behind each router, tensor and expert parallelism, reasoning
-models whose decodes wake for their first answer token), both
+models whose decodes wake for their first answer token, a host tier whose loads take requests out of
+the queue), both
 must print the same report to the last bit, per-request arrays included."""
 import json
 import random
@@ -57,6 +58,11 @@ def random_spec(rng: random.Random) -> main.RunSpec:
         spec.update(burstiness=rng.choice([0.3, 4.0]))
     if rng.random() < 0.2:      # TensorRT-LLM's admission, in a cache small enough for it to bind
         spec.update(engine="trtllm", kv_tokens=rng.randint(200, 1200))
+    if spec["prefix_caching"] and not spec.get("disaggregate") and spec.get("kv_layout") != "slots" \
+            and rng.random() < 0.9:      # a host tier: loads leave the queue and come back computed
+        spec.update(kv_offloading_size=rng.choice([0.002, 0.02, 0.2]))
+        if "turns" not in spec and rng.random() < 0.5:     # histories come back after HBM evicted them
+            spec.update(turns=rng.randint(2, 4), think_time=rng.choice([0.0, 0.5]))
     if output_low > 1 and "turns" not in spec and rng.random() < 0.3:   # a reasoning model: decodes wake to answer
         low = rng.randint(1, output_low - 1)
         spec.update(reasoning_tokens=main.TokenRange(low, rng.randint(low, output_low - 1)))
@@ -86,7 +92,7 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         rng = random.Random(SEED)
         seen = {"preempted": 0, "prefix hits": 0, "failed": 0, "evictions": 0, "per-step fallback": 0,
                 "coasted": 0, "replicas": 0, "tensor parallel": 0, "expert parallel": 0,
-                "held back for its whole output": 0, "answered after thinking": 0}
+                "held back for its whole output": 0, "answered after thinking": 0, "loaded from host memory": 0}
         fallback, advance = main.EventScheduler.per_step, main.EventEngine.advance
 
         def counting_fallback(scheduler, now):
@@ -114,6 +120,7 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
                 seen["tensor parallel"] += spec.tensor_parallel_size > 1
                 seen["expert parallel"] += spec.enable_expert_parallel
                 seen["answered after thinking"] += bool(result.get("ttfas")) and result["ttfas"] != result["ttfts"]
+                seen["loaded from host memory"] += bool(result.get("host_tier", {}).get("loads"))
                 if spec.engine == "trtllm":     # NoEvict admitted later than vLLM's rule would have
                     plain = main.run(main.replace(spec, engine=None))
                     seen["held back for its whole output"] += result["ttfts"] != plain["ttfts"]
