@@ -4339,6 +4339,8 @@ PRESET_RANGES = {
     "interconnect_latency_us": (0, 10_000, "us per step of a ring"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
     "kernel_floor_us": (0, 1_000, "us a kernel takes at least, in a CUDA graph"),
     "kernel_launch_us": (0, 1_000, "us a kernel's launch adds outside a CUDA graph"),
+    "host_link_gbs": (0, 10_000, "GB/s per direction between a GPU and host memory, 0 for none"),
+    "host_memory_gib": (0, 1_000_000, "GiB of host memory per GPU, 0 if not stated"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings",)
 INTERNAL_FIELDS = ("expert_share",)        # set by --enable-expert-parallel, never by a file
@@ -4435,7 +4437,8 @@ def read_jsonl(path: str, kind: str, lines: Optional[Iterable[tuple[int, str]]] 
 
 REPORT_SECTIONS = ("config", "engine", "server", "timings", "client", "link", "prefill_engine")
 # The only report figures that may be negative: a difference, an error, and a queue that shrinks.
-SIGNED = ("client_minus_server_tokens", "error", "queue_growth_rps", "wait_growth_s_per_s")
+SIGNED = ("client_minus_server_tokens", "error", "queue_growth_rps", "wait_growth_s_per_s", "offset_s", "low_s",
+          "high_s")
 
 
 def check_report(report, where: str) -> dict:
@@ -5291,6 +5294,7 @@ class StreamRecord:
     reasoning_tokens: int = 0           # reasoning events seen (a reasoning parser's split)
     think_tags: bool = False            # thinking streamed inside content, as <think>...
     server_date: Optional[float] = None # the answer's Date header, whole seconds of the server's clock
+    date_sent: bool = False             # a Date header came, readable or not
 
 
 @dataclass
@@ -5724,7 +5728,8 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
     try:
         connection, response = client.open("POST", "/v1/chat/completions", payload,
                                            answer_within=min(config.timeout_s, config.request_timeout_s or math.inf))
-        record.answered_s, record.server_date = time.perf_counter(), http_date(response.getheader("Date"))
+        record.answered_s, record.server_date = time.perf_counter(), http_date(response.msg.get_all("Date"))
+        record.date_sent = bool(response.msg.get_all("Date"))
         kind = response.getheader("Content-Type") or ""
         if response.status != 200:
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
@@ -6149,8 +6154,9 @@ def server_shape(client: Http) -> tuple[dict, str]:
 # the machines were.
 
 START_LATE_S = 1.0           # a machine later than this to --start-at would skew the load it shares
+START_SCRAPE_S = 10.0        # the first /metrics scrape begins this long before --start-at
 START_AHEAD_S = 7 * 86400
-DATE_SLACK_S = 0.25          # servers refresh a cached Date header a few times a second
+DATE_SLACK_S = 1.5           # uvicorn (vLLM, SGLang) refreshes its cached Date about once a second
 
 
 def check_start(start_at: float, why: str = "") -> None:
@@ -6164,18 +6170,22 @@ def check_start(start_at: float, why: str = "") -> None:
 
 
 def wait_until(instant: float, progress: Optional[Progress] = None) -> None:
+    said = math.inf
     while (left := instant - time.time()) > 0:
-        if progress and left > 1:
+        if progress and left > 1 and said - left >= 10:
+            said = left
             progress(f"waiting for --start-at: {left:,.0f} s")
         time.sleep(min(left, 0.5))
 
 
-def http_date(text: Optional[str]) -> Optional[float]:
-    """An HTTP Date header as Unix seconds; None when absent or not a date of this century."""
-    if not text or len(text) > 64:
+def http_date(values: Optional[list]) -> Optional[float]:
+    """An answer's one HTTP Date header as Unix seconds; None when absent, repeated, or not a
+    date of this century. HTTP dates are GMT, the asctime form included."""
+    if not values or len(values) != 1 or len(values[0]) > 64:
         return None
     try:
-        value = email.utils.parsedate_to_datetime(text).timestamp()
+        moment = email.utils.parsedate_to_datetime(values[0])
+        value = (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     return value if 1e9 <= value <= 1e10 else None
@@ -6190,7 +6200,9 @@ def server_clock(records: list[StreamRecord], started: float, started_unix: floa
     bounds = [(r.server_date - wall(r.answered_s), r.server_date + 1 + DATE_SLACK_S - wall(r.sent_s))
               for r in records if r.server_date is not None and r.answered_s is not None and r.sent_s]
     if not bounds:
-        return {"offset_s": None, "why": "the server sent no Date header"}
+        unreadable = any(r.date_sent for r in records)
+        return {"offset_s": None, "why": "the server's Date headers were not one readable date each" if unreadable
+                else "the server sent no Date header"}
     low, high = max(b[0] for b in bounds), min(b[1] for b in bounds)
     if low > high:
         return {"offset_s": None, "why": f"the server's Date headers contradict each other by {low - high:.2f} s"}
@@ -6199,14 +6211,16 @@ def server_clock(records: list[StreamRecord], started: float, started_unix: floa
 
 def schedule_fingerprint(config: LoadConfig) -> str:
     """What fixes the schedule every shard draws its share from: equal on every machine of one run."""
-    rows = config.trace.rows if config.trace else None
-    profile = config.rate_profile.windows if config.rate_profile else None
-    text = repr((config.seed, config.rate, config.burstiness, config.ramp_up, len(rows) if rows else None,
-                 rows[0][:3] if rows else None, rows[-1][:3] if rows else None, profile, config.time_scale,
-                 config.requests, config.duration_s, config.turns, config.think_time_s, config.prompt_words,
-                 config.prefix_words, config.max_tokens, config.ignore_eos, config.warmup, config.start_at,
-                 len(config.prompts) if config.prompts else None))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(repr((
+        config.seed, config.rate, config.burstiness, config.ramp_up,
+        config.rate_profile.windows if config.rate_profile else None, config.time_scale, config.requests,
+        config.duration_s, config.turns, config.think_time_s, config.prompt_words, config.prefix_words,
+        config.max_tokens, config.ignore_eos, config.warmup, config.start_at)).encode())
+    for row in (config.trace.rows if config.trace else ()):
+        digest.update(repr(row).encode())
+    for prompt in config.prompts or ():
+        digest.update(repr(prompt).encode())
+    return digest.hexdigest()[:16]
 
 
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
@@ -6230,6 +6244,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                           -(-config.requests // turns) if config.requests else 0) if config.rate_profile else None
     if sends is not None:
         limit = min(limit, len(sends) * turns)
+        if config.warmup >= limit:
+            raise UserError(f"--warmup {config.warmup:,} leaves no request to measure: rate profile "
+                            f"{config.rate_profile.name} sends {limit:,}")
     lock = threading.Lock()
     records: list[StreamRecord] = []
     in_flight: dict[int, StreamRecord] = {}
@@ -6345,12 +6362,14 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     threads: list = []
     stopped: Optional[Stopped] = None
     cpu_before = time.process_time()
-    if config.start_at is not None:      # the first /metrics scrape takes a moment: begin it a second early
-        wait_until(config.start_at - 1, progress)
+    if config.start_at is not None:      # the first /metrics scrape goes before the start: begin it early
+        wait_until(config.start_at - START_SCRAPE_S, progress)
+    scraping = time.time()
     with MetricsSampler(client, config.scrape_interval_s) as sampler:
         if config.start_at is not None:
             wait_until(config.start_at, progress)
-            check_start(config.start_at, "the probe and the first /metrics scrape took too long")
+            check_start(config.start_at, f"the prompt-sizing probe and the server's first /metrics answer, which "
+                                         f"took {time.time() - scraping:,.1f} s, ended after it")
         started, started_unix = time.perf_counter(), time.time()
         if not open_loop:
             threads = [threading.Thread(target=worker, daemon=True) for _ in range(config.concurrency or 1)]
@@ -6430,8 +6449,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                                    "received_prompt_tokens_mean": sum(r.prompt_tokens for r in asked) / len(asked)
                                    if asked else None}
     timeline = measured_timeline(records, list(zip(sampler.times, sampler.scrapes)), started)
-    for record in records[:config.warmup]:
-        record.measured = False
+    for record in records:
+        if record.index in warm:
+            record.measured = False
     rule = RunSpec()
     result["steady_state"] = steady_window(records, rule.steady_skip, rule.min_served, rule.max_queue_growth,
                                            not open_loop, config.slos)
@@ -7047,8 +7067,22 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
-        measured = run_from_report(report, path)
+        for key in ("config", "client"):
+            if report.get(key) is not None and not isinstance(report[key], dict):
+                raise UserError(f"report {path}: {key} is not an object; pass what loadgen --detailed wrote")
         config, starts = report.get("config") or {}, report.get("start_times") or []
+        if not report["input_lens"] and config.get("shard") is not None:
+            machines.append(machine_of(path, report))     # a shard whose share of the schedule was empty
+            continue
+        measured = run_from_report(report, path)
+        warm = report.get("warmup_flags")
+        if warm is not None:
+            if not (isinstance(warm, list) and len(warm) == len(measured.requests)
+                    and all(isinstance(w, bool) for w in warm)):
+                raise UserError(f"report {path}: warmup_flags must be true or false for each request")
+            measured.requests = [r for r, w in zip(measured.requests, warm) if not w]
+            if not measured.requests:
+                continue
         # Clocks: started_unix is the wall clock (2001 to 2286), started_perf the clock start_times use.
         for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", -1e10, 1e10)):
             value = config.get(key)
@@ -7070,6 +7104,8 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         seen.update({mark: path for mark in marks})
         parts.append((path, measured, anchor))
         machines.append(machine_of(path, report))
+    if not parts:
+        raise UserError("no report has a measured request to merge")
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -7135,15 +7171,24 @@ def machine_of(path: str, report: dict) -> dict:
     lag = client.get("dispatch_lag_ms") if isinstance(client.get("dispatch_lag_ms"), dict) else {}
     started_unix = number(config.get("started_unix"), 1e9, 1e10, "config.started_unix")
     started_perf = number(config.get("started_perf"), -1e10, 1e10, "config.started_perf")
+    # A conversation's later turns have no scheduled time: they follow the turn before.
     scheduled = report.get("scheduled_times")
     if not (isinstance(scheduled, list) and len(scheduled) == len(indices) and all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in scheduled)):
-        raise UserError(f"report {path}: a shard needs its requests' scheduled send times (scheduled_times, one "
-                        f"number per request); rerun loadgen with --detailed")
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                          and (started_perf is None or abs(t - started_perf) <= MAX_ARRIVAL_S)) for t in scheduled)):
+        raise UserError(f"report {path}: a shard needs its requests' scheduled send times (scheduled_times, a "
+                        f"number of seconds within a year of the start, or null for a later turn, per request); "
+                        f"rerun loadgen with --detailed")
     on_wall = None if started_unix is None or started_perf is None else \
-        [started_unix + t - started_perf for t in scheduled]
+        [started_unix + t - started_perf for t in scheduled if t is not None]
+    start_at = number(config.get("start_at"), 1e9, 1e10, "config.start_at")
+    if start_at is not None and started_unix is not None and not -START_LATE_S <= started_unix - start_at <= 86400:
+        raise UserError(f"report {path}: config.started_unix is {started_unix - start_at:,.1f} s from its start_at; "
+                        f"a shard starts at its --start-at, at most a second late")
+    stopped = report.get("stopped")
     return {"path": path, "shard": tuple(shard), "schedule": schedule, "indices": indices, "scheduled": on_wall,
-            "start_at": number(config.get("start_at"), 1e9, 1e10, "config.start_at"), "started_unix": started_unix,
+            "stopped": printable(str(stopped))[:200] if stopped else None,
+            "start_at": start_at, "started_unix": started_unix,
             "clock": (low, high) if low is not None and high is not None and low <= high else None,
             "dispatch_p99_ms": number(lag.get("p99"), -1e9, 1e12, "client.dispatch_lag_ms.p99")}
 
@@ -7174,6 +7219,10 @@ def shards_together(machines: list[dict], notes: list[str]) -> dict:
     if twice:
         raise UserError(f"request {twice[0]:,} of the schedule is in more than one shard's report; these are not "
                         f"the shares of one run")
+    for m in machines:
+        if m["stopped"]:
+            notes.append(f"shard {m['shard'][0]}/{count} ({m['path']}) stopped early: {m['stopped']}; its share of "
+                         f"the schedule is cut short")
     if missing:
         notes.append(f"shard{'s' if len(missing) > 1 else ''} {', '.join(f'{k}/{count}' for k in missing[:8])} "
                      f"{'are' if len(missing) > 1 else 'is'} missing: the merged load is {count - len(missing)} of "
@@ -7789,7 +7838,7 @@ def print_run(result: dict, out=None) -> None:
         ms = lambda v: "not known" if v is None else f"{v:,.1f} ms"
         w(f"{'machines':<12}shards {', '.join(map(str, machines['present']))} of {machines['shards']}, "
           f"{machines['requests']:,} requests of one schedule; started within {ms(machines['start_spread_ms'])} of "
-          f"each other, the last {ms(machines['latest_start_lag_ms'])} after --start-at\n")
+          f"each other by their own clocks, the last {ms(machines['latest_start_lag_ms'])} after --start-at\n")
         apart = machines["clocks_apart_at_most_s"]
         w(f"{'':<12}" + (f"clocks at most {apart:.2f} s apart (each bounded by the server's Date headers)"
                          if apart is not None else "how far apart the clocks were is not known")
@@ -9158,7 +9207,8 @@ def cmd_loadgen(args) -> int:
     timeline = result.pop("timeline", None)
     # Each request's place in the schedule: merge checks that shards together sent it once.
     arrays = {**detailed_arrays(records), "indices": [r.index for r in records],
-              "scheduled_times": [r.scheduled_s for r in records]}
+              "scheduled_times": [r.scheduled_s for r in records],
+              **({"warmup_flags": [not r.measured for r in records]} if config.warmup else {})}
     if args.json or args.detailed:
         write_json({**result, **arrays} if args.detailed else result)
     else:
