@@ -1746,13 +1746,11 @@ class KvLink:
 # how busy they kept it. Simplified: the loaded request's HBM blocks are taken when it comes back,
 # not when its load starts, and the blocks HBM already held are taken again, not shared.
 
-HOST_LINK_EFFICIENCY = 0.8     # pinned host-device copies reach about 80% of PCIe's peak per direction
+HOST_LINK_EFFICIENCY = 0.8     # pinned copies: ~50 of 63 GB/s one way on an H100 (vLLM blog 2025-12-29, offloading connector)
 
 
 def check_offloading(spec: RunSpec) -> None:
     hardware, gpus = spec.hardware, spec.tensor_parallel_size
-    if not spec.prefix_caching:
-        raise UserError("--kv-offloading-size keeps prefix-cached blocks in host memory: add --prefix-caching")
     if spec.disaggregate or spec.kv_layout == "slots" or spec.batching == "static":
         raise UserError("--kv-offloading-size is simulated on the paged, continuous engine: drop --disaggregate, "
                         "--kv-layout slots and --batching static")
@@ -2741,11 +2739,12 @@ class RunSpec:
         25.0, "--kv-link-gbs", LINK_GBS, "the link's bandwidth in GB/s", "disaggregation", metavar="GBS", axis=21,
         default_text="25")
     kv_offloading_size: Optional[float] = setting(
-        None, "--kv-offloading-size", real(0, 1e6), "a second tier of the KV cache in host memory, GiB for the "
+        None, "--kv-offloading-size", real(0, 1e6, above_low=False), "a second tier of the KV cache in host "
+        "memory, GiB for the "
         "whole replica (its tensor-parallel GPUs together), as vLLM's flag: every full block computed is stored "
         "there too, and a prefix found only there is loaded back over PCIe (the hardware's host_link_gbs) while "
-        "the request waits and others run; needs --prefix-caching", "plan", metavar="GiB", axis=22,
-        short="offload GiB", default_text="off")
+        "the request waits and others run; needs --prefix-caching; 0 is off", "plan", metavar="GiB", axis=22,
+        short="offload GiB", default_text="off", none_label="off")
     kv_offloading_backend: str = setting(
         "native", "--kv-offloading-backend", choice("native", "lmcache"), "vLLM's backend for the host tier; both "
         "are simulated by the same rule (see README, A host tier for the KV cache)", "plan",
@@ -2956,7 +2955,7 @@ def check_spec(spec: RunSpec) -> None:
                         f"servesim simulates up to a year")
     if spec.num_prefixes > 1 and not spec.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
-    if spec.kv_offloading_size is not None:
+    if spec.kv_offloading_size:
         check_offloading(spec)
     if spec.reasoning_tokens and spec.trace:
         raise UserError("--reasoning-tokens shapes generated requests; a --trace gives each row its own "
@@ -3083,7 +3082,9 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
                             f"less than one token each; lower --max-num-seqs")
         classes.append(SlotLayout)
         options["kv_tokens"] = plan.kv_tokens
-    if spec.kv_offloading_size is not None:
+    if spec.kv_offloading_size:
+        if not spec.prefix_caching:
+            raise UserError("--kv-offloading-size keeps prefix-cached blocks in host memory: add --prefix-caching")
         classes.append(Offloaded)
         options["host"] = host_tier(spec, plan)
     profile = engine_profile(spec)
@@ -8854,11 +8855,23 @@ def cmd_capacity(args) -> int:
     plan, cost = device_plan(spec, spec.hardware)
     if plan.note:
         sys.stderr.write(f"servesim: {plan.note}\n")
+    host = host_tier(spec, plan) if spec.kv_offloading_size else None
     if args.json:
-        write_json(capacity_json(plan, cost))
+        report = capacity_json(plan, cost)
+        if host:
+            report["host_tier"] = {"gib": spec.kv_offloading_size, "blocks": host.capacity,
+                                   "tokens": host.capacity * plan.block_size, "link_gbs": spec.hardware.host_link_gbs,
+                                   "block_load_ms": host.block_bytes / host.rate * 1000}
+        write_json(report)
     else:
         out = io.StringIO()
         print_capacity(plan, cost, out)
+        if host:
+            tokens = host.capacity * plan.block_size
+            out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "
+                      f"{tokens:,} tokens ({tokens / plan.kv_tokens:,.1f}x the HBM cache); a block loads in "
+                      f"{host.block_bytes / host.rate * 1e6:,.1f} us over {spec.hardware.host_link_gbs:g} GB/s x "
+                      f"{HOST_LINK_EFFICIENCY:g}\n")
         write_text(out.getvalue())
     return 0
 

@@ -437,3 +437,79 @@ class ReasoningModels(unittest.TestCase):
                 self.assertEqual(code, 2, args)
                 self.assertIn(words, err, args)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+class HostTier(unittest.TestCase):
+    """--kv-offloading-size: HBM holds 4 blocks of 16 tokens, so a second document evicts the
+    first; host memory still has it, and the third request loads it back instead of computing it."""
+
+    def run_three(self, folder, offload):
+        path = os.path.join(folder, "t.jsonl")
+        with open(path, "w") as f:
+            for at, doc in ((0, "doc"), (10, "other"), (20, "doc")):
+                f.write(json.dumps({"arrival": at, "prompt_tokens": 56, "output_tokens": 2, "prefix": doc,
+                                    "prefix_tokens": 48}) + "\n")
+        spec = main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], trace=main.read_trace(path), kv_tokens=64,
+                            prefix_caching=True, kv_offloading_size=offload, detailed=True)
+        return main.run(spec)
+
+    def test_a_prefix_evicted_from_hbm_loads_from_host_memory_at_the_links_speed(self):
+        with tempfile.TemporaryDirectory() as folder:
+            tiered = self.run_three(folder, 0.02)       # 10 blocks of 2 MiB (16 tokens x 128 KiB)
+            plain = main.run(main.replace(main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], kv_tokens=64,
+                                                       prefix_caching=True, detailed=True),
+                                          trace=main.read_trace(os.path.join(folder, "t.jsonl"))))
+        host, block = tiered["host_tier"], 16 * 128 * 1024
+        self.assertEqual((host["blocks"], host["loads"], host["host_hit_tokens"]), (10, 1, 48))
+        self.assertAlmostEqual(host["loaded_gb_per_gpu"], 3 * block / 1e9)
+        # Every full block computed is written through: 3 + 3 + the third request's own 0 new ones.
+        self.assertAlmostEqual(host["stored_gb_per_gpu"], 6 * block / 1e9)
+        queries = 3 * 56
+        self.assertAlmostEqual(host["host_hit_rate"], 48 / queries)
+        self.assertAlmostEqual(tiered["engine"]["prefix_hit_rate"], 48 / queries)     # HBM had none of it
+        self.assertEqual(plain["engine"]["prefix_hit_rate"], 0.0)
+        # The third request waited exactly for its 3 blocks over 63 GB/s x 0.8, then computed its 8
+        # own tokens, as it does when a cache big enough for both documents still holds its prefix.
+        load = 3 * block / (63e9 * main.HOST_LINK_EFFICIENCY)
+        with tempfile.TemporaryDirectory() as folder:
+            self.run_three(folder, 0.02)
+            roomy = main.run(main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], kv_tokens=4096, prefix_caching=True,
+                                          detailed=True, trace=main.read_trace(os.path.join(folder, "t.jsonl"))))
+        self.assertAlmostEqual(roomy["engine"]["prefix_hit_rate"], 48 / queries)
+        self.assertAlmostEqual(tiered["ttfts"][2], load + roomy["ttfts"][2], places=12)
+        # (56 tokens recomputed cost an H100 no more than 8: a 48-token prefix is not worth loading;
+        # the multi-turn case in the README is where it is.)
+        self.assertEqual(tiered["ttfts"][:2], plain["ttfts"][:2])     # nothing to load for the first two
+
+    def test_where_hbm_evicts_conversation_histories_a_host_tier_finds_them(self):
+        base = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], turns=4, think_time=5.0, rate=0.3, requests=600,
+                            prefix_caching=True, prompt_tokens=main.TokenRange(200, 400),
+                            output_tokens=main.TokenRange(100, 300))
+        plain, tiered = main.run(base), main.run(main.replace(base, kv_offloading_size=8))
+        self.assertGreater(plain["engine"]["evictions"], 0)
+        self.assertGreater(tiered["engine"]["prefix_hit_rate"], plain["engine"]["prefix_hit_rate"] + 0.2)
+        self.assertGreater(tiered["host_tier"]["host_hit_rate"], 0.1)
+        self.assertLess(tiered["p95_ttft_ms"], plain["p95_ttft_ms"] / 2)
+        self.assertEqual(tiered["turns"][0]["prefix_hit_rate"], 0.0)       # a first turn has no history to find
+
+    def test_where_everything_fits_in_hbm_a_host_tier_changes_nothing(self):
+        base = main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], turns=3, think_time=1.0, rate=2.0,
+                            requests=60, prefix_caching=True, detailed=True)
+        plain, tiered = main.run(base), main.run(main.replace(base, kv_offloading_size=8))
+        self.assertEqual(tiered["host_tier"]["loads"], 0)
+        for key in ("ttfts", "itls", "latencies"):
+            self.assertEqual(plain[key], tiered[key], key)
+
+    def test_bad_offloading_is_one_line(self):
+        cases = [(("simulate", "--kv-offloading-size", "8"), "add --prefix-caching"),
+                 (("simulate", "--hardware", "l4-24gb", "--prefix-caching", "--kv-offloading-size", "64"),
+                  "16 GiB of host memory"),
+                 (("simulate", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--prefix-caching",
+                   "--kv-offloading-size", "1"), "no host_link_gbs"),
+                 (("simulate", "--prefix-caching", "--kv-offloading-size", "8", "--disaggregate"), "paged, continuous"),
+                 (("simulate", "--prefix-caching", "--kv-offloading-size", "-1"), "--kv-offloading-size")]
+        for args, words in cases:
+            code, _, err = call_cli(*args)
+            self.assertEqual(code, 2, args)
+            self.assertIn(words, err, args)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
