@@ -264,6 +264,10 @@ MODELS = {m.name: m for m in [
               max_position_embeddings=131072),
     ModelSpec("llama-3.1-70b", 70.6e9, 80, 8, 128, hidden_size=8192, heads=64, vocab_size=128256,
               max_position_embeddings=131072),
+    # meta-llama/Llama-3.1-405B config.json: 126 layers, hidden 16,384, 128 heads, 8 KV heads,
+    # intermediate 53,248; 405.85 B parameters counted from those shapes (untied embeddings).
+    ModelSpec("llama-3.1-405b", 405.85e9, 126, 8, 128, hidden_size=16384, heads=128, vocab_size=128256,
+              max_position_embeddings=131072),
     ModelSpec("qwen2.5-7b", 7.62e9, 28, 4, 128, hidden_size=3584, heads=28, vocab_size=152064,
               max_position_embeddings=131072),
     ModelSpec("smollm2-135m-q8_0", 134.5e6, 30, 3, 64, weight_dtype_bytes=34 / 32, hidden_size=576, heads=9,
@@ -314,6 +318,7 @@ class CapacityPlan:
     source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
     note: str = ""    # what an explicit size implies, said once on stderr
     tensor_parallel_size: int = 1      # the plan is one GPU's of that many
+    pipeline_parallel_size: int = 1    # ... in each of that many stages
     group_model: Optional[ModelSpec] = None     # the whole model, when `model` is one GPU's share
     replicas: int = 1                  # data-parallel engines of this plan, each with its own cache
     expert_parallel: bool = False      # ... sharing out the experts between them
@@ -2101,6 +2106,71 @@ class ExpertParallel:
         return self.inner.critical_batch()
 
 
+# Pipeline parallelism (vLLM's --pipeline-parallel-size N): the layers split into N stages, each on
+# its own GPU (or tensor-parallel group), each holding its layers' weights and its layers' KV for
+# every token. vLLM keeps N micro-batches in flight (one per virtual engine) so every stage works
+# while the others do: the running batch is split into min(N, sequences) micro-batches, and a
+# request gets its next token once its micro-batch has passed all N stages and the N - 1 hand-offs
+# between them. A step (every running request's next token) therefore costs N stage-times of one
+# micro-batch, plus the hand-offs: with N micro-batches the stages are never idle; with fewer, the
+# difference is the bubble. A hand-off crosses NVLink inside a node, the network between nodes.
+
+def check_pipeline(spec: RunSpec) -> None:
+    pp, model = spec.pipeline_parallel_size, spec.model
+    if model.layers % pp:
+        raise UserError(f"--pipeline-parallel-size {pp}: {model.name}'s {model.layers} layers do not split into {pp} "
+                        f"equal stages (vLLM then splits them unevenly, or as VLLM_PP_LAYER_PARTITION says; servesim "
+                        f"does not model uneven stages): use a divisor of {model.layers}")
+    if spec.enable_expert_parallel or spec.disaggregate or spec.speculative_tokens or spec.batching == "static":
+        raise UserError("--pipeline-parallel-size is simulated with tensor parallelism and replicas only: drop "
+                        "--enable-expert-parallel, --disaggregate, speculative decoding and --batching static")
+    if spec.hardware.interconnect_gbs <= 0 and spec.gpus_per_replica > 1 and spec.gpus_per_node > 1:
+        raise UserError(f"{spec.hardware.name} has no interconnect_gbs (GB/s between its GPUs in a node): add it to "
+                        f"the hardware JSON, or pass --gpus-per-node {spec.tensor_parallel_size} so every stage "
+                        f"hands off over the network")
+
+
+def pipeline_shard(model: ModelSpec, pp: int) -> ModelSpec:
+    """What one stage holds and computes: 1/pp of the layers (and of the weights)."""
+    if pp == 1:
+        return model
+    return replace(model, params=model.params / pp, active_params=model.active_params / pp,
+                   layers=model.layers // pp, sliding_layers=model.sliding_layers // pp,
+                   vocab_size=-(-model.vocab_size // pp))
+
+
+class Pipeline:
+    def __init__(self, stage, hardware: Hardware, model: ModelSpec, spec: "RunSpec"):
+        self.stage, self.pp = stage, spec.pipeline_parallel_size
+        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
+        tp, per_node = spec.tensor_parallel_size, spec.gpus_per_node
+        # Hand-off i goes from the stage on GPUs [i*tp, (i+1)*tp) to the next: across the network
+        # when the two stages sit in different nodes.
+        self.hops = []
+        for i in range(1, self.pp):
+            apart = (i * tp) // per_node != ((i - 1) * tp) // per_node or tp > per_node
+            self.hops.append((spec.inter_node_gbs * 1e9, spec.inter_node_latency_us / 1e6) if apart else
+                             (hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY, hardware.interconnect_latency_us / 1e6))
+
+    def micro_batches(self, seqs: float) -> float:
+        return max(1.0, min(self.pp, seqs))
+
+    def handoff_seconds(self, tokens: float) -> float:
+        return sum(latency + tokens * self.activation_bytes / gbs for gbs, latency in self.hops)
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        m = self.micro_batches(seqs)
+        share = self.stage.step_seconds(tokens / m, context_tokens / m, seqs / m, pairs / m)
+        return self.pp * share + self.handoff_seconds(tokens / m)
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        compute, memory = self.stage.times(tokens, context_tokens)
+        return compute * self.pp, memory * self.pp
+
+    def critical_batch(self) -> float:
+        return self.stage.critical_batch() * self.pp      # each of the pp micro-batches reaches the knee
+
+
 # Speculative decoding (vLLM's --speculative-config: num_speculative_tokens K, and a draft model or
 # n-gram prompt lookup): each step a decoding sequence brings K proposed tokens, the model computes
 # all K + 1 positions in one pass, keeps the proposals up to the first one it disagrees with, and
@@ -2706,6 +2776,20 @@ class RunSpec:
         1, "--tensor-parallel-size", whole(1, 64), "split each engine's weights and KV heads over N GPUs, as vLLM's "
         "flag; each step adds two all-reduces per layer on the interconnect", "plan", metavar="N", axis=2, short="tp",
         aliases=("-tp",), recorded=True)
+    pipeline_parallel_size: int = setting(
+        1, "--pipeline-parallel-size", whole(1, 64), "split each engine's layers into N stages on N GPU groups (of "
+        "--tensor-parallel-size each), as vLLM's flag; N micro-batches in flight keep the stages busy, and each "
+        "stage hands its activations to the next over NVLink inside a node or the network between nodes", "plan",
+        metavar="N", axis=2.5, short="pp", aliases=("-pp",), recorded=True)
+    gpus_per_node: int = setting(
+        8, "--gpus-per-node", whole(1, 1024), "GPUs in one node: pipeline stages beyond it cross the network", "plan",
+        metavar="N")
+    inter_node_gbs: float = setting(
+        50.0, "--inter-node-gbs", LINK_GBS, "GB/s per GPU between nodes: InfiniBand NDR 400 Gb/s is 50, HDR 200 Gb/s "
+        "and RoCE 200 GbE are 25", "plan", metavar="GBS")
+    inter_node_latency_us: float = setting(
+        5.0, "--inter-node-latency-us", real(0, 10_000), "microseconds of one send between nodes (assumed, not "
+        "measured here)", "plan", metavar="US")
     data_parallel_size: int = setting(
         1, "--data-parallel-size", whole(1, 1024), "N engines, each with its own cache, behind a router on one clock, "
         "as vLLM's flag", "replicas", metavar="N", axis=3, short="dp", aliases=("-dp", "--replicas"), recorded=True)
@@ -2855,6 +2939,10 @@ class RunSpec:
         "steady window to grow by at most this many seconds per second of run: the queue grows by at most this "
         "share of the offered rate", "sustained", metavar="F")
 
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
     def model_len(self) -> int:
         """--max-model-len, or vLLM's default: the model's own length, else DEFAULT_MODEL_LEN."""
         return self.max_model_len or self.model.max_position_embeddings or DEFAULT_MODEL_LEN
@@ -2957,6 +3045,8 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
     if spec.kv_offloading_size:
         check_offloading(spec)
+    if spec.pipeline_parallel_size > 1:
+        check_pipeline(spec)
     if spec.reasoning_tokens and spec.trace:
         raise UserError("--reasoning-tokens shapes generated requests; a --trace gives each row its own "
                         "reasoning_tokens field")
@@ -3064,6 +3154,7 @@ def host_tier(spec: RunSpec, plan: CapacityPlan) -> HostTier:
     device = tensor_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.tensor_parallel_size)
     block_bytes = device.kv_bytes_per_token * spec.block_size
     blocks = int(spec.kv_offloading_size * 2**30 / (block_bytes * spec.tensor_parallel_size))
+    # (with pipeline stages each GPU's block holds its stage's layers: the tier is per stage, as vLLM's)
     return HostTier(blocks, block_bytes, spec.hardware.host_link_gbs)
 
 
@@ -3109,18 +3200,23 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
     included): what capacity prints and what each engine of run() is built from."""
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
-    tp, ep = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1
-    device = expert_shard(tensor_shard(model, tp), ep)      # what each GPU holds and computes
+    tp, ep, pp = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1, \
+        spec.pipeline_parallel_size
+    stage = pipeline_shard(model, pp)
+    device = expert_shard(tensor_shard(stage, tp), ep)      # what each GPU holds and computes
     draft = spec.draft_model if spec.speculative_tokens else None
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
-        cost = Parallel(cost, hardware, model, tp)
+        cost = Parallel(cost, hardware, stage, tp)
     if ep > 1:
         cost = ExpertParallel(cost, hardware, model, ep)
+    if pp > 1:
+        cost = Pipeline(cost, hardware, model, spec)
     plan.tensor_parallel_size, plan.group_model = tp, model
+    plan.pipeline_parallel_size = pp
     plan.replicas, plan.expert_parallel = spec.data_parallel_size, ep > 1
     return plan, cost
 
@@ -3302,10 +3398,12 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if tiers:
         queries = sum(e.scheduler.pool.prefix_queries for e in engines)
         result["host_tier"] = host_tier_report(tiers, result["duration"], spec.block_size, queries)
-    gpus = spec.tensor_parallel_size * spec.data_parallel_size * (2 if link else 1)
+    gpus = spec.gpus_per_replica * spec.data_parallel_size * (2 if link else 1)
     where = f"on {decode.hardware.name}" + (f" x {gpus}" if gpus > 1 else "")
     if spec.tensor_parallel_size > 1:
         where += f" (tensor parallel {spec.tensor_parallel_size})"
+    if spec.pipeline_parallel_size > 1:
+        where += f" ({spec.pipeline_parallel_size} pipeline stages)"
     if router:
         where += (f" ({spec.data_parallel_size} replicas, {spec.router} router"
                   + (", expert parallel" if spec.enable_expert_parallel else "") + ")")
@@ -4056,7 +4154,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     report["totals"] = schedule_report(schedule, schedule.spans(delay), delay, duration, spec.tensor_parallel_size,
                                        price / spec.tensor_parallel_size if price else None)
     peak = max(min(r["needs"], scaling.max_replicas) for r in rows)
-    report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.tensor_parallel_size * duration / 3600,
+    report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
     if verify:
         report["verified"] = verified
@@ -6840,7 +6938,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
     predicted = simulated.get("steady_state")
     return {"name": published.name, "source": published.source, "engine": published.engine, "engine_version": published.engine_version,
             "hardware": spec.hardware.name, "model": spec.model.name,
-            "gpus": spec.tensor_parallel_size * spec.data_parallel_size, "near_capacity": busy >= NEAR_CAPACITY,
+            "gpus": spec.gpus_per_replica * spec.data_parallel_size, "near_capacity": busy >= NEAR_CAPACITY,
             "rows": rows, "sustained": {"measured": None if verdict is None else verdict.get("sustained"),
                                         "servesim": None if predicted is None or verdict is None else predicted.get("sustained")},
             "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
@@ -8340,15 +8438,18 @@ def table(cells: list[list[str]]) -> list[str]:
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     out = out or sys.stdout
-    h, m, tp = plan.hardware, plan.model, plan.tensor_parallel_size
+    h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
     group = f" x {tp} (tensor parallel: each line is one GPU's)" if tp > 1 else ""
+    if pp > 1:
+        group = (f" x {tp * pp} ({pp} pipeline stages of {m.layers} layers" + (f", tensor parallel {tp}" if tp > 1 else "")
+                 + ": each line is one GPU's)")
     out.write(f"{'capacity':<17}{m.name} on {h.name}{group}  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n")
-    params = m.params * tp
+    params = m.params * tp * pp
     count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
-    if tp > 1:
-        count += f" / {tp} GPUs"
+    if tp * pp > 1:
+        count += f" / {tp * pp} GPUs"
     if m.experts:
         count += (f" ({m.compute_params * tp / 1e9:.2f} B active: {m.experts_per_token} of {m.experts} experts); "
                   f"experts x {m.expert_dtype_bytes or m.weight_dtype_bytes:.3g} bytes, the rest x {m.weight_dtype_bytes:g}")
@@ -8369,10 +8470,16 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
               f"at ~{cost.critical_batch():.0f} tokens per step\n")
+    if isinstance(cost, Pipeline):
+        hops = cost.handoff_seconds(1) * 1e6
+        out.write(f"{'pipeline':<17}each GPU holds its stage's {m.layers} layers' weights and KV; a token's step passes "
+                  f"{pp} stages and {pp - 1} hand-off{'s' * (pp > 2)} ({hops:,.1f} us for one token), full once "
+                  f"{pp} micro-batches are in flight\n")
+        cost = cost.stage
     parallel = cost.inner if isinstance(cost, ExpertParallel) else cost
     if isinstance(parallel, Parallel):
-        share = parallel.communication_seconds(1) * 1000
-        out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers} layers over "
+        share = parallel.communication_seconds(1) * 1000 * pp       # every stage's group all-reduces its layers
+        out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers * pp} layers over "
                   f"{h.interconnect_gbs:g} GB/s, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
                   f"{h.interconnect_latency_us:g} us each\n")
     if isinstance(cost, ExpertParallel):

@@ -296,3 +296,60 @@ class Sweep(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PipelineParallel(unittest.TestCase):
+    """-pp N: each GPU holds 1/N of the layers; a step passes every stage and the hand-offs between
+    them; min(N, sequences) micro-batches in flight, the rest of the N stage-times idle (the bubble)."""
+
+    def plan(self, **settings):
+        spec = main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], model=main.MODELS["llama-3.1-70b"],
+                            max_model_len=8192, **settings)
+        return main.device_plan(spec, spec.hardware)
+
+    def test_a_step_is_n_stage_times_of_one_micro_batch_plus_the_hand_offs(self):
+        _, cost = self.plan(tensor_parallel_size=4, pipeline_parallel_size=2)
+        stage, hop = cost.stage, cost.handoff_seconds
+        # One sequence: one micro-batch, so each stage idles while the other works.
+        self.assertAlmostEqual(cost.step_seconds(1, 1000, 1, 1000), 2 * stage.step_seconds(1, 1000, 1, 1000) + hop(1))
+        # Two sequences: two micro-batches of one, both stages busy.
+        self.assertAlmostEqual(cost.step_seconds(2, 2000, 2, 2000), 2 * stage.step_seconds(1, 1000, 1, 1000) + hop(1))
+        # So a decode step of 2 tokens costs what one of 1 does: the bubble filled doubles the throughput.
+        self.assertAlmostEqual(cost.step_seconds(2, 2000, 2, 2000) / cost.step_seconds(1, 1000, 1, 1000), 1.0)
+        # Beyond N sequences the micro-batches grow instead.
+        self.assertAlmostEqual(cost.step_seconds(64, 64000, 64, 64000),
+                               2 * stage.step_seconds(32, 32000, 32, 32000) + hop(32))
+
+    def test_hand_offs_cross_nvlink_inside_a_node_and_the_network_between_nodes(self):
+        _, inside = self.plan(tensor_parallel_size=4, pipeline_parallel_size=2)
+        _, across = self.plan(tensor_parallel_size=8, pipeline_parallel_size=2)
+        h100 = main.HARDWARE["h100-sxm-80gb"]
+        self.assertEqual(inside.hops, [(h100.interconnect_gbs * 1e9 * main.LINK_EFFICIENCY, 0.6e-6)])
+        self.assertEqual(across.hops, [(50e9, 5e-6)])
+        bytes_per_token = 2 * 8192
+        self.assertAlmostEqual(across.handoff_seconds(100), 5e-6 + 100 * bytes_per_token / 50e9)
+
+    def test_each_gpu_holds_its_stages_layers_so_405b_fits_on_two_nodes(self):
+        spec = dict(model=main.MODELS["llama-3.1-405b"], tensor_parallel_size=8, max_model_len=16384)
+        code, _, err = call_cli("capacity", "--model", "llama-3.1-405b", "-tp", "8", "--max-model-len", "16384")
+        self.assertEqual(code, 1)
+        self.assertIn("does not fit", err)
+        plan, _ = main.device_plan(main.RunSpec(**spec, pipeline_parallel_size=2), main.HARDWARE["h100-sxm-80gb"])
+        self.assertEqual(plan.model.layers, 63)
+        self.assertAlmostEqual(plan.model.weight_bytes, 405.85e9 * 2 / 16)
+        # Each GPU holds its 63 layers' KV of each token, over 8 heads split 8 ways.
+        self.assertEqual(plan.model.kv_bytes_per_token, 2 * 63 * 1 * 128 * 2)
+        code, out, err = call_cli("simulate", "--model", "llama-3.1-405b", "-tp", "8", "-pp", "2", "--max-model-len",
+                                  "16384", "--requests", "40", "--rate", "1", "--json")
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        self.assertEqual(report["config"]["gpus"], 16)
+        self.assertAlmostEqual(report["cost"]["usd_per_hour"], 16 * 3.99)
+
+    def test_stages_that_do_not_divide_the_layers_are_one_line(self):
+        for args, words in ((("-pp", "3"), "32 layers do not split into 3"),
+                            (("-pp", "2", "--speculative-tokens", "3"), "tensor parallelism and replicas only")):
+            code, _, err = call_cli("simulate", *args)
+            self.assertEqual(code, 2, args)
+            self.assertIn(words, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
