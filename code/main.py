@@ -635,6 +635,7 @@ class Request:
     next_turn: Optional["Request"] = None
     think_s: float = 0.0
     turn: int = 0
+    not_before: float = 0.0      # a trace's next turn is sent no earlier than its own time
     # A reasoning model thinks first: the first `reasoning_tokens` of the output are thinking, and
     # the user waits for the token after them (the first answer token).
     reasoning_tokens: int = 0
@@ -1127,7 +1128,7 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
                 if follow is None:
                     active -= 1
                 elif request.error is None:
-                    send(follow, request.last_token_s + request.think_s)
+                    send(follow, max(request.last_token_s + request.think_s, follow.not_before))
                 else:                 # a conversation cannot go on past a failed turn
                     engine.scheduler.fail(follow, f"conversation stopped: turn {request.turn} failed")
 
@@ -2637,6 +2638,10 @@ class Trace:
     format: str = "servesim"
     notes: tuple = ()     # what the reader left out or changed, said once on stderr
     reasoning: tuple = () # each row's thinking tokens (the head of its output), where the trace gives them
+    # Sessions: each row's parent (the index of an earlier row it continues, -1 for none) and its
+    # delay after the parent's end (None: at its own arrival, never before the parent has ended).
+    parents: tuple = ()
+    delays: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -3266,6 +3271,54 @@ def repeated_rows(rows: tuple, copies: int) -> list:
     return out
 
 
+# Sessions in a trace (a row's parent, and its delay after the parent's end): each row becomes its
+# parent's next turn, sent when the parent ends plus the delay (or at its own time, never before the
+# parent has ended). In servesim's JSONL a turn's prompt_tokens is its whole context, so the
+# parent's prompt and reply head it and are shared with the parent in the cache; hash-id traces
+# (Bailian) say what is shared themselves.
+
+def session_contents(trace: Trace, rows: list) -> list[tuple]:
+    n = len(trace.rows)
+    contents = [row[3] for row in rows]
+    if trace.format != "servesim":
+        return contents
+    whole: dict[int, tuple] = {}      # a row's prompt as content runs, history included
+
+    def covered(i: int) -> tuple:
+        if i not in whole:
+            content, prompt = contents[i], rows[i][1]
+            rest = prompt - sum(tokens for _, tokens in content)
+            whole[i] = content + (((("turn", i // n, i % n), rest),) if rest > 0 else ())
+        return whole[i]
+
+    for i, row in enumerate(rows):
+        parent = trace.parents[i % n]
+        if parent < 0:
+            continue
+        p = i - i % n + parent
+        history = covered(p) + ((("reply", i // n, p % n), rows[p][2]),)
+        spoken = sum(tokens for _, tokens in history)
+        if row[1] > spoken:          # the turn sends the conversation so far, then its new message
+            contents[p] = history        # the parent's reply is content too: its blocks are the turn's
+            contents[i] = history + ((("turn", i // n, i % n), row[1] - spoken),)
+            whole[i] = contents[i]
+    return contents
+
+
+def chain_sessions(requests: list[Request], trace: Trace, time_scale: float) -> None:
+    n = len(trace.rows)
+    for request in requests:
+        parent = trace.parents[request.id % n]
+        if parent < 0:
+            continue
+        before = requests[request.id - request.id % n + parent]
+        delay = trace.delays[request.id % n]
+        before.next_turn, before.think_s = request, (delay or 0.0) * time_scale
+        request.not_before = 0.0 if delay is not None else request.sent_s
+        before.turn = before.turn or 1
+        request.turn = before.turn + 1
+
+
 def profile_sends(profile: RateProfile, time_scale: float, seed: int, burstiness: float, limit: int) -> list[float]:
     """A rate profile's send times (at most `limit`, 0 for all), its times stretched by
     `time_scale`; simulate and loadgen draw the same ones for the same seed."""
@@ -3292,10 +3345,14 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
         if last > MAX_ARRIVAL_S:
             raise UserError(f"trace {spec.trace.name} x {spec.trace_repeats} at time scale {spec.time_scale:g} spreads "
                             f"{len(rows):,} arrivals over {last / 86400:,.0f} days; servesim simulates up to a year")
-        thinking = spec.trace.reasoning
-        return [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content,
-                        reasoning_tokens=thinking[i % len(thinking)] if thinking else 0)
-                for i, (arrival, prompt, output, content) in enumerate(rows)]
+        thinking, n = spec.trace.reasoning, len(spec.trace.rows)
+        contents = session_contents(spec.trace, rows) if spec.trace.parents else [row[3] for row in rows]
+        requests = [Request(i, prompt, output, sent_s=arrival * spec.time_scale, content=content,
+                            reasoning_tokens=thinking[i % n] if thinking else 0)
+                    for i, ((arrival, prompt, output, _), content) in enumerate(zip(rows, contents))]
+        if spec.trace.parents:
+            chain_sessions(requests, spec.trace, spec.time_scale)
+        return requests
     rng = random.Random(spec.seed)
     count = spec.requests or DEFAULT_REQUESTS
     if spec.rate_profile:        # the profile sets the count: its send times are drawn first, apart
@@ -5003,7 +5060,7 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
-                "prefix": str, "prefix_tokens": int, "reasoning_tokens": int}
+                "prefix": str, "prefix_tokens": int, "reasoning_tokens": int, "id": str, "parent": str, "delay": float}
 
 
 # The longest trace row servesim reads: far past any real row, short of one that would fill memory.
@@ -5032,10 +5089,51 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
-    # A reader may add a fifth field, the row's reasoning tokens; most traces have none.
-    reasoning = tuple(row[4] if len(row) > 4 else 0 for row in rows) if any(len(row) > 4 for row in rows) else ()
+    # A reader may add a fifth field of extras: the row's reasoning tokens, its id, its parent's.
+    extras = [row[4] if len(row) > 4 else {} for row in rows]
+    reasoning = tuple(extra.get("reasoning", 0) for extra in extras)
+    parents, delays = sessions_of(path, extras, notes, strict=fmt == "servesim")
     return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(note.format(count) for note, count in notes.items()),
-                 reasoning if any(reasoning) else ())
+                 reasoning if any(reasoning) else (), parents, delays)
+
+
+def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = True) -> tuple[tuple, tuple]:
+    """Each row's parent row (-1 for none) and delay, from the ids; () when no row has a parent.
+    A parent must come earlier in the file (so there are no cycles); a parent continued by two
+    rows is followed by the first, and the second is sent at its own time. A published trace cut
+    from a longer one (not strict) may continue chats from before its start: those start afresh."""
+    if not any("parent" in extra for extra in extras):
+        ids = Counter(extra["id"] for extra in extras if "id" in extra and strict)
+        repeated = next((key for key, count in ids.items() if count > 1), None)
+        if repeated is not None:
+            raise UserError(f"trace {path}: id {printable(repeated)[:40]!r} names more than one row; ids name one row "
+                            f"each")
+        return (), ()
+    where, parents, delays, continued = {}, [], [], set()
+    for i, extra in enumerate(extras):
+        parent = extra.get("parent")
+        if parent is None:
+            parents.append(-1)
+        elif parent not in where and not strict:
+            notes["{:,} rows continue a chat from before the trace starts; they are sent as new chats"] += 1
+            parents.append(-1)
+        elif parent not in where:
+            raise UserError(f"trace {path} row {i + 1}: its parent {printable(parent)[:40]!r} is not an earlier row's "
+                            f"id; a session's rows come in order, each after the one it continues")
+        elif where[parent] in continued:
+            notes["{:,} rows continue a parent another row already continues; servesim follows one chain per "
+                  "session, and sends these at their own times"] += 1
+            parents.append(-1)
+        else:
+            parents.append(where[parent])
+            continued.add(where[parent])
+        delays.append(extra.get("delay") if parents[-1] >= 0 else None)
+        if "id" in extra:
+            if extra["id"] in where:
+                raise UserError(f"trace {path} row {i + 1}: id {printable(extra['id'])[:40]!r} names more than one "
+                                f"row (row {where[extra['id']] + 1} too); ids name one row each")
+            where[extra["id"]] = i
+    return tuple(parents), tuple(delays)
 
 
 def read_rate_profile(path: str) -> RateProfile:
@@ -5218,14 +5316,23 @@ def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> I
         if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
-        if "reasoning_tokens" not in row:
-            yield arrival, prompt, output, prefix
-            continue
-        thinking = trace_number(where, row, "reasoning_tokens", 0, 10**8)
-        if thinking >= output:
-            raise UserError(f"{where}: reasoning_tokens {thinking:,} is not below output_tokens {output:,}; the output "
-                            f"holds the thinking and at least one answer token")
-        yield arrival, prompt, output, prefix, thinking
+        extra = {}
+        if "reasoning_tokens" in row:
+            extra["reasoning"] = trace_number(where, row, "reasoning_tokens", 0, 10**8)
+            if extra["reasoning"] >= output:
+                raise UserError(f"{where}: reasoning_tokens {extra['reasoning']:,} is not below output_tokens "
+                                f"{output:,}; the output holds the thinking and at least one answer token")
+        for key in ("id", "parent"):
+            if key in row:
+                if not isinstance(row[key], (str, int)) or isinstance(row[key], bool) or str(row[key]) == "":
+                    raise UserError(f"{where}: field {key!r} must be a non-empty string or a whole number, got "
+                                    f"{str(row[key])[:40]}")
+                extra[key] = str(row[key])
+        if "delay" in row:
+            if "parent" not in row:
+                raise UserError(f"{where}: delay is the pause after a parent's end: add the parent's id")
+            extra["delay"] = trace_number(where, row, "delay", 0, 86_400, whole_number=False)
+        yield (arrival, prompt, output, prefix, extra) if extra else (arrival, prompt, output, prefix)
 
 
 def hashed_trace(block: int, seconds_per_unit: float):
@@ -5239,7 +5346,16 @@ def hashed_trace(block: int, seconds_per_unit: float):
             output = trace_number(where, row, "output_length", 0, 10**8)
             if output == 0:
                 notes["{:,} requests ask for 0 output tokens; servesim generates 1, the first token"] += 1
-            yield arrival * seconds_per_unit, prompt, max(1, output), hashed_runs(where, row, prompt, block)
+            runs = hashed_runs(where, row, prompt, block)
+            # Bailian's sessions: a chat continues its parent_chat_id (-1: none), at its own time.
+            chat, parent = row.get("chat_id"), row.get("parent_chat_id")
+            if isinstance(parent, int) and not isinstance(parent, bool) and parent >= 0 and \
+                    isinstance(chat, int) and not isinstance(chat, bool):
+                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": str(chat), "parent": str(parent)}
+            elif isinstance(chat, int) and not isinstance(chat, bool):
+                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": str(chat)}
+            else:
+                yield arrival * seconds_per_unit, prompt, max(1, output), runs
     return read
 
 
@@ -5881,6 +5997,15 @@ def request_body(config: LoadConfig, model: str, index: int, history: Optional[l
     max_tokens, ignore_eos = config.max_tokens, config.ignore_eos
     if config.prompts:
         messages = config.prompts[index % len(config.prompts)]
+    elif config.trace and history:
+        # A session's later turn: the conversation so far (the server's own replies), then its new
+        # message, the rest of the row's prompt_tokens after its parent's prompt and output.
+        _, prompt, output, _ = config.trace.rows[index]
+        _, asked, answered, _ = config.trace.rows[config.trace.parents[index]]
+        own = max(1, prompt - asked - answered)
+        messages = list(history) + [{"role": "user", "content": make_prompt(index, words_for(config, own), config.seed,
+                                                                             config.run_id)}]
+        max_tokens, ignore_eos = output, True
     elif config.trace:
         _, prompt, output, runs = config.trace.rows[index]
         shared = sum(tokens for _, tokens in runs)
@@ -6317,6 +6442,8 @@ def schedule_fingerprint(config: LoadConfig) -> str:
         config.max_tokens, config.ignore_eos, config.warmup, config.start_at)).encode())
     for row in (config.trace.rows if config.trace else ()):
         digest.update(repr(row).encode())
+    if config.trace:
+        digest.update(repr((config.trace.parents, config.trace.delays)).encode())
     for prompt in config.prompts or ():
         digest.update(repr(prompt).encode())
     return digest.hexdigest()[:16]
@@ -6355,6 +6482,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     slots = threading.BoundedSemaphore(config.concurrency) if config.concurrency else None
     rng = random.Random(config.seed)
     open_loop = bool(config.rate or config.ramp_up or rows or sends)
+    # A trace's sessions: the row that continues each row, sent by the machine that sent its parent.
+    parents = config.trace.parents if config.trace else ()
+    child_of = {parent: row for row, parent in enumerate(parents) if parent >= 0 and row < limit}
 
     def next_unit() -> Optional[int]:
         """The next conversation (a single request when --turns is 1) to start, or None."""
@@ -6369,7 +6499,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     def send(index: int, body: dict, turn: int, scheduled: Optional[float]) -> StreamRecord:
         record = StreamRecord(index, turn=turn, scheduled_s=scheduled,
                               asked_prompt_tokens=asked_tokens(config, index) if turn <= 1 else None)
-        record.text = [] if turns > 1 else None
+        record.text = [] if turns > 1 or index in child_of else None
         with lock:
             in_flight[index] = record
         try:
@@ -6410,14 +6540,39 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
             if stop.wait(config.think_time_s):
                 return
 
+    def run_session(row: int, scheduled: float) -> None:
+        """A trace row and the rows that continue it, each sent with the conversation so far once
+        the one before it has ended, after its delay (or at its own time, never before)."""
+        history, turn = [], 1 if row in child_of else 0
+        while True:
+            body = request_body(config, model, row, history)
+            record = send(row, body, turn, scheduled)
+            child = child_of.get(row)
+            if child is None:
+                return
+            if record.error:          # the rest of this session cannot be sent: count it
+                with lock:
+                    while child is not None:
+                        records.append(StreamRecord(child, turn=turn + 1, sent_s=record.sent_s,
+                                                    error=f"conversation stopped: turn {turn} failed"))
+                        child, turn = child_of.get(child), turn + 1
+                return
+            history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
+            delay = config.trace.delays[child]
+            wait = delay * config.time_scale if delay is not None else \
+                started + rows[child][0] * config.time_scale - time.perf_counter()
+            if stop.wait(max(0.0, wait)):
+                return
+            row, turn, scheduled = child, turn + 1, None
+
     def worker() -> None:
         while (unit := next_unit()) is not None:
             run_unit(unit)
 
     def offsets() -> Iterator[tuple[int, float]]:
         """(unit, seconds from the start) in send order: the trace's own times, or drawn gaps."""
-        if rows is not None:
-            order = sorted(range(int(limit)), key=lambda i: rows[i][0])
+        if rows is not None:            # a session's later turns follow their parents, not the clock
+            order = sorted((i for i in range(int(limit)) if not parents or parents[i] < 0), key=lambda i: rows[i][0])
             yield from ((i, rows[i][0] * config.time_scale) for i in order)
         elif sends is not None:
             yield from enumerate(sends)
@@ -6432,7 +6587,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
 
     def open_loop_send(unit: int, scheduled: float) -> None:
         try:
-            run_unit(unit, scheduled)
+            (run_session if parents else run_unit)(unit, scheduled)
         finally:
             if slots:
                 slots.release()
@@ -6554,7 +6709,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     rule = RunSpec()
     result["steady_state"] = steady_window(records, rule.steady_skip, rule.min_served, rule.max_queue_growth,
                                            not open_loop, config.slos)
-    if turns > 1:
+    if turns > 1 or child_of:
         result["turns"] = by_turn(measured)
     generated = result["server"].get("generated_tokens")
     result["server"]["client_output_tokens"] = result["total_output_tokens"]

@@ -203,7 +203,7 @@ class TraceFormats(unittest.TestCase):
                          [round(t - min(report["start_times"]), 9) for t in report["start_times"]])
 
     def test_bad_lines_name_the_file_line_and_field(self):
-        cases = [('{"timestamp": 1, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n', "2 hash_ids? ", "line 1"),
+        cases = [('{"timestamp": 1, "input_length": 600, "output_length": 2, "hash_ids": [1, 2, 3]}\n', "3 hash_ids? ", "line 1"),
                  ('{"timestamp": 1, "input_length": 600, "output_length": 2}\n', "'hash_ids'", "line 1"),
                  ('{"timestamp": -5, "input_length": 6, "output_length": 2, "hash_ids": [1]}\n', "'timestamp'", "line 1"),
                  ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,5,1\nyesterday,5,1\n", "TIMESTAMP", "line 3"),
@@ -513,3 +513,84 @@ class HostTier(unittest.TestCase):
             self.assertEqual(code, 2, args)
             self.assertIn(words, err, args)
             self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+class Sessions(unittest.TestCase):
+    """A trace row may continue an earlier one (its parent), sent when the parent ends plus its
+    delay, or at its own time but never before the parent has ended."""
+
+    def write(self, folder, rows, name="t.jsonl"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+        return path
+
+    def test_a_turn_is_released_by_its_parents_end_and_shares_its_history(self):
+        rows = [{"arrival": 0, "prompt_tokens": 1000, "output_tokens": 50, "id": "a1"},
+                {"arrival": 0.5, "prompt_tokens": 800, "output_tokens": 50, "id": "b1"},
+                {"arrival": 1, "prompt_tokens": 1250, "output_tokens": 50, "id": "a2", "parent": "a1", "delay": 2},
+                {"arrival": 60, "prompt_tokens": 1050, "output_tokens": 50, "id": "b2", "parent": "b1"}]
+        with tempfile.TemporaryDirectory() as folder:
+            trace = main.read_trace(self.write(folder, rows))
+        self.assertEqual((trace.parents, trace.delays), ((-1, -1, 0, 1), (None, None, 2.0, None)))
+        done = []
+        main.run(main.RunSpec(hardware=main.HARDWARE["l4-24gb"], trace=trace, prefix_caching=True), requests_out=done)
+        by_id = {r.id: r for r in done}
+        a1, b1, a2, b2 = (by_id[i] for i in range(4))
+        self.assertAlmostEqual(a2.sent_s, a1.last_token_s + 2)        # the delay after its parent's end
+        self.assertEqual(b2.sent_s, 60.0)                              # its own time: the parent ended long before
+        self.assertEqual((a1.turn, a2.turn, b1.turn, b2.turn), (1, 2, 1, 2))
+        # a2's prompt is a1's prompt and reply, then 200 new tokens: the history is in the cache.
+        self.assertEqual(a2.cached_tokens, (1000 + 50) // 16 * 16)
+        self.assertEqual(b2.cached_tokens, (800 + 50) // 16 * 16)
+
+    def test_a_turn_never_goes_before_its_parent_has_ended(self):
+        rows = [{"arrival": 0, "prompt_tokens": 3000, "output_tokens": 400, "id": "a"},
+                {"arrival": 0.1, "prompt_tokens": 3500, "output_tokens": 10, "id": "b", "parent": "a"}]
+        with tempfile.TemporaryDirectory() as folder:
+            trace = main.read_trace(self.write(folder, rows))
+        done = []
+        main.run(main.RunSpec(hardware=main.HARDWARE["l4-24gb"], trace=trace), requests_out=done)
+        a, b = sorted(done, key=lambda r: r.id)
+        self.assertGreater(a.last_token_s, 0.1)
+        self.assertEqual(b.sent_s, a.last_token_s)
+
+    def test_bailian_chats_continue_their_parent_chat_and_a_chat_from_before_the_trace_starts_afresh(self):
+        base = {"input_length": 40, "output_length": 8, "type": "text", "hash_ids": [1, 2, 3]}
+        rows = [{**base, "chat_id": 7, "parent_chat_id": -1, "timestamp": 0, "turn": 1},
+                {**base, "chat_id": 9, "parent_chat_id": 3, "timestamp": 1, "turn": 2},
+                {**base, "chat_id": 8, "parent_chat_id": 7, "timestamp": 2, "turn": 2, "input_length": 60,
+                 "hash_ids": [1, 2, 3, 4]}]
+        with tempfile.TemporaryDirectory() as folder:
+            trace = main.read_trace(self.write(folder, rows), "bailian")
+        self.assertEqual(trace.parents, (-1, -1, 0))
+        self.assertIn("1 rows continue a chat from before the trace starts", " ".join(trace.notes))
+
+    def test_a_missing_or_later_parent_or_a_repeated_id_is_one_line(self):
+        cases = [([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": "x", "parent": "y"}],
+                  "row 1: its parent 'y' is not an earlier row's id"),
+                 ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": "x"},
+                   {"arrival": 1, "prompt_tokens": 9, "output_tokens": 2, "id": "x"}], "id 'x' names more than one row"),
+                 ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "delay": 3}], "add the parent's id"),
+                 ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": ["x"]}], "field 'id' must be")]
+        with tempfile.TemporaryDirectory() as folder:
+            for rows, words in cases:
+                code, _, err = call_cli("simulate", "--trace", self.write(folder, rows))
+                self.assertEqual(code, 2, rows)
+                self.assertIn(words, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_loadgen_sends_each_turn_with_the_servers_own_replies_after_the_delay(self):
+        rows = [{"arrival": 0, "prompt_tokens": 30, "output_tokens": 3, "id": "a"},
+                {"arrival": 0.01, "prompt_tokens": 50, "output_tokens": 3, "id": "b", "parent": "a", "delay": 0.3}]
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(ttft=0.01, gap=0.005, tokens=3)) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--trace", self.write(folder, rows),
+                                      "--no-size-prompts", "--json", env={"OPENAI_API_KEY": ""})
+            self.assertEqual(code, 0, err)
+            first, second = server.log
+            bodies = server.bodies
+        self.assertEqual([m["role"] for m in bodies[1]["messages"]], ["user", "assistant", "user"])
+        self.assertEqual(bodies[1]["messages"][1]["content"], " tok" * 3)        # the reply the server gave
+        self.assertEqual(bodies[1]["messages"][0], bodies[0]["messages"][0])
+        self.assertGreaterEqual(second["received"] - first["written"][-1], 0.3)
+        self.assertEqual([t["turn"] for t in json.loads(out)["turns"]], [1, 2])
