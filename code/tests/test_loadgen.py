@@ -567,6 +567,21 @@ class Reasoning(unittest.TestCase):
         self.assertIn("--reasoning-parser", r["client"]["reasoning"]["note"])
         self.assertIn("reasoning   the server streams its thinking inside content", text)
 
+    def test_a_closing_tag_alone_or_a_tag_split_over_events_is_noticed(self):
+        for pieces in ([" hmm", " </think>", " yes"], [" <th", "ink> hmm", " yes"]):
+            events = [data(chunk({"content": p})) for p in pieces]
+            with FakeServer(scripted(*events, data(chunk(finish="stop")), data(usage(12, 3)), "data: [DONE]\n\n")) as server:
+                code, r, _ = loadgen(server, "--requests", 1)
+            self.assertIn("--reasoning-parser", r["client"]["reasoning"]["note"], pieces)
+
+    def test_a_reasoning_delta_that_is_not_text_fails_the_request(self):
+        for value in (5, ["x"], {"t": "x"}, True):
+            events = [data(chunk({"reasoning": value})), data(chunk({"content": " yes"}))]
+            with FakeServer(scripted(*events, data(chunk(finish="stop")), data(usage(12, 2)), "data: [DONE]\n\n")) as server:
+                code, r, _ = loadgen(server, "--requests", 1)
+            self.assertEqual((code, r["failed"]), (1, 1), value)
+            self.assertIn("bad stream", r["errors_by_kind"])
+
     def test_a_plain_model_reports_no_reasoning(self):
         with FakeServer(paced(tokens=3)) as server:
             code, r, _ = loadgen(server, "--requests", 1)

@@ -415,6 +415,15 @@ class ReasoningModels(unittest.TestCase):
         self.assertEqual(json.loads(call_cli(*plain, "--slo", "ttft_p95:3000")[1])["deployments"][0]["highest_load"],
                          json.loads(call_cli(*plain, "--slo", "ttfa_p95:3000")[1])["deployments"][0]["highest_load"])
 
+    def test_the_first_answer_never_comes_before_the_first_token(self):
+        for extra in ({"disaggregate": True, "kv_link_gbs": 1.0}, {"data_parallel_size": 2},
+                      {"speculative_tokens": 3}):
+            result = main.run(main.RunSpec(rate=4.0, requests=40, detailed=True, reasoning_tokens=main.TokenRange(1, 20),
+                                           **extra))
+            self.assertTrue(all(a >= t for a, t in zip(result["ttfas"], result["ttfts"])), extra)
+            plain = main.run(main.RunSpec(rate=4.0, requests=40, detailed=True, **extra))
+            self.assertNotIn("ttfas", plain)
+
     def test_a_trace_row_gives_its_own_thinking_and_bad_thinking_is_one_line(self):
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "t.jsonl")
@@ -491,6 +500,40 @@ class HostTier(unittest.TestCase):
         self.assertGreater(tiered["host_tier"]["host_hit_rate"], 0.1)
         self.assertLess(tiered["p95_ttft_ms"], plain["p95_ttft_ms"] / 2)
         self.assertEqual(tiered["turns"][0]["prefix_hit_rate"], 0.0)       # a first turn has no history to find
+
+    def test_a_loaded_request_keeps_its_place_ahead_of_later_arrivals(self):
+        with tempfile.TemporaryDirectory() as folder:
+            self.run_three(folder, 0.02)
+            path = os.path.join(folder, "t.jsonl")
+            with open(path, "a") as f:       # ten more documents right behind the one that loads
+                for i in range(10):
+                    f.write(json.dumps({"arrival": 20.00001, "prompt_tokens": 56, "output_tokens": 2,
+                                        "prefix": f"late{i}", "prefix_tokens": 48}) + "\n")
+            result = main.run(main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], trace=main.read_trace(path),
+                                           kv_tokens=64, prefix_caching=True, kv_offloading_size=0.02, detailed=True))
+        self.assertEqual(result["host_tier"]["loads"], 1)
+        # Back from its load it is the head of the queue: of the ten that came after it, only one
+        # (started while it loaded, when the cache was free) goes first.
+        first = [sent + ttft for sent, ttft in zip(result["start_times"], result["ttfts"])]
+        self.assertLess(first[2], sorted(first[3:])[1])
+
+    def test_preempted_reloads_do_not_count_as_hits_again(self):
+        result = main.run(main.RunSpec(requests=60, concurrency=32, prefix_caching=True, kv_offloading_size=2,
+                                       num_gpu_blocks=300))
+        self.assertGreater(result["engine"]["preemptions"], 0)
+        self.assertLessEqual(result["host_tier"]["host_hit_rate"], result["engine"]["prefix_hit_rate"])
+
+    def test_a_tier_below_one_block_or_a_link_below_any_pcie_is_one_line(self):
+        with tempfile.TemporaryDirectory() as folder:
+            slow = os.path.join(folder, "slow.json")
+            with open(slow, "w") as f:
+                json.dump({**main.preset_fields(main.HARDWARE["h100-sxm-80gb"]), "name": "slow", "host_link_gbs": 1e-9}, f)
+            for args, words in ((("--kv-offloading-size", "0.000001"), "less than one KV block"),
+                                (("--kv-offloading-size", "8", "--hardware", slow), "below any PCIe link's")):
+                code, _, err = call_cli("simulate", "--prefix-caching", *args)
+                self.assertEqual(code, 2, args)
+                self.assertIn(words, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_where_everything_fits_in_hbm_a_host_tier_changes_nothing(self):
         base = main.RunSpec(hardware=main.HARDWARE["h100-sxm-80gb"], turns=3, think_time=1.0, rate=2.0,
