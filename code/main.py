@@ -7,10 +7,12 @@ Subcommands:
              chunked prefill, paged KV cache with prefix sharing and recompute preemption)
   sweep      the same run at every combination of up to two loads or settings, one table
   search     the highest load within an SLO, or the cheapest deployment that serves a load
+  plan       replicas window by window over a day of traffic, as an autoscaler would run them
   loadgen    the same metrics measured from a real OpenAI-compatible server's stream
-  merge      loadgen reports from several client machines as one run
+  merge      loadgen reports from several client machines (or shards of one schedule) as one run
   compare    a measured run's exact shape simulated, measured and predicted side by side
   calibrate  fit the cost model's bandwidth, FLOPS and overheads to measured runs
+  validate   replay published runs and score the cost models on runs they were not fitted to
   explain    the tuning runbook's decision table applied to a scrape or a report
   presets    the hardware and model presets
 
@@ -18,7 +20,8 @@ The file reads top to bottom in the order the lesson teaches, core first:
   presets, memory plan, cost model (the roofline), block pool, request, scheduler (the per-step
   rule), engine (and simulate()), workload (synthetic requests, conversations, arrivals), metrics;
 then the variations on the core, one part each: the kernel cost model, the in-flight cap, static
-batching, slots, prefill/decode disaggregation, tensor parallelism, replicas behind a router,
+batching, slots, prefill/decode disaggregation, a host tier for the KV cache, tensor and pipeline
+parallelism, replicas behind a router,
 mixtures of experts, speculative decoding; then speed (the event engine, tested against the
 per-step rule); then settings (every knob described once, as a row of RunSpec) and the API the
 command line calls (run, sweeps, search); then the edges: readers (presets, traces in six
