@@ -4777,6 +4777,11 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
         first = sent + seconds(ttft, i, "ttft")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
+        answer = (report.get("ttfas") or [None] * n)[i] if isinstance(report.get("ttfas"), list) \
+            and len(report["ttfas"]) == n else None
+        if answer is not None:        # a reasoning model's first answer token, where the report times it
+            requests[-1].answer_s = sent + max(seconds(answer, i, "ttfa"), first - sent)
+            requests[-1].reasoning_tokens = 1
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
     server = report.get("server")
@@ -7403,6 +7408,8 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                                        None if r.last_token_s is None else r.last_token_s + shift,
                                        r.prompt_tokens, r.output_tokens, r.error)
             request.token_times = [t + shift for t in r.token_times] if r.token_times else None
+            if r.answer_s is not None and r.reasoning_tokens:
+                request.answer_s, request.reasoning_tokens = r.answer_s + shift, r.reasoning_tokens
             requests.append(request)
         ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
         windows.append((shift, shift + max(ends, default=0.0)))

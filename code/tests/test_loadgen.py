@@ -557,6 +557,21 @@ class Reasoning(unittest.TestCase):
                 self.assertEqual(r["client"]["reasoning"]["requests_with_reasoning"], 2)
                 self.assertEqual(r["total_output_tokens"], 10)           # usage counts thinking and answer
 
+    def test_merge_keeps_the_time_to_first_answer(self):
+        with FakeServer(self.stream("reasoning")) as server:
+            code, out, err = call_cli("loadgen", "--url", server.url, "--requests", 2, "--detailed",
+                                      "--no-size-prompts", env={"OPENAI_API_KEY": ""})
+        self.assertEqual(code, 0, err)
+        measured = json.loads(out)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "r.json")
+            with open(path, "w") as f:
+                f.write(out)
+            code, merged, err = call_cli("merge", path, "--json")
+        merged = json.loads(merged)
+        self.assertAlmostEqual(merged["median_ttfa_ms"], measured["median_ttfa_ms"], places=6)
+        self.assertGreater(merged["median_ttfa_ms"], merged["median_ttft_ms"])
+
     def test_thinking_inside_content_is_said_and_not_split(self):
         pieces = [data(chunk({"content": "<think>"})), data(chunk({"content": " hmm </think>"})),
                   data(chunk({"content": " yes"})), data(chunk(finish="stop")), data(usage(12, 3)), "data: [DONE]\n\n"]
