@@ -4199,6 +4199,10 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
     if one.get("does_not_fit"):
         raise CapacityError(one["does_not_fit"])
+    if one.get("alone"):              # replicas divide the load; they cannot make a lone request faster
+        missed = one["probes"][-1]["misses"][0] if one["probes"] and one["probes"][-1]["misses"] else "the slo"
+        raise CapacityError(f"no load meets the slo on one replica even with every request alone ({missed}); more "
+                            f"replicas cannot help: it needs a faster deployment or shorter requests")
     per_replica = one.get("highest_load") or 0.0
     cache: dict = {}
     rows = []

@@ -195,3 +195,17 @@ class Plans(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NoReplicaCountHelps(unittest.TestCase):
+    def test_a_bound_missed_by_a_lone_request_is_said_at_once(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "day.csv")
+            with open(path, "w") as f:
+                f.write("time_s,rate\n0,0.5\n3600,1\n")
+            code, out, err = call_cli("plan", "--rate-profile", path, "--hardware", "h100-sxm-80gb", "--prompt-tokens",
+                                      "100", "--output-tokens", "10", "--reasoning-tokens", "5", "--slo", "ttfa_p95:5",
+                                      "--steady-requests", "200")
+        self.assertEqual(code, 1)
+        self.assertIn("more replicas cannot help", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
