@@ -8240,8 +8240,9 @@ def print_server(result: dict, w) -> None:
           f"--max-tokens {result['config']['max_tokens']:,} (fewest {client['fewest_output_tokens']:,} tokens; "
           f"finish reasons {client['short_finish_reasons']}); the server may not accept ignore_eos, or hit its "
           f"context limit\n")
-    w(f"{'definitions':<12}ttft: send to the first content or reasoning event; tpot: (last - first content "
-      f"event) / (usage completion_tokens - 1); itl: every gap between content events; nearest-rank percentiles\n")
+    w(f"{'definitions':<12}ttft: send to the first content or reasoning event; tpot: (last - first such "
+      f"event) / (usage completion_tokens - 1); itl: every gap between such events; ttfa (with reasoning): send to "
+      f"the first content event; nearest-rank percentiles\n")
 
 
 def print_compared(title: str, rows: dict, w) -> None:
