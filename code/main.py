@@ -3215,7 +3215,9 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
         options.update(speculative_tokens=spec.speculative_tokens, acceptance_rate=spec.acceptance_rate,
                        seed=spec.seed, draft=draft)
     else:      # SGLang's rule is stepped one by one; the event engine follows the rest
-        event = spec.simulator == "event" and not profile.prefill_apart
+        # (and a host tier's: the order blocks reach host memory, which its LRU keeps, is the
+        # order they fill, and a cruising decode's blocks are keyed when it wakes, a step later)
+        event = spec.simulator == "event" and not profile.prefill_apart and not spec.kv_offloading_size
         classes.append(EventScheduler if event else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
     return cls(config, plan.num_blocks, spec.detailed, **options)
@@ -3376,8 +3378,10 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
     rng = random.Random(spec.seed)
     count = spec.requests or DEFAULT_REQUESTS
     if spec.rate_profile:        # the profile sets the count: its send times are drawn first, apart
-        sends = profile_sends(spec.rate_profile, spec.time_scale, spec.seed, spec.burstiness, spec.requests or 0)
-        count = len(sends)
+        # Each send starts a conversation (one request without --turns), as loadgen sends them.
+        sends = profile_sends(spec.rate_profile, spec.time_scale, spec.seed, spec.burstiness,
+                              -(-spec.requests // spec.turns) if spec.requests else 0)
+        count = min(spec.requests or math.inf, len(sends) * spec.turns)
     if spec.turns > 1:
         requests = conversations(count, spec.prompt_tokens, spec.output_tokens, rng, spec.turns, spec.think_time,
                                  spec.prefix_tokens, spec.num_prefixes)
@@ -3408,7 +3412,7 @@ def scale_up_delay(spec: RunSpec) -> float:
     """--scale-up-delay, or the start of an engine and its share of the weights read from disk."""
     if spec.scale_up_delay is not None:
         return spec.scale_up_delay
-    share = quantized(spec.model, spec.quantization, spec.kv_cache_dtype).weight_bytes / spec.tensor_parallel_size
+    share = quantized(spec.model, spec.quantization, spec.kv_cache_dtype).weight_bytes / spec.gpus_per_replica
     return ENGINE_START_S + share / (WEIGHT_LOAD_GBS * 1e9)
 
 
@@ -4216,13 +4220,13 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         if progress:
             progress(f"window {i + 1}/{len(windows)}: {load:.3g} req/s needs {need} replica{'s' * (need != 1)}")
     delay = scale_up_delay(replace(spec, scale_up_delay=scaling.scale_up_delay))
-    price = deployment_price(spec, [spec.hardware], spec.tensor_parallel_size)
+    price = deployment_price(spec, [spec.hardware], spec.gpus_per_replica)
     duration = windows[-1][1]
     report = {"deployment": simulate_command(deployment), "windows": rows, "window_s": scaling.window_s,
               "one_replica_sustains": per_replica, "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
-              "gpus_per_replica": spec.tensor_parallel_size}
+              "gpus_per_replica": spec.gpus_per_replica}
     for _ in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
         if not verify:
@@ -4235,8 +4239,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         fixable[0]["needs"] += 1
         fixable[0]["raised"] += 1
     report["schedule"] = [{"time_s": t, "replicas": n} for t, n in schedule.steps]
-    report["totals"] = schedule_report(schedule, schedule.spans(delay), delay, duration, spec.tensor_parallel_size,
-                                       price / spec.tensor_parallel_size if price else None)
+    report["totals"] = schedule_report(schedule, schedule.spans(delay), delay, duration, spec.gpus_per_replica,
+                                       price / spec.gpus_per_replica if price else None)
     peak = max(min(r["needs"], scaling.max_replicas) for r in rows)
     report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
@@ -6590,10 +6594,11 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                 return
             if record.error:          # the rest of this session cannot be sent: count it
                 with lock:
+                    later = turn + 1
                     while child is not None:
-                        records.append(StreamRecord(child, turn=turn + 1, sent_s=record.sent_s,
+                        records.append(StreamRecord(child, turn=later, sent_s=record.sent_s,
                                                     error=f"conversation stopped: turn {turn} failed"))
-                        child, turn = child_of.get(child), turn + 1
+                        child, later = child_of.get(child), later + 1
                 return
             history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
             delay = config.trace.delays[child]
@@ -7374,6 +7379,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                 raise UserError(f"report {path}: warmup_flags must be true or false for each request")
             measured.requests = [r for r, w in zip(measured.requests, warm) if not w]
             if not measured.requests:
+                machines.append(machine_of(path, report))     # sent only warm-up requests: present all the same
                 continue
         # Clocks: started_unix is the wall clock (2001 to 2286), started_perf the clock start_times use.
         for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", -1e10, 1e10)):

@@ -3,8 +3,7 @@ lesson's rule, read as written; the EventScheduler and EventEngine skip the requ
 where nothing happens. On random small cases, chosen to hit every rule (tiny caches that force
 preemption, tiny budgets that cut the running list, block sizes of 1, prefix caching, closed
 and open loop, disaggregation, replicas behind each router, tensor and expert parallelism, reasoning
-models whose decodes wake for their first answer token, a host tier whose loads take requests out of
-the queue), both
+models whose decodes wake for their first answer token), both
 must print the same report to the last bit, per-request arrays included."""
 import json
 import random
@@ -59,7 +58,7 @@ def random_spec(rng: random.Random) -> main.RunSpec:
     if rng.random() < 0.2:      # TensorRT-LLM's admission, in a cache small enough for it to bind
         spec.update(engine="trtllm", kv_tokens=rng.randint(200, 1200))
     if spec["prefix_caching"] and not spec.get("disaggregate") and spec.get("kv_layout") != "slots" \
-            and rng.random() < 0.9:      # a host tier: loads leave the queue and come back computed
+            and rng.random() < 0.9:      # a host tier (stepped by the per-step rule either way)
         spec.update(kv_offloading_size=rng.choice([0.002, 0.02, 0.2]))
         if "turns" not in spec and rng.random() < 0.5:     # histories come back after HBM evicted them
             spec.update(turns=rng.randint(2, 4), think_time=rng.choice([0.0, 0.5]))
