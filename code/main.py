@@ -1841,8 +1841,11 @@ class Offloaded:
     def add(self, request: Request) -> None:
         # Back from its load: it keeps its place at the head of the queue, as vLLM's request waiting
         # for its KV never left the queue.
-        if request.computed:
-            self.waiting.appendleft(request)
+        if request.computed:           # behind those back before it, in the order they came back
+            place = 0
+            while place < len(self.waiting) and self.waiting[place].computed:
+                place += 1
+            self.waiting.insert(place, request)
         else:
             super().add(request)
 
@@ -6601,6 +6604,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                         child, later = child_of.get(child), later + 1
                 return
             history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
+            if rows[child][1] <= rows[row][1] + rows[row][2]:
+                history = []          # its prompt_tokens cannot hold the conversation so far: sent as itself
             delay = config.trace.delays[child]
             wait = delay * config.time_scale if delay is not None else \
                 started + rows[child][0] * config.time_scale - time.perf_counter()

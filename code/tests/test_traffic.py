@@ -623,6 +623,19 @@ class Sessions(unittest.TestCase):
                 self.assertIn(words, err)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
 
+    def test_a_turn_too_short_to_hold_its_history_is_sent_as_itself_by_both(self):
+        rows = [{"arrival": 0, "prompt_tokens": 30, "output_tokens": 3, "id": "a"},
+                {"arrival": 0.01, "prompt_tokens": 20, "output_tokens": 3, "id": "b", "parent": "a"}]
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(ttft=0.01, gap=0.005, tokens=3)) as server:
+            path = self.write(folder, rows)
+            code, _, err = call_cli("loadgen", "--url", server.url, "--trace", path, "--no-size-prompts", "--json",
+                                    env={"OPENAI_API_KEY": ""})
+            self.assertEqual(code, 0, err)
+            self.assertEqual([len(b["messages"]) for b in server.bodies], [1, 1])
+            done = []
+            main.run(main.RunSpec(trace=main.read_trace(path), prefix_caching=True), requests_out=done)
+        self.assertEqual(sorted(done, key=lambda r: r.id)[1].cached_tokens, 0)
+
     def test_loadgen_sends_each_turn_with_the_servers_own_replies_after_the_delay(self):
         rows = [{"arrival": 0, "prompt_tokens": 30, "output_tokens": 3, "id": "a"},
                 {"arrival": 0.01, "prompt_tokens": 50, "output_tokens": 3, "id": "b", "parent": "a", "delay": 0.3}]
