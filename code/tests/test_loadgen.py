@@ -353,6 +353,12 @@ class ManyMachines(unittest.TestCase):
             self.assertEqual(code, 0, err[-400:])
         return {k: json.loads(out) for k, (_, out, _) in reports.items()}, float(start)
 
+    def write(self, name, report):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            json.dump(report, f)
+        return path
+
     @staticmethod
     def offsets(report):
         at = report["config"]["started_perf"]
@@ -399,11 +405,7 @@ class ManyMachines(unittest.TestCase):
         load = ("--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
         with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
             shards, _ = self.shards(server, 2, *load)
-        def write(name, report):
-            path = os.path.join(self.tmp, name)
-            with open(path, "w") as f:
-                json.dump(report, f)
-            return path
+        write = self.write
         first, second = write("a.json", shards[1]), write("b.json", shards[2])
         code, _, err = call_cli("merge", first, first)
         self.assertEqual(code, 2)
@@ -457,11 +459,7 @@ class ManyMachines(unittest.TestCase):
         load = ("--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
         with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
             shards, _ = self.shards(server, 2, *load)
-        def write(name, report):
-            path = os.path.join(self.tmp, name)
-            with open(path, "w") as f:
-                json.dump(report, f)
-            return path
+        write = self.write
         first, second = write("a.json", shards[1]), write("b.json", shards[2])
         stopped = write("s.json", {**shards[2], "stopped": "interrupted by Ctrl-C after 2 requests ended"})
         code, _, err = call_cli("merge", first, stopped)
