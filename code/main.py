@@ -5141,13 +5141,7 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
     A parent must come earlier in the file (so there are no cycles); a parent continued by two
     rows is followed by the first, and the second is sent at its own time. A published trace cut
     from a longer one (not strict) may continue chats from before its start: those start afresh."""
-    if not any("parent" in extra for extra in extras):
-        ids = Counter(extra["id"] for extra in extras if "id" in extra and strict)
-        repeated = next((key for key, count in ids.items() if count > 1), None)
-        if repeated is not None:
-            raise UserError(f"trace {path}: id {printable(repeated)[:40]!r} names more than one row; ids name one row "
-                            f"each")
-        return (), ()
+    linked = any("parent" in extra for extra in extras)
     where, parents, delays, continued = {}, [], [], set()
     for i, extra in enumerate(extras):
         parent = extra.get("parent")
@@ -5168,11 +5162,11 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
             continued.add(where[parent])
         delays.append(extra.get("delay") if parents[-1] >= 0 else None)
         if "id" in extra:
-            if extra["id"] in where:
+            if extra["id"] in where and (strict or linked):
                 raise UserError(f"trace {path} row {i + 1}: id {printable(extra['id'])[:40]!r} names more than one "
                                 f"row (row {where[extra['id']] + 1} too); ids name one row each")
             where[extra["id"]] = i
-    return tuple(parents), tuple(delays)
+    return (tuple(parents), tuple(delays)) if linked else ((), ())
 
 
 def read_rate_profile(path: str) -> RateProfile:

@@ -401,12 +401,15 @@ class ManyMachines(unittest.TestCase):
         self.assertLess(machines["start_spread_ms"], 1000)
         self.assertIsNotNone(machines["clocks_apart_at_most_s"])     # http.server sends a Date header
 
-    def test_merge_refuses_a_shard_twice_or_of_another_run_and_says_which_is_missing(self):
-        load = ("--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
+    def two_shards(self):
+        """Two shards of one small run, and the paths of their reports."""
         with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
-            shards, _ = self.shards(server, 2, *load)
+            shards, _ = self.shards(server, 2, "--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
+        return shards, self.write("a.json", shards[1]), self.write("b.json", shards[2])
+
+    def test_merge_refuses_a_shard_twice_or_of_another_run_and_says_which_is_missing(self):
+        shards, first, second = self.two_shards()
         write = self.write
-        first, second = write("a.json", shards[1]), write("b.json", shards[2])
         code, _, err = call_cli("merge", first, first)
         self.assertEqual(code, 2)
         twice = write("c.json", {**shards[2], "config": {**shards[2]["config"], "shard": [1, 2]}})
@@ -456,11 +459,8 @@ class ManyMachines(unittest.TestCase):
         self.assertEqual(merged["config"]["machines"]["requests"], 9)
 
     def test_merge_says_a_shard_stopped_early_and_refuses_what_no_loadgen_writes(self):
-        load = ("--rate", 40, "--requests", 8, "--no-size-prompts", "--max-tokens", 2)
-        with FakeServer(paced(ttft=0.01, gap=0.005, tokens=2)) as server:
-            shards, _ = self.shards(server, 2, *load)
+        shards, first, second = self.two_shards()
         write = self.write
-        first, second = write("a.json", shards[1]), write("b.json", shards[2])
         stopped = write("s.json", {**shards[2], "stopped": "interrupted by Ctrl-C after 2 requests ended"})
         code, _, err = call_cli("merge", first, stopped)
         self.assertEqual(code, 0, err)
