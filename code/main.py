@@ -1423,6 +1423,10 @@ class EngineProfile:
     reserve_output: bool      # admit a request only if its prompt and all its output fit (TensorRT-LLM)
     defaults: Callable        # Hardware -> the knobs as the engine sets them when not given
     kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
+    base: str = ""            # a profile file's: the engine whose rules, graphs and defaults it keeps
+
+    # The four numbers a profile file (calibrate --fit engine) sets; the rest is the base engine's.
+    FITTED = ("step_cpu_ms", "seq_cpu_ms", "overlap", "kernel_scale")
 
 
 def vllm_graphs(max_num_seqs: int) -> list[int]:
@@ -1430,6 +1434,20 @@ def vllm_graphs(max_num_seqs: int) -> list[int]:
     # _set_cudagraph_sizes at v0.33.0, the same pattern since 0.12).
     top = min(2 * max_num_seqs, 512)
     return [n for n in [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] if n <= top]
+
+
+def sglang_graphs(max_num_seqs: int) -> list[int]:
+    # [1, 2, 4, 8, 12] + 16..256 by 8 + 272..496 by 16 + 512.. by 32 (cuda_graph_hook.py); 256 by default.
+    return [n for n in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16)] if n <= 256]
+
+
+def trtllm_graphs(max_num_seqs: int) -> list[int]:
+    # Decode-only graphs at 1..31, 32, 64, 128 without padding (llm_args.py).
+    return [*range(1, 33), 64, 128]
+
+
+def no_graphs(max_num_seqs: int) -> list[int]:
+    return []
 
 
 def vllm_defaults(hardware: Hardware) -> dict:
@@ -1471,19 +1489,15 @@ ENGINES = {e.name: e for e in [
     # (vllm/config/scheduler.py, vllm/config/vllm.py).
     EngineProfile("vllm", 0.4, 0.0011, True, vllm_graphs, True, False, False, vllm_defaults),
     # SGLang: no published per-step figure; the overlap scheduler is on (disable_overlap_schedule
-    # False); a step runs a prefill batch when it has one, else decodes (managers/scheduler.py); decode
-    # graphs [1, 2, 4, 8, 12] + 16..256 by 8 + 272..496 by 16 + 512.. by 32 (cuda_graph_hook.py).
-    EngineProfile("sglang", 0.0, 0.0, True,
-                  lambda seqs: [n for n in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16)] if n <= 256],
-                  True, True, False, sglang_defaults),
+    # False); a step runs a prefill batch when it has one, else decodes (managers/scheduler.py).
+    EngineProfile("sglang", 0.0, 0.0, True, sglang_graphs, True, True, False, sglang_defaults),
     # TensorRT-LLM 1.0's PyTorch backend: 45 ms of host time an iteration at batch 1,536 (NVIDIA/
     # TensorRT-LLM#10273), about 0.029 ms a sequence, hidden by the overlap scheduler (on by default);
-    # decode-only CUDA graphs at 1..31, 32, 64, 128 without padding (llm_args.py); admission by
-    # GUARANTEED_NO_EVICT, the default capacity policy: prompt + max output must fit.
-    EngineProfile("trtllm", 0.0, 0.029, True, lambda seqs: [*range(1, 33), 64, 128], False, False, True,
-                  trtllm_defaults),
+    # decode-only CUDA graphs, not padded; admission by GUARANTEED_NO_EVICT, the default capacity
+    # policy: prompt + max output must fit.
+    EngineProfile("trtllm", 0.0, 0.029, True, trtllm_graphs, False, False, True, trtllm_defaults),
     # llama.cpp: its CPU costs are the device's (calibrate them); no CUDA graphs on a CPU.
-    EngineProfile("llamacpp", 0.0, 0.0, False, lambda seqs: [], False, False, False, llamacpp_defaults),
+    EngineProfile("llamacpp", 0.0, 0.0, False, no_graphs, False, False, False, llamacpp_defaults),
 ]}
 
 
@@ -1561,6 +1575,8 @@ class KernelCost(Roofline):
         kernels = KERNELS_PER_LAYER * model.layers
         self.graphed_floor = kernels * hardware.kernel_floor_us / 1e6
         self.eager_floor = kernels * (hardware.kernel_floor_us + hardware.kernel_launch_us) / 1e6
+        # Tiles are the tensor cores'; a device with no kernel floors (a CPU, ggml's GEMMs) pays by the row.
+        self.tile = GEMM_TILE if hardware.kernel_floor_us else 1
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
@@ -1573,8 +1589,9 @@ class KernelCost(Roofline):
             captured = self.graphs[bisect.bisect_left(self.graphs, tokens)]
             if self.engine.pad_to_graph or captured == tokens:
                 rows, floor = captured, self.graphed_floor
-        tiles = -(-rows // GEMM_TILE) * GEMM_TILE
-        head_tiles = -(-seqs // GEMM_TILE) * GEMM_TILE
+        tile = self.tile
+        tiles = -(-rows // tile) * tile
+        head_tiles = -(-seqs // tile) * tile
         gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
                    / self.gemm_flops_per_second, self.weights_read(tokens) / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
@@ -2566,6 +2583,14 @@ def list_of(kind: Callable) -> Callable:
     return parse
 
 
+def engine_name(text: str) -> str:
+    """An engine's name, or the path of a profile file (read when the run is built, so the path is kept)."""
+    if text not in ENGINES and not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(ENGINES)}, nor a profile file "
+                                         f"(calibrate --fit engine writes one)")
+    return text
+
+
 def choice(*names: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in names:
@@ -2924,9 +2949,11 @@ class RunSpec:
     detailed: bool = False               # keep every token's time, for --detailed arrays
     profile: Optional[EngineProfile] = None     # a fit's engine constants, in place of --engine's own
     engine: Optional[str] = setting(
-        None, "--engine", choice(*ENGINES), "the serving engine whose CPU costs, async scheduling, CUDA graphs and "
-        "scheduling rules the run takes: vllm, sglang, trtllm or llamacpp; naming one also takes its own defaults "
-        "for the knobs not given (batch limits, block size, memory share)", "scheduler", metavar="|".join(ENGINES),
+        None, "--engine", engine_name, "the serving engine whose CPU costs, async scheduling, CUDA graphs and "
+        "scheduling rules the run takes: vllm, sglang, trtllm or llamacpp, or a profile JSON file (calibrate --fit "
+        "engine writes one: an engine's rules with fitted costs); naming one also takes its own defaults "
+        "for the knobs not given (batch limits, block size, memory share)", "scheduler",
+        metavar="|".join(ENGINES) + "|FILE",
         default_text="vLLM's rules and costs with the lesson's knobs: 256 sequences, 8,192 tokens")
     async_scheduling: Optional[bool] = setting(
         None, "--async-scheduling", on_off, "the engine prepares the next step while the GPU runs this one, so a "
@@ -2939,7 +2966,8 @@ class RunSpec:
     cost_model: str = setting(
         DEFAULT_COST_MODEL, "--cost-model", choice(*COST_MODELS), "how a step is priced: roofline (the lesson's: "
         "compute vs memory for the whole step) or kernels (GEMMs and attention apart, with tiles and measured "
-        "efficiencies)", "plan", metavar="|".join(COST_MODELS), axis=7)
+        "efficiencies)", "plan", metavar="|".join(COST_MODELS), axis=7,
+        default_text=f"{DEFAULT_COST_MODEL}; kernels with an --engine profile file, whose costs it prices")
     goodput: tuple = setting(
         (), "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
         "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
@@ -3009,12 +3037,18 @@ def engine_profile(spec: RunSpec) -> EngineProfile:
     return profile if spec.async_scheduling is None else replace(profile, overlap=spec.async_scheduling)
 
 
+def engine_label(spec: RunSpec) -> Optional[str]:
+    """The engine as a report names it: a profile file's own name and its base, else the engine's."""
+    profile = engine_profile(spec) if spec.engine or spec.profile else None
+    return profile and (f"{profile.name} ({profile.base}'s rules)" if profile.base else profile.name)
+
+
 def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
     """The spec with its engine's own defaults for every knob not in `given` (no engine named: the
     lesson's knobs as they are)."""
     if not spec.engine:
         return spec
-    defaults = ENGINES[spec.engine].defaults(spec.hardware)
+    defaults = (spec.profile or ENGINES[spec.engine]).defaults(spec.hardware)
     return replace(spec, **{k: v for k, v in defaults.items() if k not in set(given)})
 
 
@@ -3044,6 +3078,9 @@ def value_label(name: str, value) -> str:
 def check_spec(spec: RunSpec) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses."""
     default = RunSpec()
+    if spec.engine and spec.engine not in ENGINES and not spec.profile:
+        raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
+                        f"--engine on the command line (or pass RunSpec(profile=...))")
     synthetic = (spec.prompt_tokens, spec.output_tokens, spec.prefix_tokens, spec.num_prefixes) != \
         (default.prompt_tokens, default.output_tokens, default.prefix_tokens, default.num_prefixes)
     if spec.trace and synthetic:
@@ -3512,7 +3549,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
         "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
-        "gpus": gpus,
+        "gpus": gpus, "engine": engine_label(spec),
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
@@ -4604,6 +4641,46 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
         raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
     return preset
+
+
+# An engine profile file: one engine's rules with its own costs (calibrate --fit engine writes one).
+ENGINE_FIELD_RANGES = {"step_cpu_ms": (0, 1000, "ms of CPU work a step"),
+                       "seq_cpu_ms": (0, 100, "ms of CPU work per sequence in a step"),
+                       "kernel_scale": (0.1, 10, "a real step's kernel time over the kernel model's")}
+
+
+def read_engine_profile(path: str) -> EngineProfile:
+    where = f"engine profile {path}"
+    data = parse_json(read_text(path, "engine profile"), where, "expected the JSON calibrate --fit engine writes")
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object with name, base, {', '.join(EngineProfile.FITTED)}")
+    known = ("name", "base", *EngineProfile.FITTED, "source")
+    unknown = sorted(set(data) - set(known))
+    missing = [k for k in known if k != "source" and k not in data]
+    if unknown or missing:
+        raise UserError(f"{where}: " + "; ".join([f"unknown fields {', '.join(unknown)}"] * bool(unknown)
+                                                + [f"missing fields {', '.join(missing)}"] * bool(missing))
+                        + f"; the fields are {', '.join(known)}")
+    for key in ("name", "source"):
+        if key in data and (not isinstance(data[key], str) or not data[key].strip() or len(data[key]) > 2000):
+            raise UserError(f"{where}: field {key!r} must be a non-empty string")
+    if data["base"] not in ENGINES:
+        raise UserError(f"{where}: field 'base' must be one of {', '.join(ENGINES)} (whose rules, CUDA graphs and "
+                        f"defaults the profile keeps), got {printable(str(data['base'])[:40])!r}")
+    if not isinstance(data["overlap"], bool):
+        raise UserError(f"{where}: field 'overlap' (async scheduling) must be true or false, got {data['overlap']!r}")
+    for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+            raise UserError(f"{where}: field {key!r} must be a number from {low:g} to {high:g} ({note}), "
+                            f"got {printable(str(v)[:40])}")
+    return replace(ENGINES[data["base"]], name=printable(data["name"][:200]), base=data["base"],
+                   **{k: data[k] for k in EngineProfile.FITTED})
+
+
+def engine_profile_json(profile: EngineProfile, source: str) -> dict:
+    return {"name": profile.name, "base": profile.base or profile.name,
+            **{k: getattr(profile, k) for k in EngineProfile.FITTED}, "source": source}
 
 
 def shape_params(model: ModelSpec) -> float:
@@ -6867,6 +6944,7 @@ class StepObservation:
     tokens: float      # tokens in the step
     context: float     # KV tokens the step reads
     seqs: float        # sequences in the step
+    pairs: float = 0   # (query, key) pairs its attention computes (the kernel model prices them)
 
 
 def observations(report: dict, name: str) -> list[StepObservation]:
@@ -6894,11 +6972,12 @@ def observations(report: dict, name: str) -> list[StepObservation]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
             raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
     batch = measured or min(clients, seqs or clients)
+    context = batch * (prompt + output / 2)
     found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
-                             batch, batch * (prompt + output / 2), batch)]
+                             batch, context, batch, context)]
     if clients == 1 and report.get("median_ttft_ms"):
         found.append(StepObservation(f"{name} ttft of a {prompt:.0f}-token prefill",
-                                     report["median_ttft_ms"] / 1000, prompt, prompt, 1))
+                                     report["median_ttft_ms"] / 1000, prompt, prompt, 1, prompt * (prompt + 1) / 2))
     return found
 
 
@@ -6978,6 +7057,59 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
         if not unmeasured:
             names = {0: "bandwidth", 1: "tflops"}
             return fitted, errors(fitted), [names[i] for i in sorted(kept)]
+        kept.update(unmeasured)
+
+
+# Calibrating an engine (calibrate --fit engine): the device and model held at their presets, the
+# engine's own numbers fitted on the kernel cost model: how much slower than priced its kernels run
+# (kernel_scale) and its CPU work a step and per sequence. With async scheduling a step costs the
+# slower of GPU and CPU, so the CPU terms are seen only in steps where the CPU is the slower, and the
+# kernel scale only where the GPU is: what no measured step depends on keeps the base engine's value
+# and is named, as calibrate does for the hardware. There is no other prior.
+
+def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: Hardware, base: EngineProfile,
+                     max_num_seqs: int, name: str) -> tuple[EngineProfile, list[float], list[str]]:
+    """The base engine with kernel_scale, step_cpu_ms and seq_cpu_ms fitted to the observed steps by
+    relative error; returns the profile, each observation's error, and the figures kept at the base's."""
+    def priced(profile: EngineProfile, o: StepObservation) -> float:
+        return cost_model("kernels", hardware, model, None, profile, max_num_seqs).step_seconds(o.tokens, o.context, o.seqs, o.pairs)
+    # A step is (device's own overheads) + scale x (kernels), beside or after CPU work: price both parts once.
+    bare = replace(base, step_cpu_ms=0.0, seq_cpu_ms=0.0, overlap=False)
+    fixed = [priced(replace(bare, kernel_scale=0.0), o) for o in found]
+    kernels = [priced(replace(bare, kernel_scale=1.0), o) - f for o, f in zip(found, fixed)]
+
+    def steps(scale: float, step_ms: float, seq_ms: float) -> list[tuple[float, float]]:
+        return [(f + scale * k, (step_ms + o.seqs * seq_ms) / 1000) for o, f, k in zip(found, fixed, kernels)]
+
+    def errors(values: list[float]) -> list[float]:
+        return [(max(gpu, cpu) if base.overlap else gpu + cpu) / o.seconds - 1
+                for o, (gpu, cpu) in zip(found, steps(*values))]
+
+    start = {0: base.kernel_scale, 1: base.step_cpu_ms, 2: base.seq_cpu_ms}
+    kept: dict[int, float] = {}
+    while True:
+        free = [i for i in range(3) if i not in kept]
+
+        def full(v: list[float]) -> list[float]:
+            # The scale is positive (a log), the CPU costs non-negative (squares).
+            given = dict(zip(free, v))
+            return [kept.get(0, math.exp(given.get(0, 0.0))), kept.get(1, given.get(1, 0.0) ** 2),
+                    kept.get(2, given.get(2, 0.0) ** 2)]
+
+        guess = [math.log(start[0]), math.sqrt(max(start[1], 0.01)), math.sqrt(max(start[2], 1e-4))]
+        values = full(nelder_mead(lambda v: sum(e * e for e in errors(full(v))), [guess[i] for i in free], step=0.3))
+        bound = steps(*values)
+        cpu_seen = any(cpu >= gpu for gpu, cpu in bound) or not base.overlap
+        gpu_seen = any(gpu > cpu for gpu, cpu in bound) or not base.overlap
+        counts = {o.seqs for o, (gpu, cpu) in zip(found, bound) if cpu >= gpu or not base.overlap}
+        unmeasured = {i: start[i] for i, seen in ((0, gpu_seen), (1, cpu_seen), (2, cpu_seen and len(counts) > 1))
+                      if not seen and i not in kept}
+        if not unmeasured:
+            values = [float(f"{v:.4g}") for v in values]
+            profile = replace(base, name=name, base=base.base or base.name,
+                              kernel_scale=values[0], step_cpu_ms=values[1], seq_cpu_ms=values[2])
+            names = {0: "kernel_scale", 1: "step_cpu_ms", 2: "seq_cpu_ms"}
+            return profile, errors(values), [names[i] for i in sorted(kept)]
         kept.update(unmeasured)
 
 
@@ -9109,6 +9241,12 @@ def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
         values["disaggregate"] = True          # a flag of the link, or of either engine, turns it on
     if getattr(args, "detailed", False):
         values["detailed"] = True
+    if values.get("engine") not in (None, *ENGINES):
+        values["profile"] = read_engine_profile(values["engine"])
+        # A profile's costs were fitted on the kernel model, and the roofline prices no engine costs.
+        if values.setdefault("cost_model", "kernels") != "kernels":
+            sys.stderr.write(f"servesim: engine profile {values['profile'].name}: its scheduling rules apply, its "
+                             f"fitted costs do not: --cost-model {values['cost_model']} prices no engine costs\n")
     spec = engine_defaults(replace(base or RunSpec(), **values), values)
     check_spec(spec)
     return spec
@@ -9612,51 +9750,90 @@ CALIBRATION_MISS = 0.25      # a fit that misses a measured step by more is not 
 
 
 def cmd_calibrate(args) -> int:
-    found, model_names = [], set()
+    if args.fit == "hardware" and (args.engine or args.async_scheduling is not None):
+        raise UserError("--engine and --async-scheduling describe the engine --fit engine fits; the hardware fit "
+                        "prices on the roofline, which has no engine costs: add --fit engine, or drop them")
+    found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set()}, set()
     for path in args.reports:
         loaded = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --json or simulate --json output")
         for report in loaded if isinstance(loaded, list) else [loaded]:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
-            name = (report.get("config") or {}).get("model")
-            if name is not None and not isinstance(name, str):
-                raise UserError(f"report {path}: config.model must be a model preset's name, got {str(name)[:40]}")
-            model_names.add(name)
-    if args.model:
-        model = load_preset("model", args.model, MODELS, ModelSpec)
-    elif len(model_names) == 1 and next(iter(model_names)) in MODELS:
-        model = MODELS[next(iter(model_names))]
-    else:
-        raise UserError(f"the reports do not name one model preset ({', '.join(map(str, model_names))}); pass --model")
+            config = report.get("config") or {}
+            for key in named:
+                if config.get(key) is not None and not isinstance(config[key], str):
+                    raise UserError(f"report {path}: config.{key} must be a preset's name, got {str(config[key])[:40]}")
+                named[key].add(config.get(key))
+            seqs.add(config.get("max_num_seqs"))
+
+    def preset(kind: str, given: Optional[str], presets: dict, cls):
+        if given:
+            return load_preset(kind, given, presets, cls)
+        names = named[kind]
+        if len(names) == 1 and next(iter(names)) in presets:
+            return presets[next(iter(names))]
+        raise UserError(f"the reports do not name one {kind} preset ({', '.join(map(str, names))}); pass --{kind}")
+
+    model = preset("model", args.model, MODELS, ModelSpec)
     shapes = len({(o.tokens, o.context, o.seqs) for o in found})
     if shapes < 3:
         raise UserError(f"only {shapes} different measured steps in these reports; calibrate needs three: pass a "
                         f"concurrency-1 run (its TPOT and TTFT) and a run near the knee (its TPOT)")
-    base = load_preset("hardware", args.hardware, HARDWARE, Hardware)
     if args.out:
         check_writable(args.out, "--out", args)
-    hardware, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
+    if args.fit == "engine":
+        hardware = preset("hardware", args.hardware, HARDWARE, Hardware)
+        base = read_engine_profile(args.engine) if args.engine and args.engine not in ENGINES else \
+            ENGINES[args.engine or next((e for e in named["engine"] if e in ENGINES), "vllm")]
+        if args.async_scheduling is not None:
+            base = replace(base, overlap=args.async_scheduling)
+        most = max((n for n in seqs if isinstance(n, int) and not isinstance(n, bool) and n > 0), default=256)
+        fitted, errors, kept = calibrate_engine(found, model, hardware, base, most,
+                                                args.name or f"{base.name}-{hardware.name}-calibrated")
+    else:
+        base = load_preset("hardware", args.hardware or "cpu-4vcpu", HARDWARE, Hardware)
+        fitted, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     worst = max(range(len(found)), key=lambda i: abs(errors[i]))
     if abs(errors[worst]) > CALIBRATION_MISS:
+        what = f"one engine's costs on {hardware.name}" if args.fit == "engine" else f"one roofline on {base.name}"
         raise CapacityError(f"the best fit still misses {found[worst].label} by {errors[worst]:+.0%}: these runs do not "
-                            f"fit one roofline on {base.name}; pass --hardware the device they ran on (and check "
-                            f"--model), nothing written")
-    if args.out:
-        write_file(args.out, json.dumps(asdict(hardware), indent=2) + "\n")
-    else:
-        write_json(asdict(hardware))
+                            f"fit {what}; pass --hardware the device they ran on (and check --model), nothing written")
     fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
-    why = {"bandwidth": "no measured step was memory-bound", "tflops": "no measured step was compute-bound"}
-    figures = [f"{hardware.bandwidth_gbs:.2f} GB/s", f"{hardware.tflops:.4g} TFLOPS"]
-    for i, name in enumerate(("bandwidth", "tflops")):
-        if name in kept:
-            figures[i] += f" ({base.name}'s, kept: {why[name]})"
-    knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', hardware, model).critical_batch():.1f} tokens per step"
-    summary = (f"calibrated {hardware.name} for {model.name}: {', '.join(figures)}, {hardware.step_overhead_ms:.2f} ms per step "
-               f"+ {hardware.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}"
-               + (f"; wrote {args.out}" if args.out else ""))
-    (sys.stdout if args.out else sys.stderr).write(summary + "\n")
+    if args.fit == "engine":
+        for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
+            if not low <= getattr(fitted, key) <= high:
+                raise CapacityError(f"the fit gives {key} {getattr(fitted, key):g}, outside {low:g}-{high:g} ({note}): "
+                                    f"check --hardware and --model are what the runs ran; nothing written")
+        source = (f"calibrate --fit engine on {', '.join(os.path.basename(p) for p in args.reports)}: "
+                  f"{hardware.name}, {model.name}, kernel cost model; fit: {fit}")
+        written = engine_profile_json(fitted, printable(source[:2000]))
+        why = {"kernel_scale": "no measured step was GPU-bound",
+               "step_cpu_ms": "no measured step was CPU-bound",
+               "seq_cpu_ms": "no two measured CPU-bound steps ran different numbers of sequences"}
+        figures = [f"kernel scale {fitted.kernel_scale:.3g}", f"{fitted.step_cpu_ms:.3g} ms per step",
+                   f"{fitted.seq_cpu_ms:.3g} ms per sequence"]
+        for i, key in enumerate(("kernel_scale", "step_cpu_ms", "seq_cpu_ms")):
+            if key in kept:
+                figures[i] += f" ({base.name}'s, kept: {why[key]})"
+        summary = (f"calibrated engine {fitted.name} ({written['base']}'s rules, async scheduling "
+                   f"{'on' if fitted.overlap else 'off'}) on {hardware.name} for {model.name}: {', '.join(figures)}; "
+                   f"fit: {fit}")
+    else:
+        written = asdict(fitted)
+        why = {"bandwidth": "no measured step was memory-bound", "tflops": "no measured step was compute-bound"}
+        figures = [f"{fitted.bandwidth_gbs:.2f} GB/s", f"{fitted.tflops:.4g} TFLOPS"]
+        for i, key in enumerate(("bandwidth", "tflops")):
+            if key in kept:
+                figures[i] += f" ({base.name}'s, kept: {why[key]})"
+        knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
+        summary = (f"calibrated {fitted.name} for {model.name}: {', '.join(figures)}, {fitted.step_overhead_ms:.2f} ms per step "
+                   f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
+    if args.out:
+        write_file(args.out, json.dumps(written, indent=2) + "\n")
+    else:
+        write_json(written)
+    (sys.stdout if args.out else sys.stderr).write(summary + (f"; wrote {args.out}" if args.out else "") + "\n")
     return 0
 
 
@@ -9939,18 +10116,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object: every run's figures, the fits and the medians")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("calibrate", help="fit the cost model's bandwidth, FLOPS and overheads to measured runs",
-                       description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead to loadgen --json (or "
-                                   "simulate --json) reports: the TPOT of a concurrency-1 run (memory-bound), the "
+    p = sub.add_parser("calibrate", help="fit the device's figures or the serving engine's costs to measured runs",
+                       description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead (--fit "
+                                   "hardware), or an engine's kernel scale and CPU work (--fit engine), to loadgen --json "
+                                   "(or simulate --json) reports: the TPOT of a concurrency-1 run (memory-bound), the "
                                    "TPOT of a run near the knee, and the TTFT of a concurrency-1 run (a prefill). "
-                                   "Writes a hardware JSON that --hardware FILE reads.")
+                                   "Writes a hardware JSON that --hardware FILE reads, or an engine profile that "
+                                   "--engine FILE reads.")
     p.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports, e.g. c1.json c4.json [c1-long-prompt.json]")
-    p.add_argument("--model", help="model preset name or JSON file the server ran (default: the one simulate reports name)")
-    p.add_argument("--hardware", default="cpu-4vcpu",
-                   help="preset whose memory and reserve the result keeps (default: %(default)s)")
-    p.add_argument("--name", help="name of the fitted hardware (default: the --hardware name + '-calibrated')")
+    p.add_argument("--fit", choices=("hardware", "engine"), default="hardware",
+                   help="what to fit: hardware, the device's effective bandwidth, TFLOPS and overheads on the "
+                        "roofline (writes a file for --hardware); or engine, the serving engine's kernel scale and "
+                        "CPU work a step and per sequence on the kernel cost model, the device and model held at "
+                        "their presets (writes a profile file for --engine) (default: %(default)s)")
+    p.add_argument("--model", help="model preset name or JSON file the server ran (default: the one the reports name)")
+    p.add_argument("--hardware",
+                   help="--fit hardware: the preset whose memory, reserve, links and price the result keeps "
+                        "(default: cpu-4vcpu); --fit engine: the device the runs ran on (default: the one the "
+                        "reports name)")
+    p.add_argument("--engine", type=engine_name, metavar="|".join(ENGINES) + "|FILE",
+                   help="--fit engine: the engine whose rules, CUDA graphs and async scheduling the profile keeps and "
+                        "whose costs a figure no measured step depends on keeps (default: the one the reports name, "
+                        "else vllm)")
+    p.add_argument("--async-scheduling", type=on_off, metavar="on|off",
+                   help="--fit engine: whether the measured server overlapped its CPU work with the GPU's (vLLM's "
+                        "flag, on from 0.14): a step then costs the slower of the two, else their sum (default: "
+                        "the engine's)")
+    p.add_argument("--name", help="name of the result (default: the --hardware name + '-calibrated'; for an engine, "
+                                  "engine-hardware-calibrated)")
     p.add_argument("--out", metavar="FILE",
-                   help="write the hardware JSON here and the summary on stdout (default: JSON on stdout, summary on stderr)")
+                   help="write the JSON here and the summary on stdout (default: JSON on stdout, summary on stderr)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("explain", help="diagnose a /metrics scrape or a loadgen, simulate or sweep report",

@@ -97,6 +97,104 @@ class Recovery(unittest.TestCase):
         self.assertFalse(os.path.exists(out))
 
 
+ENGINE_SHAPE = ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--cost-model", "kernels",
+                "--prompt-tokens", "100", "--output-tokens", "400"]
+
+
+class EngineFit(unittest.TestCase):
+    """calibrate --fit engine recovers an engine profile's costs from runs it priced, and the profile
+    it writes is what --engine FILE reads."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def profile(self, name, **figures):
+        data = {"name": name, "base": "vllm", "step_cpu_ms": 0.4, "seq_cpu_ms": 0.0011, "overlap": True,
+                "kernel_scale": 1.28, **figures}
+        with open(self.path(name + ".json"), "w") as f:
+            json.dump(data, f)
+        return self.path(name + ".json")
+
+    def reports(self, engine):
+        paths = []
+        for clients in (1, 8, 64):
+            code, out, err = run_cli("simulate", *ENGINE_SHAPE, "--engine", engine, "--concurrency", clients,
+                                     "--requests", 2 * clients, "--json")
+            self.assertEqual(code, 0, err)
+            paths.append(self.path(f"{os.path.basename(engine)}-c{clients}.json"))
+            with open(paths[-1], "w") as f:
+                f.write(out)
+        return paths
+
+    def fit(self, *args):
+        out = self.path("fitted.json")
+        code, summary, err = run_cli("calibrate", *args, "--fit", "engine", "--out", out)
+        self.assertEqual(code, 0, err)
+        with open(out) as f:
+            return json.load(f), summary
+
+    def test_costs_added_to_the_gpu_are_recovered_and_the_profile_reruns_the_runs(self):
+        known = self.profile("known", step_cpu_ms=3.0, seq_cpu_ms=0.05, overlap=False, kernel_scale=1.6)
+        reports = self.reports(known)
+        fitted, summary = self.fit(*reports, "--async-scheduling", "off")
+        for key, value in (("kernel_scale", 1.6), ("step_cpu_ms", 3.0), ("seq_cpu_ms", 0.05)):
+            self.assertAlmostEqual(fitted[key] / value, 1, delta=0.05, msg=key)
+        self.assertEqual((fitted["base"], fitted["overlap"]), ("vllm", False))
+        self.assertIn("c64.json", fitted["source"])
+        self.assertIn("async scheduling off", summary)
+        # The written profile runs as an engine (the kernel model by default) and gives the measured TPOT.
+        code, out, err = run_cli("simulate", *ENGINE_SHAPE[:4], "--prompt-tokens", 100, "--output-tokens", 400,
+                                 "--engine", self.path("fitted.json"), "--concurrency", 64, "--requests", 128, "--json")
+        self.assertEqual(code, 0, err)
+        rerun = json.loads(out)
+        with open(reports[-1]) as f:
+            measured = json.load(f)
+        self.assertAlmostEqual(rerun["median_tpot_ms"] / measured["median_tpot_ms"], 1, delta=0.03)
+        self.assertEqual(rerun["config"]["cost_model"], "kernels")
+        self.assertEqual(rerun["config"]["engine"], "vllm-h100-sxm-80gb-calibrated (vllm's rules)")
+
+    def test_with_async_scheduling_cpu_costs_no_step_shows_keep_the_engines_values_and_say_so(self):
+        reports = self.reports(self.profile("slower", kernel_scale=1.5))
+        fitted, summary = self.fit(*reports, "--engine", "vllm")
+        self.assertAlmostEqual(fitted["kernel_scale"] / 1.5, 1, delta=0.05)
+        self.assertEqual((fitted["step_cpu_ms"], fitted["seq_cpu_ms"]), (0.4, 0.0011))
+        self.assertIn("0.4 ms per step (vllm's, kept: no measured step was CPU-bound)", summary)
+
+    def test_a_roofline_run_of_a_profile_says_its_costs_are_not_priced(self):
+        profile = self.profile("p", kernel_scale=2.0)
+        code, out, err = run_cli("simulate", "--engine", profile, "--cost-model", "roofline", "--requests", 4)
+        self.assertEqual(code, 0, err)
+        self.assertIn("its fitted costs do not", err)
+
+    def test_bad_profile_files_and_engines_are_one_line_naming_the_field(self):
+        cases = [({"kernel_scale": -1}, "field 'kernel_scale' must be a number from 0.1 to 10"),
+                 ({"step_cpu_ms": "fast"}, "field 'step_cpu_ms' must be a number"),
+                 ({"overlap": "yes"}, "field 'overlap' (async scheduling) must be true or false"),
+                 ({"base": "tgi"}, "field 'base' must be one of vllm, sglang, trtllm, llamacpp"),
+                 ({"speed": 1}, "unknown fields speed")]
+        for change, message in cases:
+            path = self.profile("bad", **change)
+            code, _, err = run_cli("simulate", "--engine", path, "--requests", 2)
+            self.assertEqual(code, 2, (change, err))
+            self.assertIn(message, err)
+            self.assertEqual(err.count("\n"), 1, err)
+        with open(self.path("short.json"), "w") as f:
+            json.dump({"name": "short", "base": "vllm"}, f)
+        code, _, err = run_cli("simulate", "--engine", self.path("short.json"))
+        self.assertEqual(code, 2)
+        self.assertIn("missing fields step_cpu_ms, seq_cpu_ms, overlap, kernel_scale", err)
+        code, _, err = run_cli("simulate", "--engine", "tgi")
+        self.assertEqual(code, 2)
+        self.assertIn("not one of vllm, sglang, trtllm, llamacpp, nor a profile file", err)
+        code, _, err = run_cli("calibrate", self.path("short.json"), "--engine", "vllm")
+        self.assertEqual(code, 2)
+        self.assertIn("add --fit engine", err)
+
+
 class BadReports(unittest.TestCase):
     def test_too_few_measured_steps_and_unreadable_files_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:
