@@ -2585,7 +2585,7 @@ def list_of(kind: Callable) -> Callable:
 
 def engine_name(text: str) -> str:
     """An engine's name, or the path of a profile file (read when the run is built, so the path is kept)."""
-    if text not in ENGINES and not os.path.isfile(text):
+    if text not in ENGINES and not text.endswith(".json") and not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(ENGINES)}, nor a profile file "
                                          f"(calibrate --fit engine writes one)")
     return text
