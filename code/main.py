@@ -1039,24 +1039,33 @@ class Engine:
         self.engines = [self]        # what simulate() looks at for ended requests
 
     def step(self) -> Batch:
-        scheduler, start, preemptions = self.scheduler, self.clock, self.scheduler.preemptions
-        batch = scheduler.schedule(start)
+        batch, duration = self.schedule_step()
+        if duration is not None:
+            self.end_step(batch, duration)
+        return batch
+
+    def schedule_step(self) -> tuple[Batch, Optional[float]]:
+        """The step's batch and its price (None: nothing runs). A step is scheduled, then ended,
+        in two halves, so that engines that step together (Lockstep) can end theirs at once."""
+        scheduler, preemptions = self.scheduler, self.scheduler.preemptions
+        batch = scheduler.schedule(self.clock)
         if not batch.seqs and not scheduler.running and scheduler.preemptions == preemptions:
             if not scheduler.waiting:
-                return batch          # the only request left is loading its prefix from host memory
+                return batch, None    # the only request left is loading its prefix from host memory
             # Nothing runs and the head of the queue could not start in an idle engine: it never
             # will. Fail it rather than spin.
             head = scheduler.waiting.popleft()
             scheduler.fail(head, f"cannot be scheduled: it does not fit this engine even when idle "
                                  f"(prompt {head.prompt_tokens:,} + output {head.output_tokens:,} tokens)")
-            return batch
-        duration = self.cost.step_seconds(*scheduler.work(batch)) + scheduler.extra_seconds(batch)
-        self.stats.record(batch, duration, scheduler)
-        self.clock = start + duration
-        scheduler.update(batch, self.clock)
+            return batch, None
+        return batch, self.cost.step_seconds(*self.scheduler.work(batch)) + scheduler.extra_seconds(batch)
+
+    def end_step(self, batch: Batch, duration: float) -> None:
+        self.stats.record(batch, duration, self.scheduler)
+        self.clock += duration
+        self.scheduler.update(batch, self.clock)
         if self.timeline is not None:
             self.snapshot(self.clock)
-        return batch
 
     def snapshot(self, at: float) -> None:
         s = self.scheduler
@@ -1084,10 +1093,13 @@ class Engine:
     def take_next(self) -> Optional[bool]:
         """Move the clock to the next event and take the requests delivered by then; whether
         there is work to step (None: nothing happened here that ends a request or needs a step)."""
-        self.clock = max(self.clock, self.next_event())
+        self.catch_up(self.next_event())
+        return self.has_work()
+
+    def catch_up(self, now: float) -> None:
+        self.clock = max(self.clock, now)
         while self.inbox and self.inbox[0][0] <= self.clock:
             self.scheduler.add(self.inbox.popleft()[1])
-        return self.has_work()
 
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -2141,6 +2153,45 @@ class ExpertParallel:
 
     def critical_batch(self) -> float:
         return self.inner.critical_batch()
+
+
+# vLLM's data-parallel ranks of a mixture of experts step in lockstep: the expert layers of every
+# rank synchronise in every forward pass, so while any rank has requests, the others run empty
+# ("dummy") passes beside it (docs/serving/data_parallel_deployment.md, vLLM 0.12 to 0.19). A step
+# of the group therefore lasts as long as its slowest rank's, one rank's prefill holds up the
+# others' decodes, and a request reaching an idle rank waits for the group's step to end.
+
+def lockstep(spec: RunSpec) -> bool:
+    profile = engine_profile(spec)
+    return spec.data_parallel_size > 1 and bool(spec.model.experts) and (profile.base or profile.name) == "vllm"
+
+
+class Lockstep(Replicas):
+    """Replicas on one clock that step together: each schedules its own batch, and every one's
+    step ends when the slowest ends. (Per step: the event engine's runs of plain steps are one
+    engine's.)"""
+
+    def take_next(self) -> Optional[bool]:
+        first = min(e.next_event() for e in self.engines)
+        if self.arrival() <= first:
+            self.router.route_next()
+            return None
+        for engine in self.engines:       # one clock: an idle rank's is moved with the others'
+            engine.catch_up(first)
+        return any(e.has_work() for e in self.engines)
+
+    def advance(self, until: float) -> None:
+        start = self.engines[0].clock
+        steps = [(e, *e.schedule_step()) for e in self.engines if e.has_work()]
+        priced = [d for _, _, d in steps if d is not None]
+        if not priced:
+            return
+        duration = max(priced)
+        for engine, batch, own in steps:
+            if own is not None:
+                engine.end_step(batch, duration)
+        for engine in self.engines:       # the ranks with nothing to run ran an empty pass
+            engine.clock = start + duration
 
 
 # Pipeline parallelism (vLLM's --pipeline-parallel-size N): the layers split into N stages, each on
@@ -3257,7 +3308,8 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
     else:      # SGLang's rule is stepped one by one; the event engine follows the rest
         # (and a host tier's: the order blocks reach host memory, which its LRU keeps, is the
         # order they fill, and a cruising decode's blocks are keyed when it wakes, a step later)
-        event = spec.simulator == "event" and not profile.prefill_apart and not spec.kv_offloading_size
+        event = spec.simulator == "event" and not profile.prefill_apart and not spec.kv_offloading_size \
+            and not lockstep(spec)
         classes.append(EventScheduler if event else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
     return cls(config, plan.num_blocks, spec.detailed, **options)
@@ -3483,7 +3535,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
             engine.timeline = {}
     spans = schedule.spans(scale_up_delay(spec)) if schedule else None
     router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
-    server = engines[0] if len(engines) == 1 else Replicas(engines, router)
+    server = engines[0] if len(engines) == 1 else (Lockstep if router and lockstep(spec) else Replicas)(engines, router)
     requests = make_requests(spec, progress)
     # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
     sent_first = sorted(requests, key=operator.attrgetter("sent_s")) if spec.trace else requests
@@ -4805,7 +4857,8 @@ def run_files(path: str) -> list[str]:
     return [path]
 
 
-SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "max_num_batched_tokens": (1, 10**7)}
+SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "max_num_batched_tokens": (1, 10**7),
+                "block_size": (1, 2**20)}
 
 
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
@@ -4879,15 +4932,26 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     if isinstance(shape, dict) and "unknown" in shape:
         notes.append(f"the server's shape is unknown ({printable(str(shape['unknown'])[:120])}): servesim's defaults "
                      f"stand in; pass --max-num-seqs and --kv-tokens as the server ran")
-    elif isinstance(shape, dict):       # loadgen kept the server's /props
+    elif isinstance(shape, dict):       # loadgen kept the server's /props or vLLM's cache config
         for key, (low, high) in SERVER_SHAPE.items():
             value = shape.get(key)
+            if value is None and key != "kv_tokens":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise UserError(f"{kind} {name}: server.shape.{key} must be a whole number from {low:,} to {high:,}, "
                                 f"got {str(value)[:40]}")
             settings[key] = value
-        notes.append(f"the server's shape as loadgen read it from /props: {shape['max_num_seqs']} slots, "
-                     f"{shape['kv_tokens']:,} KV tokens")
+        if "prefix_caching" in shape:
+            if not isinstance(shape["prefix_caching"], bool):
+                raise UserError(f"{kind} {name}: server.shape.prefix_caching must be true or false, "
+                                f"got {str(shape['prefix_caching'])[:40]}")
+            settings["prefix_caching"] = shape["prefix_caching"]
+        source = shape.get("source", "/props")
+        said = ([f"{shape['max_num_seqs']} slots"] if "max_num_seqs" in shape else []) \
+            + [f"{shape['kv_tokens']:,} KV tokens"] \
+            + ([f"{shape['block_size']}-token blocks"] if "block_size" in shape else []) \
+            + ([f"prefix caching {'on' if shape['prefix_caching'] else 'off'}"] if "prefix_caching" in shape else [])
+        notes.append(f"the server's shape as loadgen read it from {printable(str(source)[:60])}: {', '.join(said)}")
     return MeasuredRun(name, requests, settings, [], notes)
 
 
@@ -6471,22 +6535,54 @@ def noted_stop(what: str) -> Optional[Stopped]:
 
 
 def server_shape(client: Http) -> tuple[dict, str]:
-    """llama.cpp's slots and per-slot context from /props, to simulate the same server, or no
-    shape and why not (then the simulator's defaults stand in)."""
+    """The server's own shape, to simulate the same server: llama.cpp's slots and per-slot context
+    from /props, or vLLM's KV blocks from the cache_config_info of its /metrics; or no shape and
+    why not (then the simulator's defaults stand in)."""
     try:
         status, body = client.get("/props")
         if status != 200:
-            return {}, f"no llama.cpp /props (HTTP {status}): simulator defaults"
+            return vllm_cache_shape(client, f"no llama.cpp /props (HTTP {status})")
         props = json.loads(body)
         slots, context = props["total_slots"], props["default_generation_settings"]["n_ctx"]
     except (OSError, http.client.HTTPException, CapacityError, ValueError, KeyError, TypeError, RecursionError) as e:
-        return {}, f"no usable llama.cpp /props ({type(e).__name__}): simulator defaults"
+        return vllm_cache_shape(client, f"no usable llama.cpp /props ({type(e).__name__})")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, context)) \
             or not (1 <= slots <= 65536 and 1 <= context <= 10**8):
         return {}, client.redact(f"/props reports {str(slots)[:40]!r} slots of {str(context)[:40]!r} tokens, not a "
                                  f"server shape: simulator defaults")
-    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048}, ""
+    return {"max_num_seqs": slots, "kv_tokens": slots * context, "max_num_batched_tokens": 2048,
+            "source": "llama.cpp /props"}, ""
 
+
+CACHE_CONFIG = "vllm:cache_config_info"
+LABEL = re.compile(r'([A-Za-z_]\w*)="((?:[^"\\]|\\.)*)"')
+
+
+def vllm_cache_shape(client: Http, why_not_props: str) -> tuple[dict, str]:
+    """vLLM's KV cache as its /metrics states it: an info gauge whose labels carry num_gpu_blocks,
+    block_size and enable_prefix_caching (vllm/v1/metrics/loggers.py). Its batch limits are not
+    exported, so those stay the simulator's."""
+    unknown = f"{why_not_props}, no vLLM {CACHE_CONFIG} on /metrics: simulator defaults"
+    try:
+        status, body = client.get("/metrics")
+    except (OSError, http.client.HTTPException, CapacityError):
+        return {}, unknown
+    line = next((l for l in body.decode("utf-8", errors="replace").splitlines()
+                 if l.startswith(CACHE_CONFIG + "{")), None) if status == 200 else None
+    if line is None:
+        return {}, unknown
+    labels = dict(LABEL.findall(line.partition("{")[2].rpartition("}")[0]))
+    try:
+        blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+        caching = {"true": True, "false": False}[labels.get("enable_prefix_caching", "").lower()]
+    except (KeyError, ValueError):
+        return {}, client.redact(f"vLLM's {CACHE_CONFIG} holds no usable num_gpu_blocks, block_size and "
+                                 f"enable_prefix_caching ({printable(line[:160])}): simulator defaults")
+    if not (1 <= blocks <= 10**9 and 1 <= block_size <= 2**20 and blocks * block_size <= SERVER_SHAPE["kv_tokens"][1]):
+        return {}, client.redact(f"vLLM's {CACHE_CONFIG} reports {blocks:,} blocks of {block_size:,} tokens, not a "
+                                 f"cache: simulator defaults")
+    return {"kv_tokens": blocks * block_size, "block_size": block_size, "prefix_caching": caching,
+            "source": f"vLLM {CACHE_CONFIG}"}, ""
 
 
 # Load from many machines: each sends its share of one schedule from the same instant, and says
@@ -7423,7 +7519,7 @@ def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: 
     kept = (report.get("server") or {}).get("shape") or {}
     shape, note = ({}, kept["unknown"]) if "unknown" in kept else (kept, "") if kept else \
         server_shape(Http(config.url, config.timeout_s, config.api_key))
-    spec = RunSpec(hardware=hardware, model=model, **shape)
+    spec = RunSpec(hardware=hardware, model=model, **{k: v for k, v in shape.items() if k in SETTINGS})
     title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
     try:
         predicted = simulate_measured(run_from_report(report, "this run"), spec)

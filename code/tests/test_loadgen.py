@@ -247,6 +247,32 @@ class ServerMetrics(unittest.TestCase):
         self.assertEqual(r["server"]["client_output_tokens"], 30)
         self.assertEqual(r["server"]["client_minus_server_tokens"], 30 - 600)
 
+    def test_vllms_cache_config_is_kept_as_the_servers_shape_and_compare_simulates_it(self):
+        info = ('vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+                'engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="2048"} 1.0\n')
+        with FakeServer(paced(tokens=4), metrics=VLLM_AFTER + info) as server:
+            code, r, err = loadgen(server, "--requests", 3, "--max-tokens", 4, "--detailed")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(r["server"]["shape"], {"kv_tokens": 32768, "block_size": 16, "prefix_caching": True,
+                                                "source": "vLLM vllm:cache_config_info"})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.json")
+            with open(path, "w") as f:
+                json.dump(r, f)
+            code, out, err = call_cli("compare", path, "--hardware", "l4-24gb", "--model", "llama-3.1-8b", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("from vLLM vllm:cache_config_info: 32,768 KV tokens, 16-token blocks, prefix caching on", err)
+        self.assertEqual(json.loads(out)["servesim"]["config"]["kv_tokens"], 32768)
+
+    def test_a_cache_config_that_is_no_cache_leaves_the_shape_unknown_and_says_why(self):
+        for labels in ('block_size="16",num_gpu_blocks="lots",enable_prefix_caching="True"',
+                       'block_size="0",num_gpu_blocks="10",enable_prefix_caching="False"',
+                       'block_size="16",num_gpu_blocks="10"'):
+            with FakeServer(paced(tokens=2), metrics=f"vllm:cache_config_info{{{labels}}} 1.0\n") as server:
+                code, r, err = loadgen(server, "--requests", 1, "--max-tokens", 2)
+            self.assertEqual(code, 0, err)
+            self.assertIn("simulator defaults", r["server"]["shape"]["unknown"], labels)
+
     def test_no_metrics_endpoint_is_reported_once_and_the_run_goes_on(self):
         with FakeServer(paced(tokens=3)) as server:
             code, out, err = run_cli("loadgen", "--url", server.url, "--requests", "2")

@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 import unittest
+from unittest import mock
 
 from helpers import call_cli, main
 
@@ -243,6 +244,47 @@ class Replicas(unittest.TestCase):
         two = main.run(main.RunSpec(concurrency=32, requests=800, data_parallel_size=2, router="round-robin"))
         self.assertAlmostEqual(two["output_throughput"] / one["output_throughput"], 2, delta=0.1)
         self.assertAlmostEqual(two["median_tpot_ms"] / one["median_tpot_ms"], 1, delta=0.05)
+
+
+class Lockstep(unittest.TestCase):
+    """vLLM's data-parallel ranks of a mixture of experts step together: a step lasts as long as the
+    slowest rank's, and a request reaching an idle rank waits for the group's step to end."""
+
+    def run_pair(self, rows, apart=False):
+        spec = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"], data_parallel_size=2, router="round-robin",
+                            trace=main.Trace("pair", tuple(rows)), max_num_batched_tokens=2048, detailed=True)
+        if not apart:
+            return main.run(spec, requests_out=(done := [])), sorted(done, key=lambda r: r.id)
+        with mock.patch.object(main, "lockstep", lambda spec: False):
+            return main.run(spec, requests_out=(done := [])), sorted(done, key=lambda r: r.id)
+
+    def test_one_ranks_prefill_holds_up_the_other_ranks_decodes(self):
+        rows = [(0.0, 16, 300, ()), (0.2, 16000, 2, ())]     # a decode, then a long prompt on the other rank
+        gaps = {}
+        for apart in (False, True):
+            _, done = self.run_pair(rows, apart)
+            times = done[0].token_times
+            gaps[apart] = max(b - a for a, b in zip(times, times[1:]))
+        _, done = self.run_pair(rows)
+        prefill_steps = -(-16000 // 2048)
+        self.assertGreater(gaps[False], 5 * gaps[True])
+        # The longest gap is one of the prefill's chunks, as long as the prefill rank's step.
+        self.assertAlmostEqual(done[1].first_token_s - done[1].sent_s, prefill_steps * gaps[False], delta=gaps[False])
+
+    def test_a_request_at_an_idle_rank_waits_for_the_groups_step(self):
+        rows = [(0.0, 2048, 2, ()), (0.001, 16, 2, ())]
+        result, done = self.run_pair(rows)
+        apart, apart_done = self.run_pair(rows, apart=True)
+        # Apart, the short prompt starts at once; in lockstep only when the long prompt's step ends.
+        self.assertLess(apart_done[1].first_token_s, apart_done[0].first_token_s)
+        self.assertGreaterEqual(done[1].first_token_s, done[0].first_token_s)
+
+    def test_dense_models_and_other_engines_step_apart(self):
+        moe = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"], data_parallel_size=2)
+        self.assertTrue(main.lockstep(moe))
+        self.assertFalse(main.lockstep(main.RunSpec(data_parallel_size=2)))
+        self.assertFalse(main.lockstep(main.replace(moe, engine="sglang")))
+        self.assertFalse(main.lockstep(main.replace(moe, data_parallel_size=1)))
 
 
 class Sweep(unittest.TestCase):
