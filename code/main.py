@@ -2161,9 +2161,8 @@ class ExpertParallel:
 # of the group therefore lasts as long as its slowest rank's, one rank's prefill holds up the
 # others' decodes, and a request reaching an idle rank waits for the group's step to end.
 
-def lockstep(spec: RunSpec) -> bool:
-    profile = engine_profile(spec)
-    return spec.data_parallel_size > 1 and bool(spec.model.experts) and (profile.base or profile.name) == "vllm"
+def lockstep(replicas: int, model: ModelSpec, engine: EngineProfile) -> bool:
+    return replicas > 1 and bool(model.experts) and (engine.base or engine.name) == "vllm"
 
 
 class Lockstep(Replicas):
@@ -3309,7 +3308,7 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
         # (and a host tier's: the order blocks reach host memory, which its LRU keeps, is the
         # order they fill, and a cruising decode's blocks are keyed when it wakes, a step later)
         event = spec.simulator == "event" and not profile.prefill_apart and not spec.kv_offloading_size \
-            and not lockstep(spec)
+            and not lockstep(spec.data_parallel_size, spec.model, profile)
         classes.append(EventScheduler if event else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})
     return cls(config, plan.num_blocks, spec.detailed, **options)
@@ -3535,7 +3534,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
             engine.timeline = {}
     spans = schedule.spans(scale_up_delay(spec)) if schedule else None
     router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
-    server = engines[0] if len(engines) == 1 else (Lockstep if router and lockstep(spec) else Replicas)(engines, router)
+    together = router and lockstep(spec.data_parallel_size, spec.model, engine_profile(spec))
+    server = engines[0] if len(engines) == 1 else (Lockstep if together else Replicas)(engines, router)
     requests = make_requests(spec, progress)
     # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
     sent_first = sorted(requests, key=operator.attrgetter("sent_s")) if spec.trace else requests

@@ -255,7 +255,7 @@ class Lockstep(unittest.TestCase):
                             trace=main.Trace("pair", tuple(rows)), max_num_batched_tokens=2048, detailed=True)
         if not apart:
             return main.run(spec, requests_out=(done := [])), sorted(done, key=lambda r: r.id)
-        with mock.patch.object(main, "lockstep", lambda spec: False):
+        with mock.patch.object(main, "lockstep", lambda *args: False):
             return main.run(spec, requests_out=(done := [])), sorted(done, key=lambda r: r.id)
 
     def test_one_ranks_prefill_holds_up_the_other_ranks_decodes(self):
@@ -280,11 +280,12 @@ class Lockstep(unittest.TestCase):
         self.assertGreaterEqual(done[1].first_token_s, done[0].first_token_s)
 
     def test_dense_models_and_other_engines_step_apart(self):
-        moe = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"], data_parallel_size=2)
-        self.assertTrue(main.lockstep(moe))
-        self.assertFalse(main.lockstep(main.RunSpec(data_parallel_size=2)))
-        self.assertFalse(main.lockstep(main.replace(moe, engine="sglang")))
-        self.assertFalse(main.lockstep(main.replace(moe, data_parallel_size=1)))
+        moe, vllm = main.MODELS["qwen3-30b-a3b"], main.ENGINES["vllm"]
+        self.assertTrue(main.lockstep(2, moe, vllm))
+        self.assertFalse(main.lockstep(2, main.MODELS["llama-3.1-8b"], vllm))
+        self.assertFalse(main.lockstep(2, moe, main.ENGINES["sglang"]))
+        self.assertFalse(main.lockstep(1, moe, vllm))
+        self.assertTrue(main.lockstep(2, moe, main.replace(main.ENGINES["vllm"], name="mine", base="vllm")))
 
 
 class Sweep(unittest.TestCase):
