@@ -3601,7 +3601,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
         "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
-        "gpus": gpus, "engine": engine_label(spec),
+        "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
+        "engine_base": engine_profile(spec).base or None,
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
@@ -4238,7 +4239,7 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
         return [(a, b, p.mean_rate(a / x, b / x) / x) for a, b in zip(edges, edges[1:])]
     if not spec.trace:
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
-    sends = sorted(row[0] * spec.time_scale for row in spec.trace.rows)
+    sends = sorted(row[0] * spec.time_scale for row in repeated_rows(spec.trace.rows, spec.trace_repeats))
     end = max(window_s, math.ceil(sends[-1] / window_s - 1e-9) * window_s)
     edges = [i * window_s for i in range(round(end / window_s) + 1)]
     counts = Counter(min(int(t // window_s), len(edges) - 2) for t in sends)
@@ -4585,7 +4586,9 @@ def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = 
 def parse_json(text: str, where: str, expect: str):
     """JSON, or a one-line error: bad syntax, integers past Python's 4,300 digits, deep nesting."""
     try:
-        return json.loads(text)
+        # An integer past 20 digits is read as the float it is (inf past 308), so every range
+        # check that follows sees a number it can compare, not one too large to convert.
+        return json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= 20 else float(digits))
     except RecursionError:
         raise UserError(f"{where}: JSON nested too deeply; {expect}") from None
     except ValueError as e:
@@ -4716,7 +4719,7 @@ def read_engine_profile(path: str) -> EngineProfile:
     for key in ("name", "source"):
         if key in data and (not isinstance(data[key], str) or not data[key].strip() or len(data[key]) > 2000):
             raise UserError(f"{where}: field {key!r} must be a non-empty string")
-    if data["base"] not in ENGINES:
+    if not isinstance(data["base"], str) or data["base"] not in ENGINES:
         raise UserError(f"{where}: field 'base' must be one of {', '.join(ENGINES)} (whose rules, CUDA graphs and "
                         f"defaults the profile keeps), got {printable(str(data['base'])[:40])!r}")
     if not isinstance(data["overlap"], bool):
@@ -4930,7 +4933,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     if server is not None and not isinstance(server, dict) or shape is not None and not isinstance(shape, dict):
         raise UserError(f"{kind} {name}: server and server.shape must be objects, as loadgen writes them")
     if isinstance(shape, dict) and "unknown" in shape:
-        notes.append(f"the server's shape is unknown ({printable(str(shape['unknown'])[:120])}): servesim's defaults "
+        notes.append(f"the server's shape is unknown ({printable(str(shape['unknown'])[:400])}): servesim's defaults "
                      f"stand in; pass --max-num-seqs and --kv-tokens as the server ran")
     elif isinstance(shape, dict):       # loadgen kept the server's /props or vLLM's cache config
         for key, (low, high) in SERVER_SHAPE.items():
@@ -6565,19 +6568,25 @@ def vllm_cache_shape(client: Http, why_not_props: str) -> tuple[dict, str]:
     unknown = f"{why_not_props}, no vLLM {CACHE_CONFIG} on /metrics: simulator defaults"
     try:
         status, body = client.get("/metrics")
-    except (OSError, http.client.HTTPException, CapacityError):
+    except (OSError, http.client.HTTPException, CapacityError) as e:
+        return {}, f"{why_not_props}, and /metrics could not be read for vLLM's {CACHE_CONFIG} ({type(e).__name__}): " \
+                   f"simulator defaults"
+    lines = [l for l in body.decode("utf-8", errors="replace").splitlines()
+             if l.startswith(CACHE_CONFIG + "{")] if status == 200 else []
+    if not lines:
         return {}, unknown
-    line = next((l for l in body.decode("utf-8", errors="replace").splitlines()
-                 if l.startswith(CACHE_CONFIG + "{")), None) if status == 200 else None
-    if line is None:
-        return {}, unknown
-    labels = dict(LABEL.findall(line.partition("{")[2].rpartition("}")[0]))
-    try:
-        blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
-        caching = {"true": True, "false": False}[labels.get("enable_prefix_caching", "").lower()]
-    except (KeyError, ValueError):
-        return {}, client.redact(f"vLLM's {CACHE_CONFIG} holds no usable num_gpu_blocks, block_size and "
-                                 f"enable_prefix_caching ({printable(line[:160])}): simulator defaults")
+    caches = set()
+    for line in lines:        # one per data-parallel rank, the same cache each
+        labels = dict(LABEL.findall(line.partition("{")[2].rpartition("}")[0]))
+        digits = [labels.get("num_gpu_blocks", ""), labels.get("block_size", "")]
+        caching = {"True": True, "False": False}.get(labels.get("enable_prefix_caching", ""))
+        if not all(re.fullmatch(r"[0-9]{1,12}", d) for d in digits) or caching is None:
+            return {}, client.redact(f"vLLM's {CACHE_CONFIG} holds no usable num_gpu_blocks, block_size and "
+                                     f"enable_prefix_caching ({printable(line[:160])}): simulator defaults")
+        caches.add((int(digits[0]), int(digits[1]), caching))
+    if len(caches) > 1:
+        return {}, f"vLLM's {CACHE_CONFIG} gives {len(caches):,} different caches: simulator defaults"
+    blocks, block_size, caching = caches.pop()
     if not (1 <= blocks <= 10**9 and 1 <= block_size <= 2**20 and blocks * block_size <= SERVER_SHAPE["kv_tokens"][1]):
         return {}, client.redact(f"vLLM's {CACHE_CONFIG} reports {blocks:,} blocks of {block_size:,} tokens, not a "
                                  f"cache: simulator defaults")
@@ -7067,7 +7076,8 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
             raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
-    batch = measured or min(clients, seqs or clients)
+    # (Never more than the requests there were: 64 clients sending 16 requests run 16 at most.)
+    batch = measured or min(clients, seqs or clients, done)
     context = batch * (prompt + output / 2)
     found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
                              batch, context, batch, context)]
@@ -7316,7 +7326,8 @@ def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) ->
              + (", reserve full isl" if spec.reserve_full_isl else "")
              + (f", tensor parallel {spec.tensor_parallel_size}" if spec.tensor_parallel_size > 1 else "")
              + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
-             + (", expert parallel" if spec.enable_expert_parallel else ""))
+             + (", expert parallel" if spec.enable_expert_parallel else "")
+             + (f", engine {engine_label(spec)}" if spec.engine else ""))
     return {"title": title, "rows": compared_rows(actual, simulated, measured.timeline), "measured": actual,
             "servesim": simulated}
 
@@ -7526,6 +7537,9 @@ def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: 
     except (CapacityError, UserError) as e:
         return {"title": title, "problem": f"servesim could not simulate this run: {e}"}
     title += f", {predicted['config']['kv_tokens']:,} kv tokens"
+    if predicted["failed"]:       # the figures are of the rest: say so where they are read
+        kinds = "; ".join(f"{n:,} x {kind}" for kind, n in predicted["errors_by_kind"].items())
+        title += f"; {predicted['failed']:,} of {len(report['input_lens']):,} simulated requests failed ({kinds})"
     return {"title": title, "rows": compared_rows(report, predicted), "servesim": predicted}
 
 
@@ -8569,9 +8583,9 @@ def print_plan(report: dict, title: str, w) -> None:
       f"{hours:,.3g} h: {totals['gpu_hours']:,.1f} GPU-hours{money(totals['usd'])}\n")
     w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.1f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
-    if totals["usd"] is not None and totals["peak_fleet_usd"]:
-        w(f"; the schedule saves ${totals['peak_fleet_usd'] - totals['usd']:,.2f} "
-          f"({1 - totals['usd'] / totals['peak_fleet_usd']:.0%})")
+    saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
+    if round(saved, 2) > 0:       # (a schedule that never scales saves nothing, not $-0.00)
+        w(f"; the schedule saves ${saved:,.2f} ({saved / totals['peak_fleet_usd']:.0%})")
     w("\n")
     if report["never_met"]:
         w(f"never met   {len(report['never_met'])} windows need more than --max-replicas, from "
@@ -9329,20 +9343,25 @@ def settings_from_args(cls, args) -> dict:
     return values
 
 
+def with_engine_profile(values: dict) -> dict:
+    """The settings with an --engine profile file read: its profile, priced by the kernel model
+    (the model its costs were fitted on; the roofline prices no engine costs) unless one is given."""
+    if values.get("engine") not in (None, *ENGINES):
+        values["profile"] = read_engine_profile(values["engine"])
+        if values.setdefault("cost_model", "kernels") != "kernels":
+            sys.stderr.write(f"servesim: engine profile {values['profile'].name}: its scheduling rules apply, its "
+                             f"fitted costs do not: --cost-model {values['cost_model']} prices no engine costs\n")
+    return values
+
+
 def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
     """The run the flags describe, checked: each flag given replaces `base`'s value (the
     defaults; for compare, what the measured run recorded)."""
-    values = settings_from_args(RunSpec, args)
+    values = with_engine_profile(settings_from_args(RunSpec, args))
     if any(getattr(args, name, None) is not None for name in ("kv_link_gbs", "prefill_hardware", "decode_hardware")):
         values["disaggregate"] = True          # a flag of the link, or of either engine, turns it on
     if getattr(args, "detailed", False):
         values["detailed"] = True
-    if values.get("engine") not in (None, *ENGINES):
-        values["profile"] = read_engine_profile(values["engine"])
-        # A profile's costs were fitted on the kernel model, and the roofline prices no engine costs.
-        if values.setdefault("cost_model", "kernels") != "kernels":
-            sys.stderr.write(f"servesim: engine profile {values['profile'].name}: its scheduling rules apply, its "
-                             f"fitted costs do not: --cost-model {values['cost_model']} prices no engine costs\n")
     spec = engine_defaults(replace(base or RunSpec(), **values), values)
     check_spec(spec)
     return spec
@@ -9801,7 +9820,7 @@ def cmd_compare(args) -> int:
     if args.timeline:
         check_writable(args.timeline, "--timeline", args)
     measured = read_run(args.run)
-    spec = recorded_spec(measured, settings_from_args(RunSpec, args))
+    spec = recorded_spec(measured, with_engine_profile(settings_from_args(RunSpec, args)))
     compared = compare_run(measured, spec, timeline=bool(args.timeline))
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
@@ -9849,27 +9868,45 @@ def cmd_calibrate(args) -> int:
     if args.fit == "hardware" and (args.engine or args.async_scheduling is not None):
         raise UserError("--engine and --async-scheduling describe the engine --fit engine fits; the hardware fit "
                         "prices on the roofline, which has no engine costs: add --fit engine, or drop them")
+    if args.name is not None and (not args.name.strip() or len(args.name) > 200):
+        raise UserError(f"--name must be a name of 1 to 200 characters, got {printable(args.name[:40])!r}")
     found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set()}, set()
     for path in args.reports:
         loaded = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --json or simulate --json output")
+        if loaded == []:
+            raise UserError(f"report {path}: holds no reports (an empty list)")
         for report in loaded if isinstance(loaded, list) else [loaded]:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
             config = report.get("config") or {}
-            for key in named:
+            for key in (*named, "engine_base"):
                 if config.get(key) is not None and not isinstance(config[key], str):
-                    raise UserError(f"report {path}: config.{key} must be a preset's name, got {str(config[key])[:40]}")
-                named[key].add(config.get(key))
+                    raise UserError(f"report {path}: config.{key} must be a name, got {printable(str(config[key])[:40])}")
+            named["model"].add(config.get("model"))
+            named["hardware"].add(config.get("hardware"))
+            # An engine profile file's run names the profile and the engine whose rules it kept.
+            engine = config.get("engine_base") or config.get("engine")
+            if engine is not None and engine not in ENGINES and not args.engine:
+                raise UserError(f"report {path} ran engine {printable(engine[:60])!r}, which has no profile here; "
+                                f"pass --engine ({', '.join(ENGINES)} or a profile file)")
+            named["engine"].add(engine)
             seqs.add(config.get("max_num_seqs"))
+
+    def listed(kind: str) -> str:
+        return ", ".join(sorted(printable(str(n)[:60]) for n in named[kind]))
 
     def preset(kind: str, given: Optional[str], presets: dict, cls):
         if given:
-            return load_preset(kind, given, presets, cls)
+            chosen = load_preset(kind, given, presets, cls)
+            if named[kind] - {None, chosen.name}:
+                sys.stderr.write(f"servesim: --{kind} {chosen.name}, but the reports ran {listed(kind)}: the fit is of "
+                                 f"these runs priced as {chosen.name}\n")
+            return chosen
         names = named[kind]
         if len(names) == 1 and next(iter(names)) in presets:
             return presets[next(iter(names))]
-        raise UserError(f"the reports do not name one {kind} preset ({', '.join(map(str, names))}); pass --{kind}")
+        raise UserError(f"the reports do not name one {kind} preset ({listed(kind)}); pass --{kind}")
 
     model = preset("model", args.model, MODELS, ModelSpec)
     shapes = len({(o.tokens, o.context, o.seqs) for o in found})
@@ -9880,8 +9917,12 @@ def cmd_calibrate(args) -> int:
         check_writable(args.out, "--out", args)
     if args.fit == "engine":
         hardware = preset("hardware", args.hardware, HARDWARE, Hardware)
+        ran = named["engine"] - {None}
+        if len(ran) > 1 and not args.engine:
+            raise UserError(f"the reports ran different engines ({listed('engine').replace('None, ', '')}): fit one "
+                            f"engine's runs, or pass --engine")
         base = read_engine_profile(args.engine) if args.engine and args.engine not in ENGINES else \
-            ENGINES[args.engine or next((e for e in named["engine"] if e in ENGINES), "vllm")]
+            ENGINES[args.engine or next(iter(ran), "vllm")]
         if args.async_scheduling is not None:
             base = replace(base, overlap=args.async_scheduling)
         most = max((n for n in seqs if isinstance(n, int) and not isinstance(n, bool) and n > 0), default=256)
@@ -10189,7 +10230,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with its error.")
     p.add_argument("run", metavar="RUN", help="the measured run: a directory, a .jsonl or a .json report")
     add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["recorded"]], overrides=True)
-    add_settings(p, ["cost_model", "goodput", "price_per_hour"])
+    add_settings(p, ["cost_model", "engine", "async_scheduling", "goodput", "price_per_hour"])
     p.add_argument("--timeline", metavar="FILE",
                    help="write the simulated run's per-second stats as CSV in the shape vLLM logs them (t, "
                         "prompt_throughput, gen_throughput, running, waiting, kv_cache_pct), to lay over the real one "

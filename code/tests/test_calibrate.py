@@ -155,7 +155,8 @@ class EngineFit(unittest.TestCase):
             measured = json.load(f)
         self.assertAlmostEqual(rerun["median_tpot_ms"] / measured["median_tpot_ms"], 1, delta=0.03)
         self.assertEqual(rerun["config"]["cost_model"], "kernels")
-        self.assertEqual(rerun["config"]["engine"], "vllm-h100-sxm-80gb-calibrated (vllm's rules)")
+        self.assertEqual((rerun["config"]["engine"], rerun["config"]["engine_base"]),
+                         ("vllm-h100-sxm-80gb-calibrated", "vllm"))
 
     def test_with_async_scheduling_cpu_costs_no_step_shows_keep_the_engines_values_and_say_so(self):
         reports = self.reports(self.profile("slower", kernel_scale=1.5))
@@ -175,7 +176,9 @@ class EngineFit(unittest.TestCase):
                  ({"step_cpu_ms": "fast"}, "field 'step_cpu_ms' must be a number"),
                  ({"overlap": "yes"}, "field 'overlap' (async scheduling) must be true or false"),
                  ({"base": "tgi"}, "field 'base' must be one of vllm, sglang, trtllm, llamacpp"),
-                 ({"speed": 1}, "unknown fields speed")]
+                 ({"speed": 1}, "unknown fields speed"),
+                 ({"base": ["vllm"]}, "field 'base' must be one of"),
+                 ({"kernel_scale": 10**400}, "field 'kernel_scale' must be a number from 0.1 to 10")]
         for change, message in cases:
             path = self.profile("bad", **change)
             code, _, err = run_cli("simulate", "--engine", path, "--requests", 2)
@@ -193,6 +196,56 @@ class EngineFit(unittest.TestCase):
         code, _, err = run_cli("calibrate", self.path("short.json"), "--engine", "vllm")
         self.assertEqual(code, 2)
         self.assertIn("add --fit engine", err)
+
+
+class EngineFitInputs(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def report(self, clients, requests, *engine):
+        code, out, err = run_cli("simulate", *ENGINE_SHAPE, *engine, "--concurrency", clients, "--requests", requests,
+                                 "--json")
+        self.assertEqual(code, 0, err)
+        path = os.path.join(self.tmp.name, f"{'-'.join(engine) or 'vllm'}-c{clients}.json")
+        with open(path, "w") as f:
+            f.write(out)
+        return path
+
+    def test_runs_of_different_engines_are_refused_unless_one_is_named(self):
+        reports = [self.report(1, 2, "--engine", "trtllm"), self.report(8, 16, "--engine", "sglang"),
+                   self.report(64, 128)]
+        code, _, err = run_cli("calibrate", *reports, "--fit", "engine")
+        self.assertEqual(code, 2)
+        self.assertIn("the reports ran different engines (sglang, trtllm)", err)
+
+    def test_the_batch_is_never_more_than_the_requests(self):
+        with open(self.report(64, 16)) as f:
+            found = main.observations(json.load(f), "c64")
+        self.assertEqual(found[0].seqs, 16)
+
+    def test_a_blank_name_is_refused_before_fitting(self):
+        code, _, err = run_cli("calibrate", self.report(1, 2), "--fit", "engine", "--name", "  ")
+        self.assertEqual(code, 2)
+        self.assertIn("--name must be a name of 1 to 200 characters", err)
+
+    def test_compare_takes_an_engine_profile_and_names_it(self):
+        path = os.path.join(self.tmp.name, "run.json")
+        code, out, err = run_cli("simulate", *ENGINE_SHAPE, "--rate", 4, "--requests", 20, "--detailed")
+        with open(path, "w") as f:
+            f.write(out)
+        profile = os.path.join(self.tmp.name, "mine.json")
+        with open(profile, "w") as f:
+            json.dump({"name": "mine", "base": "vllm", "step_cpu_ms": 0.4, "seq_cpu_ms": 0.0011, "overlap": True,
+                       "kernel_scale": 2.0}, f)
+        code, out, err = run_cli("compare", path, "--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b",
+                                 "--engine", profile, "--json")
+        self.assertEqual(code, 0, err)
+        compared = json.loads(out)
+        self.assertIn("kernels cost model", compared["title"])
+        self.assertIn("engine mine (vllm's rules)", compared["title"])
+        # Kernels priced twice as slow as the run that was measured: TPOT clearly above it.
+        self.assertGreater(compared["servesim"]["median_tpot_ms"], 1.5 * compared["measured"]["median_tpot_ms"])
 
 
 class BadReports(unittest.TestCase):

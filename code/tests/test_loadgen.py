@@ -264,10 +264,21 @@ class ServerMetrics(unittest.TestCase):
         self.assertIn("from vLLM vllm:cache_config_info: 32,768 KV tokens, 16-token blocks, prefix caching on", err)
         self.assertEqual(json.loads(out)["servesim"]["config"]["kv_tokens"], 32768)
 
+    def test_simulated_requests_that_fail_on_the_servers_shape_are_said_beside_the_figures(self):
+        info = 'vllm:cache_config_info{block_size="8",enable_prefix_caching="False",num_gpu_blocks="1"} 1.0\n'
+        with FakeServer(paced(tokens=4), metrics=info) as server:
+            code, r, err = loadgen(server, "--requests", 3, "--max-tokens", 4, "--simulate", "h100-sxm-80gb",
+                                   "llama-3.1-8b")
+        self.assertEqual(code, 0, err)
+        self.assertIn("3 of 3 simulated requests failed", r["side_by_side"]["title"])
+
     def test_a_cache_config_that_is_no_cache_leaves_the_shape_unknown_and_says_why(self):
         for labels in ('block_size="16",num_gpu_blocks="lots",enable_prefix_caching="True"',
                        'block_size="0",num_gpu_blocks="10",enable_prefix_caching="False"',
-                       'block_size="16",num_gpu_blocks="10"'):
+                       'block_size="16",num_gpu_blocks="10"',
+                       'block_size="16",num_gpu_blocks="2_7997",enable_prefix_caching="True"',
+                       'block_size="16",num_gpu_blocks="10",enable_prefix_caching="True"} 1.0\n'
+                       'vllm:cache_config_info{block_size="16",num_gpu_blocks="20",enable_prefix_caching="True"'):
             with FakeServer(paced(tokens=2), metrics=f"vllm:cache_config_info{{{labels}}} 1.0\n") as server:
                 code, r, err = loadgen(server, "--requests", 1, "--max-tokens", 2)
             self.assertEqual(code, 0, err)
