@@ -1361,7 +1361,7 @@ def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict
     return result
 
 
-GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el", "ttfa")
 
 
 def meets_slos(request, slos: dict) -> bool:
@@ -1370,7 +1370,9 @@ def meets_slos(request, slos: dict) -> bool:
     ttft = (request.first_token_s - request.sent_s) * 1000
     e2el = (request.last_token_s - request.sent_s) * 1000
     tpot = (e2el - ttft) / (request.output_tokens - 1) if request.output_tokens > 1 else 0.0
-    seen = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+    # A reasoning model's first answer token; without thinking it is the first token.
+    answer = request.answer_s if getattr(request, "answer_s", None) is not None else request.first_token_s
+    seen = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "ttfa": (answer - request.sent_s) * 1000}
     return all(seen[metric] <= bound for metric, bound in slos.items())
 
 
@@ -3020,7 +3022,8 @@ class RunSpec:
         default_text=f"{DEFAULT_COST_MODEL}; kernels with an --engine profile file, whose costs it prices")
     goodput: tuple = setting(
         (), "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
-        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
+        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS, ttfa:MS (time to the first "
+        "answer token of a reasoning model; ttft without thinking); reports request_goodput "
         "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
     price_per_hour: Optional[float] = setting(
         None, "--price-per-hour", real(0, 1e6), "USD an hour per GPU, in place of the hardware preset's price; "
@@ -3635,7 +3638,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
 
 
 SPREAD = ("output_throughput", "request_throughput",
-          *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p95", "p99")))
+          *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el", "ttfa") for stat in ("median", "p95", "p99")))
 
 
 def mean_report(values: list):
@@ -5738,7 +5741,8 @@ class LoadConfig:
     seed: int = setting(7, "--seed", int, "seed for prompts and arrivals", "load")
     slos: Optional[dict] = setting(
         None, "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
-        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS; reports request_goodput "
+        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS, ttfa:MS (time to the first "
+        "answer token of a reasoning model; ttft without thinking); reports request_goodput "
         "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
     timeline: bool = False               # per-second rows for --timeline and --plot
     burstiness: float = setting(
@@ -7248,7 +7252,7 @@ COMPARED = (   # label, key in a summarize() result, digits
     ("tpot p50 ms", "median_tpot_ms", 1), ("tpot p90 ms", "p90_tpot_ms", 1), ("tpot p99 ms", "p99_tpot_ms", 1),
     ("itl mean ms", "mean_itl_ms", 1), ("itl p50 ms", "median_itl_ms", 1), ("itl p99 ms", "p99_itl_ms", 1),
     ("e2e mean ms", "mean_e2el_ms", 1), ("e2e p50 ms", "median_e2el_ms", 1), ("e2e p90 ms", "p90_e2el_ms", 1),
-    ("e2e p99 ms", "p99_e2el_ms", 1),
+    ("e2e p99 ms", "p99_e2el_ms", 1), ("ttfa p50 ms", "median_ttfa_ms", 1), ("ttfa p99 ms", "p99_ttfa_ms", 1),
 )
 
 
@@ -8291,7 +8295,7 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     return [verdict, figures]
 
 
-SPREAD_SHOWN = (("ttft p95", "p95_ttft_ms", " ms"), ("tpot p95", "p95_tpot_ms", " ms"),
+SPREAD_SHOWN = (("ttft p95", "p95_ttft_ms", " ms"), ("ttfa p95", "p95_ttfa_ms", " ms"), ("tpot p95", "p95_tpot_ms", " ms"),
                 ("e2e p95", "p95_e2el_ms", " ms"), ("out tok/s", "output_throughput", ""))
 
 

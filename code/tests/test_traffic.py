@@ -415,6 +415,23 @@ class ReasoningModels(unittest.TestCase):
         self.assertEqual(json.loads(call_cli(*plain, "--slo", "ttft_p95:3000")[1])["deployments"][0]["highest_load"],
                          json.loads(call_cli(*plain, "--slo", "ttfa_p95:3000")[1])["deployments"][0]["highest_load"])
 
+    def test_goodput_seeds_and_compare_carry_ttfa(self):
+        spec = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], prompt_tokens=main.TokenRange(100, 400),
+                            output_tokens=main.TokenRange(100, 200), reasoning_tokens=main.TokenRange(50, 90),
+                            rate=4.0, requests=40, detailed=True)
+        one = main.run(spec)
+        bound = sorted(one["ttfas"])[19] * 1000        # the 20th of 40 first answers
+        counted = main.run(main.replace(spec, goodput=(("ttfa", bound),)))
+        self.assertEqual(round(counted["goodput_share"] * 40), 20)
+        # Without thinking, a ttfa bound is a ttft bound.
+        plain = main.replace(spec, reasoning_tokens=None)
+        self.assertEqual(main.run(main.replace(plain, goodput=(("ttfa", 30.0),)))["request_goodput"],
+                         main.run(main.replace(plain, goodput=(("ttft", 30.0),)))["request_goodput"])
+        seeds = main.seeded([main.run(main.replace(spec, seed=s)) for s in (1, 2)])
+        self.assertLess(seeds["seeds"]["spread"]["p95_ttfa_ms"]["min"], seeds["seeds"]["spread"]["p95_ttfa_ms"]["max"])
+        rows = main.compared_rows(one, one)
+        self.assertEqual(rows["ttfa p50 ms"]["error"], 0.0)
+
     def test_the_first_answer_never_comes_before_the_first_token(self):
         for extra in ({"disaggregate": True, "kv_link_gbs": 1.0}, {"data_parallel_size": 2},
                       {"speculative_tokens": 3}):
