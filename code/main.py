@@ -1868,6 +1868,7 @@ class Offloaded:
         super().__init__(*args, **kwargs)
         self.pool, self.host = TieredPool(self.pool.num_blocks, host), host
         self.deliver: Optional[Callable] = None     # the engine's: a loaded request comes back by its inbox
+        self.looked_up: Optional[tuple] = None      # (the head, its HBM hits) as admit last looked them up
 
     def add(self, request: Request) -> None:
         # Back from its load: it keeps its place at the head of the queue, as vLLM's request waiting
@@ -1884,16 +1885,26 @@ class Offloaded:
         size = self.config.block_size
         while self.waiting and self.waiting[0].computed == 0:
             request = self.waiting[0]
-            hbm = len(self.cache_hits(request))
-            more = self.host.found(block_key(request, i, size) for i in range(hbm, (request.length - 1) // size))
+            hits = self.cache_hits(request)
+            more = self.host.found(block_key(request, i, size) for i in range(len(hits), (request.length - 1) // size))
             if not more:
+                # The core admits this head next, before the pool changes: its lookup is this one.
+                self.looked_up = (request, hits)
                 break
             self.waiting.popleft()
-            request.computed = (hbm + more) * size
+            request.computed = (len(hits) + more) * size
             if request.queue_s is None:       # counted once a request, as the pool counts its lookups
                 self.host.hit_tokens += more * size
             self.deliver(self.host.load(more, now), request)
         super().admit(now, budget, batch)
+        self.looked_up = None
+
+    def cache_hits(self, request: Request) -> list[int]:
+        seen = self.looked_up
+        if seen and seen[0] is request:
+            self.looked_up = None
+            return seen[1]
+        return super().cache_hits(request)
 
 
 def host_tier_report(tiers: list[HostTier], span: float, block_size: int, queries: int) -> dict:
