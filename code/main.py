@@ -2043,9 +2043,13 @@ class Replicas:
     a prefill engine handing its requests to a decode engine (no router: every request goes to
     the first). Whatever comes first, an arrival or any engine's next step, happens next."""
 
-    def __init__(self, engines: list[Engine], router: Optional[Router] = None):
+    def __init__(self, engines: list[Engine], router: Optional[Router] = None, apart: bool = False):
         self.engines, self.router = engines, router
         self.current = engines[0]
+        # Replicas behind a router touch each other only where a request is routed. When no
+        # request's end sends another (open loop, no conversations), each may run on alone to the
+        # next arrival: it is then where the interleaved clock would have put it.
+        self.apart = apart and router is not None
 
     def deliver(self, at: float, request: Request, now: bool = False) -> None:
         if not self.router:
@@ -2072,7 +2076,8 @@ class Replicas:
     def advance(self, until: float) -> None:
         """The engine that moved last goes on until an arrival or another engine may reach it."""
         engine = self.current
-        engine.advance(min(until, self.arrival(), *(e.next_event() for e in self.engines if e is not engine)))
+        others = () if self.apart else (e.next_event() for e in self.engines if e is not engine)
+        engine.advance(min(until, self.arrival(), *others))
 
     @property
     def clock(self) -> float:
@@ -3549,8 +3554,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     spans = schedule.spans(scale_up_delay(spec)) if schedule else None
     router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
     together = router and lockstep(spec.data_parallel_size, spec.model, engine_profile(spec))
-    server = engines[0] if len(engines) == 1 else (Lockstep if together else Replicas)(engines, router)
     requests = make_requests(spec, progress)
+    apart = not spec.clients() and not any(r.next_turn for r in requests)
+    server = engines[0] if len(engines) == 1 else (Lockstep if together else Replicas)(engines, router, apart)
     # The first --warmup requests sent warm the cache and fill the batch; they are not measured.
     sent_first = sorted(requests, key=operator.attrgetter("sent_s")) if spec.trace else requests
     for request in sent_first[:spec.warmup]:
