@@ -1370,8 +1370,10 @@ def meets_slos(request, slos: dict) -> bool:
     ttft = (request.first_token_s - request.sent_s) * 1000
     e2el = (request.last_token_s - request.sent_s) * 1000
     tpot = (e2el - ttft) / (request.output_tokens - 1) if request.output_tokens > 1 else 0.0
-    # A reasoning model's first answer token; without thinking it is the first token.
-    answer = request.answer_s if getattr(request, "answer_s", None) is not None else request.first_token_s
+    # A reasoning model's first answer token; without thinking it is the first token, and a
+    # request that thought and never answered has not met any ttfa bound.
+    answer = request.answer_s if getattr(request, "answer_s", None) is not None else \
+        math.inf if getattr(request, "reasoning_tokens", 0) else request.first_token_s
     seen = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "ttfa": (answer - request.sent_s) * 1000}
     return all(seen[metric] <= bound for metric, bound in slos.items())
 
@@ -1439,8 +1441,8 @@ class EngineProfile:
     kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
     base: str = ""            # a profile file's: the engine whose rules, graphs and defaults it keeps
 
-    # The four numbers a profile file (calibrate --fit engine) sets; the rest is the base engine's.
-    FITTED = ("step_cpu_ms", "seq_cpu_ms", "overlap", "kernel_scale")
+    # What a profile file (calibrate --fit engine writes one) sets; the rest is the base engine's.
+    FILE_FIELDS = ("step_cpu_ms", "seq_cpu_ms", "overlap", "kernel_scale")
 
 
 def vllm_graphs(max_num_seqs: int) -> list[int]:
@@ -2208,7 +2210,8 @@ class Lockstep(Replicas):
             if own is not None:
                 engine.end_step(batch, duration)
         for engine in self.engines:       # the ranks with nothing to run ran an empty pass
-            engine.clock = start + duration
+            if engine.clock < start + duration:
+                engine.clock = start + duration
 
 
 # Pipeline parallelism (vLLM's --pipeline-parallel-size N): the layers split into N stages, each on
@@ -3553,7 +3556,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
             engine.timeline = {}
     spans = schedule.spans(scale_up_delay(spec)) if schedule else None
     router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
-    together = router and lockstep(spec.data_parallel_size, spec.model, engine_profile(spec))
+    # Replicas a schedule adds and lets go are separate servers, not one deployment's DP ranks.
+    together = router and not schedule and lockstep(spec.data_parallel_size, spec.model, engine_profile(spec))
     requests = make_requests(spec, progress)
     apart = not spec.clients() and not any(r.next_turn for r in requests)
     server = engines[0] if len(engines) == 1 else (Lockstep if together else Replicas)(engines, router, apart)
@@ -3622,7 +3626,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
         "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
-        "engine_base": engine_profile(spec).base or None,
+        "engine_base": engine_profile(spec).base or None, "async_scheduling": engine_profile(spec).overlap,
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
@@ -4411,6 +4415,8 @@ def search_fingerprint(spec: RunSpec, points: list[dict], probing: Probing) -> s
     def plain(o):
         return asdict(o) if is_dataclass(o) else repr(o)
     settings = {f.name: getattr(spec, f.name) for f in fields(spec) if f.metadata}
+    if spec.profile:          # two profile files of one name are two engines
+        settings["profile"] = {k: getattr(spec.profile, k) for k in ("name", *EngineProfile.FILE_FIELDS)}
     text = json.dumps({"spec": settings, "points": points, "probing": asdict(probing)}, default=plain, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -4728,8 +4734,8 @@ def read_engine_profile(path: str) -> EngineProfile:
     where = f"engine profile {path}"
     data = parse_json(read_text(path, "engine profile"), where, "expected the JSON calibrate --fit engine writes")
     if not isinstance(data, dict):
-        raise UserError(f"{where}: expected a JSON object with name, base, {', '.join(EngineProfile.FITTED)}")
-    known = ("name", "base", *EngineProfile.FITTED, "source")
+        raise UserError(f"{where}: expected a JSON object with name, base, {', '.join(EngineProfile.FILE_FIELDS)}")
+    known = ("name", "base", *EngineProfile.FILE_FIELDS, "source")
     unknown = sorted(set(data) - set(known))
     missing = [k for k in known if k != "source" and k not in data]
     if unknown or missing:
@@ -4750,12 +4756,12 @@ def read_engine_profile(path: str) -> EngineProfile:
             raise UserError(f"{where}: field {key!r} must be a number from {low:g} to {high:g} ({note}), "
                             f"got {printable(str(v)[:40])}")
     return replace(ENGINES[data["base"]], name=printable(data["name"][:200]), base=data["base"],
-                   **{k: data[k] for k in EngineProfile.FITTED})
+                   **{k: data[k] for k in EngineProfile.FILE_FIELDS})
 
 
 def engine_profile_json(profile: EngineProfile, source: str) -> dict:
     return {"name": profile.name, "base": profile.base or profile.name,
-            **{k: getattr(profile, k) for k in EngineProfile.FITTED}, "source": source}
+            **{k: getattr(profile, k) for k in EngineProfile.FILE_FIELDS}, "source": source}
 
 
 def shape_params(model: ModelSpec) -> float:
@@ -4964,6 +4970,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                 raise UserError(f"{kind} {name}: server.shape.{key} must be a whole number from {low:,} to {high:,}, "
                                 f"got {str(value)[:40]}")
             settings[key] = value
+        if "block_size" in shape:     # vLLM's: its block count, which a changed deployment drops (recorded_spec)
+            settings["num_gpu_blocks"] = settings.pop("kv_tokens") // shape["block_size"]
         if "prefix_caching" in shape:
             if not isinstance(shape["prefix_caching"], bool):
                 raise UserError(f"{kind} {name}: server.shape.prefix_caching must be true or false, "
@@ -7195,9 +7203,16 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
 # and is named, as calibrate does for the hardware. There is no other prior.
 
 def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: Hardware, base: EngineProfile,
-                     max_num_seqs: int, name: str) -> tuple[EngineProfile, list[float], list[str]]:
+                     max_num_seqs: int, name: str) -> tuple[EngineProfile, list[float], dict[str, str]]:
     """The base engine with kernel_scale, step_cpu_ms and seq_cpu_ms fitted to the observed steps by
-    relative error; returns the profile, each observation's error, and the figures kept at the base's."""
+    relative error; returns the profile, each observation's error, and the figures kept at the
+    base's, each with why."""
+    if all(o.tokens == o.seqs for o in found):
+        # Decode steps' kernels (weights, then each sequence's KV) grow nearly as a line in the batch,
+        # as the CPU costs do: only a prefill tells the kernel scale from them.
+        raise UserError("calibrate --fit engine needs a one-client run among the reports: its TTFT is a prefill "
+                        "step, the one step whose kernels the CPU costs cannot stand in for")
+
     def priced(profile: EngineProfile, o: StepObservation) -> float:
         return cost_model("kernels", hardware, model, None, profile, max_num_seqs).step_seconds(o.tokens, o.context, o.seqs, o.pairs)
     # A step is (device's own overheads) + scale x (kernels), beside or after CPU work: price both parts once.
@@ -7213,8 +7228,8 @@ def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: H
                 for o, (gpu, cpu) in zip(found, steps(*values))]
 
     start = {0: base.kernel_scale, 1: base.step_cpu_ms, 2: base.seq_cpu_ms}
-    kept: dict[int, float] = {}
-    while True:
+
+    def fit(kept: dict) -> list[float]:
         free = [i for i in range(3) if i not in kept]
 
         def full(v: list[float]) -> list[float]:
@@ -7224,20 +7239,36 @@ def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: H
                     kept.get(2, given.get(2, 0.0) ** 2)]
 
         guess = [math.log(start[0]), math.sqrt(max(start[1], 0.01)), math.sqrt(max(start[2], 1e-4))]
-        values = full(nelder_mead(lambda v: sum(e * e for e in errors(full(v))), [guess[i] for i in free], step=0.3))
+        return full(nelder_mead(lambda v: sum(e * e for e in errors(full(v))), [guess[i] for i in free], step=0.3))
+
+    worst = lambda values: max(abs(e) for e in errors(values))
+    kept: dict[int, float] = {}
+    why: dict[int, str] = {}
+    while True:
+        values = fit(kept)
         bound = steps(*values)
         cpu_seen = any(cpu >= gpu for gpu, cpu in bound) or not base.overlap
         gpu_seen = any(gpu > cpu for gpu, cpu in bound) or not base.overlap
         counts = {o.seqs for o, (gpu, cpu) in zip(found, bound) if cpu >= gpu or not base.overlap}
-        unmeasured = {i: start[i] for i, seen in ((0, gpu_seen), (1, cpu_seen), (2, cpu_seen and len(counts) > 1))
-                      if not seen and i not in kept}
+        unseen = {0: None if gpu_seen else "no measured step was GPU-bound",
+                  1: None if cpu_seen else "no measured step was CPU-bound",
+                  2: None if cpu_seen and len(counts) > 1 else "no measured step was CPU-bound" if not cpu_seen
+                  else "the CPU-bound steps all ran one batch size"}
+        unmeasured = {i: reason for i, reason in unseen.items() if reason and i not in kept}
         if not unmeasured:
-            values = [float(f"{v:.4g}") for v in values]
-            profile = replace(base, name=name, base=base.base or base.name,
-                              kernel_scale=values[0], step_cpu_ms=values[1], seq_cpu_ms=values[2])
-            names = {0: "kernel_scale", 1: "step_cpu_ms", 2: "seq_cpu_ms"}
-            return profile, errors(values), [names[i] for i in sorted(kept)]
-        kept.update(unmeasured)
+            break
+        kept.update({i: start[i] for i in unmeasured})
+        why.update(unmeasured)
+    # A CPU cost the runs cannot tell from the other figures (the base's value fits them as well, to
+    # half a point) is the base's: the runs did not measure it.
+    for i in (2, 1):
+        if i not in kept and worst(alternative := fit({**kept, i: start[i]})) <= worst(values) + 0.005:
+            kept[i], values, why[i] = start[i], alternative, "the runs fit as well with it"
+    values = [float(f"{v:.4g}") for v in values]
+    profile = replace(base, name=name, base=base.base or base.name,
+                      kernel_scale=values[0], step_cpu_ms=values[1], seq_cpu_ms=values[2])
+    names = {0: "kernel_scale", 1: "step_cpu_ms", 2: "seq_cpu_ms"}
+    return profile, errors(values), {names[i]: why[i] for i in sorted(kept)}
 
 
 def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bool:
@@ -7322,13 +7353,16 @@ def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
     changed = [k for k in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "block_size",
                            "gpu_memory_utilization") if k in given and given[k] != found.get(k)]
     settings.update(given)
-    if "kv_tokens" in given or ((changed or "hardware" in given) and "num_gpu_blocks" not in given):
+    # (A device given where the run recorded none, as a loadgen report, states it; it changes nothing.)
+    moved = changed or ("hardware" in given and found.get("device_name"))
+    if "kv_tokens" in given or (moved and "num_gpu_blocks" not in given):
         settings.pop("num_gpu_blocks", None)
     if found.get("enable_expert_parallel") and settings.get("tensor_parallel_size", 1) > 1 and \
             "enable_expert_parallel" not in given:
         raise UserError(f"run {measured.name} recorded --enable-expert-parallel, which servesim models with -tp 1; "
                         f"add --enable-expert-parallel off to try tensor parallelism instead")
-    spec = RunSpec(**settings)
+    # An --engine given takes its own defaults for the knobs the run did not record either.
+    spec = engine_defaults(RunSpec(**settings), settings)
     check_spec(spec)
     return spec
 
@@ -9891,7 +9925,7 @@ def cmd_calibrate(args) -> int:
                         "prices on the roofline, which has no engine costs: add --fit engine, or drop them")
     if args.name is not None and (not args.name.strip() or len(args.name) > 200):
         raise UserError(f"--name must be a name of 1 to 200 characters, got {printable(args.name[:40])!r}")
-    found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set()}, set()
+    found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set(), "async": set()}, set()
     for path in args.reports:
         loaded = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --json or simulate --json output")
         if loaded == []:
@@ -9901,17 +9935,18 @@ def cmd_calibrate(args) -> int:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
             config = report.get("config") or {}
-            for key in (*named, "engine_base"):
+            for key in ("model", "hardware", "engine", "engine_base"):
                 if config.get(key) is not None and not isinstance(config[key], str):
                     raise UserError(f"report {path}: config.{key} must be a name, got {printable(str(config[key])[:40])}")
             named["model"].add(config.get("model"))
             named["hardware"].add(config.get("hardware"))
             # An engine profile file's run names the profile and the engine whose rules it kept.
             engine = config.get("engine_base") or config.get("engine")
-            if engine is not None and engine not in ENGINES and not args.engine:
+            if engine is not None and engine not in ENGINES and args.fit == "engine" and not args.engine:
                 raise UserError(f"report {path} ran engine {printable(engine[:60])!r}, which has no profile here; "
                                 f"pass --engine ({', '.join(ENGINES)} or a profile file)")
             named["engine"].add(engine)
+            named["async"].add(config.get("async_scheduling") if isinstance(config.get("async_scheduling"), bool) else None)
             seqs.add(config.get("max_num_seqs"))
 
     def listed(kind: str) -> str:
@@ -9940,12 +9975,15 @@ def cmd_calibrate(args) -> int:
         hardware = preset("hardware", args.hardware, HARDWARE, Hardware)
         ran = named["engine"] - {None}
         if len(ran) > 1 and not args.engine:
-            raise UserError(f"the reports ran different engines ({listed('engine').replace('None, ', '')}): fit one "
-                            f"engine's runs, or pass --engine")
+            raise UserError(f"the reports ran different engines ({', '.join(sorted(ran))}): fit one engine's runs, "
+                            f"or pass --engine")
         base = read_engine_profile(args.engine) if args.engine and args.engine not in ENGINES else \
             ENGINES[args.engine or next(iter(ran), "vllm")]
-        if args.async_scheduling is not None:
-            base = replace(base, overlap=args.async_scheduling)
+        overlap = args.async_scheduling
+        if overlap is None and len(named["async"]) == 1 and None not in named["async"]:
+            overlap = next(iter(named["async"]))       # as the runs recorded it
+        if overlap is not None:
+            base = replace(base, overlap=overlap)
         most = max((n for n in seqs if isinstance(n, int) and not isinstance(n, bool) and n > 0), default=256)
         fitted, errors, kept = calibrate_engine(found, model, hardware, base, most,
                                                 args.name or f"{base.name}-{hardware.name}-calibrated")
@@ -9966,15 +10004,12 @@ def cmd_calibrate(args) -> int:
         source = (f"calibrate --fit engine on {', '.join(os.path.basename(p) for p in args.reports)}: "
                   f"{hardware.name}, {model.name}, kernel cost model; fit: {fit}")
         written = engine_profile_json(fitted, printable(source[:2000]))
-        why = {"kernel_scale": "no measured step was GPU-bound",
-               "step_cpu_ms": "no measured step was CPU-bound",
-               "seq_cpu_ms": "no two measured CPU-bound steps ran different numbers of sequences"}
         figures = [f"kernel scale {fitted.kernel_scale:.3g}", f"{fitted.step_cpu_ms:.3g} ms per step",
                    f"{fitted.seq_cpu_ms:.3g} ms per sequence"]
         for i, key in enumerate(("kernel_scale", "step_cpu_ms", "seq_cpu_ms")):
             if key in kept:
-                figures[i] += f" ({base.name}'s, kept: {why[key]})"
-        summary = (f"calibrated engine {fitted.name} ({written['base']}'s rules, async scheduling "
+                figures[i] += f" ({base.name}'s, kept: {kept[key]})"
+        summary = (f"calibrated engine {printable(fitted.name)} ({written['base']}'s rules, async scheduling "
                    f"{'on' if fitted.overlap else 'off'}) on {hardware.name} for {model.name}: {', '.join(figures)}; "
                    f"fit: {fit}")
     else:
@@ -9985,7 +10020,7 @@ def cmd_calibrate(args) -> int:
             if key in kept:
                 figures[i] += f" ({base.name}'s, kept: {why[key]})"
         knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
-        summary = (f"calibrated {fitted.name} for {model.name}: {', '.join(figures)}, {fitted.step_overhead_ms:.2f} ms per step "
+        summary = (f"calibrated {printable(fitted.name)} for {model.name}: {', '.join(figures)}, {fitted.step_overhead_ms:.2f} ms per step "
                    f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
     if args.out:
         write_file(args.out, json.dumps(written, indent=2) + "\n")
@@ -10296,7 +10331,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--fit engine: the engine whose rules, CUDA graphs and async scheduling the profile keeps and "
                         "whose costs a figure no measured step depends on keeps (default: the one the reports name, "
                         "else vllm)")
-    p.add_argument("--async-scheduling", type=on_off, metavar="on|off",
+    p.add_argument("--async-scheduling", type=on_off, metavar="on|off", nargs="?", const=True,
                    help="--fit engine: whether the measured server overlapped its CPU work with the GPU's (vLLM's "
                         "flag, on from 0.14): a step then costs the slower of the two, else their sum (default: "
                         "the engine's)")

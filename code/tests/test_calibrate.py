@@ -224,6 +224,20 @@ class EngineFitInputs(unittest.TestCase):
             found = main.observations(json.load(f), "c64")
         self.assertEqual(found[0].seqs, 16)
 
+    def test_without_a_prefill_the_kernel_scale_cannot_be_told_from_cpu_costs(self):
+        reports = [self.report(c, 4 * c) for c in (2, 8, 32)]
+        code, _, err = run_cli("calibrate", *reports, "--fit", "engine")
+        self.assertEqual(code, 2)
+        self.assertIn("needs a one-client run", err)
+
+    def test_a_run_records_its_async_scheduling_and_the_fit_takes_it(self):
+        reports = [self.report(c, 2 * c, "--async-scheduling", "off") for c in (1, 8, 64)]
+        with open(reports[0]) as f:
+            self.assertIs(json.load(f)["config"]["async_scheduling"], False)
+        code, _, err = run_cli("calibrate", *reports, "--fit", "engine")
+        self.assertEqual(code, 0, err)
+        self.assertIn("async scheduling off", err)
+
     def test_a_blank_name_is_refused_before_fitting(self):
         code, _, err = run_cli("calibrate", self.report(1, 2), "--fit", "engine", "--name", "  ")
         self.assertEqual(code, 2)

@@ -263,6 +263,15 @@ class ServerMetrics(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("from vLLM vllm:cache_config_info: 32,768 KV tokens, 16-token blocks, prefix caching on", err)
         self.assertEqual(json.loads(out)["servesim"]["config"]["kv_tokens"], 32768)
+        # The cache was that deployment's: a what-if on another drops it.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.json")
+            with open(path, "w") as f:
+                json.dump(r, f)
+            code, out, err = call_cli("compare", path, "--hardware", "l4-24gb", "--model", "llama-3.1-8b",
+                                      "--gpu-memory-utilization", "0.8", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertNotEqual(json.loads(out)["servesim"]["config"]["kv_tokens"], 32768)
 
     def test_simulated_requests_that_fail_on_the_servers_shape_are_said_beside_the_figures(self):
         info = 'vllm:cache_config_info{block_size="8",enable_prefix_caching="False",num_gpu_blocks="1"} 1.0\n'

@@ -279,6 +279,21 @@ class Lockstep(unittest.TestCase):
         self.assertLess(apart_done[1].first_token_s, apart_done[0].first_token_s)
         self.assertGreaterEqual(done[1].first_token_s, done[0].first_token_s)
 
+    def test_replicas_a_schedule_adds_are_separate_servers(self):
+        rows = [(0.0, 2048, 2, ()), (0.001, 16, 2, ()), (0.002, 16, 2, ())]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "schedule.csv")
+            with open(path, "w") as f:
+                f.write("time_s,replicas\n0,2\n")
+            schedule = main.read_replica_schedule(path)
+        spec = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"], router="round-robin", replica_schedule=schedule,
+                            trace=main.Trace("three", tuple(rows)), detailed=True)
+        done = []
+        main.run(spec, requests_out=done)
+        first = {r.id: r.first_token_s for r in done}
+        # Apart: the short prompt on the other replica does not wait for the long one's step.
+        self.assertLess(first[1], first[0])
+
     def test_dense_models_and_other_engines_step_apart(self):
         moe, vllm = main.MODELS["qwen3-30b-a3b"], main.ENGINES["vllm"]
         self.assertTrue(main.lockstep(2, moe, vllm))

@@ -423,10 +423,17 @@ class ReasoningModels(unittest.TestCase):
         bound = sorted(one["ttfas"])[19] * 1000        # the 20th of 40 first answers
         counted = main.run(main.replace(spec, goodput=(("ttfa", bound),)))
         self.assertEqual(round(counted["goodput_share"] * 40), 20)
-        # Without thinking, a ttfa bound is a ttft bound.
+        # Without thinking, a ttfa bound is a ttft bound (one that half the requests meet).
         plain = main.replace(spec, reasoning_tokens=None)
-        self.assertEqual(main.run(main.replace(plain, goodput=(("ttfa", 30.0),)))["request_goodput"],
-                         main.run(main.replace(plain, goodput=(("ttft", 30.0),)))["request_goodput"])
+        median = main.run(plain)["median_ttft_ms"]
+        by_ttfa = main.run(main.replace(plain, goodput=(("ttfa", median),)))["goodput_share"]
+        self.assertTrue(0.3 < by_ttfa < 0.7, by_ttfa)
+        self.assertEqual(by_ttfa, main.run(main.replace(plain, goodput=(("ttft", median),)))["goodput_share"])
+        # A request that thought and never answered has met no ttfa bound.
+        cut = main.Request(0, 100, 50, 0.0, reasoning_tokens=40)
+        cut.first_token_s, cut.last_token_s = 0.1, 0.5
+        self.assertFalse(main.meets_slos(cut, {"ttfa": 1e9}))
+        self.assertTrue(main.meets_slos(cut, {"ttft": 1e9}))
         seeds = main.seeded([main.run(main.replace(spec, seed=s)) for s in (1, 2)])
         self.assertLess(seeds["seeds"]["spread"]["p95_ttfa_ms"]["min"], seeds["seeds"]["spread"]["p95_ttfa_ms"]["max"])
         rows = main.compared_rows(one, one)
