@@ -3208,7 +3208,11 @@ def check_spec(spec: RunSpec) -> None:
                             if not spec.trace else f"--warmup {spec.warmup:,} leaves no request of trace "
                             f"{spec.trace.name} ({len(spec.trace.rows):,} requests) to measure")
     if spec.batching == "static" and (spec.prefix_caching or spec.kv_layout == "slots"):
-        raise UserError("--batching static runs its own padded batch: drop --prefix-caching and --kv-layout slots")
+        on = [flag for flag, given in (("--prefix-caching off", spec.prefix_caching),
+                                       ("--kv-layout paged", spec.kv_layout == "slots")) if given]
+        engine = f" (--engine {spec.engine} turns prefix caching on)" if spec.engine and spec.prefix_caching else ""
+        raise UserError(f"--batching static runs its own padded batch, with no prefix cache and no slots{engine}: "
+                        f"add {' and '.join(on)}")
     if spec.kv_layout == "slots" and spec.prefix_caching:
         raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
                         "drop --prefix-caching")
