@@ -4527,6 +4527,16 @@ def search_grid(given: dict) -> tuple[list[str], list[dict]]:
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*(given[a] for a in axes))]
 
 
+def applicable(spec: RunSpec, points: list[dict]) -> tuple[list[dict], int]:
+    """The grid's deployments less those where expert parallelism, tried on and off, has one GPU to
+    spread the experts over (the same deployment as with it off); and how many were left out."""
+    if not any("enable_expert_parallel" in p for p in points):
+        return points, 0
+    single = lambda d: d.enable_expert_parallel and d.data_parallel_size == 1 and d.tensor_parallel_size == 1
+    kept = [p for p in points if not single(sweep_point(spec, p))]
+    return (kept, len(points) - len(kept)) if kept else (points, 0)
+
+
 def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
                   sources: Optional[dict] = None, stopped: bool = False) -> dict:
     """What a search found, as one report: each probe with the simulate command that reruns it,
@@ -9683,6 +9693,10 @@ def cmd_search(args) -> int:
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
+    points, alone = applicable(spec, points)
+    if alone:
+        sys.stderr.write(f"servesim: {alone} deployment{'s' * (alone != 1)} with --enable-expert-parallel on and one "
+                         f"GPU left out: the experts have nowhere to spread (the same as with it off)\n")
     for point in points:       # a bad combination is refused before anything runs, with a load on it
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(replace(spec, **at_load(spec, by, 1)), point))

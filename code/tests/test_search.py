@@ -48,6 +48,16 @@ def close(a, b):
     return abs(a - b) <= 1e-5 * max(1.0, abs(b))
 
 
+
+class ExpertParallelGrid(unittest.TestCase):
+    def test_expert_parallel_on_one_gpu_is_left_out_of_a_grid_that_tries_it_on_and_off(self):
+        spec = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"])
+        points = [{"data_parallel_size": dp, "enable_expert_parallel": ep} for dp in (2, 1) for ep in (True, False)]
+        kept, left_out = main.applicable(spec, points)
+        self.assertEqual(left_out, 1)
+        self.assertNotIn({"data_parallel_size": 1, "enable_expert_parallel": True}, kept)
+        self.assertEqual(main.applicable(spec, [{"data_parallel_size": 2}]), ([{"data_parallel_size": 2}], 0))
+
 class Goodput(unittest.TestCase):
     def test_a_request_is_good_when_every_bound_holds_with_vllms_tpot(self):
         # TTFT 100 ms, E2E 1,100 ms, 11 tokens: TPOT (1,100 - 100) / 10 = 100 ms.
