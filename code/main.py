@@ -7109,11 +7109,13 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     prompt = report["total_input_tokens"] / done
     output = report["total_output_tokens"] / done
     config = report.get("config") or {}
-    clients = config.get("max_concurrency")
+    # servesim's reports keep it under config; vllm bench serve --save-result at the top level.
+    clients = config.get("max_concurrency") or report.get("max_concurrency")
     if not clients:
-        raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs")
+        raise UserError(f"{name}: not a closed-loop run (no max_concurrency); calibrate on --concurrency runs "
+                        f"(vllm bench serve: --max-concurrency)")
     if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
-        raise UserError(f"{name}: config.max_concurrency must be a whole number of clients, got {clients!r}")
+        raise UserError(f"{name}: max_concurrency must be a whole number of clients, got {str(clients)[:40]!r}")
     # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
     measured, seqs = (report.get("server") or {}).get("mean_batch_per_decode"), config.get("max_num_seqs")
     for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
@@ -9956,7 +9958,9 @@ def cmd_calibrate(args) -> int:
             for key in ("model", "hardware", "engine", "engine_base"):
                 if config.get(key) is not None and not isinstance(config[key], str):
                     raise UserError(f"report {path}: config.{key} must be a name, got {printable(str(config[key])[:40])}")
-            named["model"].add(config.get("model"))
+            # vllm bench serve names the model by its Hugging Face id.
+            hub = report.get("model_id")
+            named["model"].add(config.get("model") or (KNOWN_MODELS.get(hub.lower(), hub) if isinstance(hub, str) else None))
             named["hardware"].add(config.get("hardware"))
             # An engine profile file's run names the profile and the engine whose rules it kept.
             engine = config.get("engine_base") or config.get("engine")
@@ -10330,7 +10334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="fit the device's figures or the serving engine's costs to measured runs",
                        description="Fit effective bandwidth, TFLOPS, step overhead and per-sequence overhead (--fit "
                                    "hardware), or an engine's kernel scale and CPU work (--fit engine), to loadgen --json "
-                                   "(or simulate --json) reports: the TPOT of a concurrency-1 run (memory-bound), the "
+                                   "reports (or simulate --json, or vllm bench serve --save-result results of "
+                                   "--max-concurrency runs): the TPOT of a concurrency-1 run (memory-bound), the "
                                    "TPOT of a run near the knee, and the TTFT of a concurrency-1 run (a prefill). "
                                    "Writes a hardware JSON that --hardware FILE reads, or an engine profile that "
                                    "--engine FILE reads.")

@@ -238,6 +238,24 @@ class EngineFitInputs(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("async scheduling off", err)
 
+    def test_vllm_bench_serve_results_are_runs_too(self):
+        """Its --save-result JSON: the same figures, max_concurrency at the top level, the model by its hub id."""
+        benched = []
+        for path in (self.report(1, 2), self.report(8, 16), self.report(64, 128)):
+            with open(path) as f:
+                result = json.load(f)
+            config = result.pop("config")
+            for key in ("engine", "steady_state", "cost"):
+                result.pop(key, None)
+            result.update(backend="vllm", model_id="meta-llama/Llama-3.1-8B-Instruct",
+                          max_concurrency=config["max_concurrency"], num_prompts=config["num_prompts"])
+            benched.append(path + ".bench.json")
+            with open(benched[-1], "w") as f:
+                json.dump(result, f)
+        code, _, err = run_cli("calibrate", *benched, "--fit", "engine", "--hardware", "h100-sxm-80gb")
+        self.assertEqual(code, 0, err)
+        self.assertIn("for llama-3.1-8b: kernel scale 1.28", err)
+
     def test_a_blank_name_is_refused_before_fitting(self):
         code, _, err = run_cli("calibrate", self.report(1, 2), "--fit", "engine", "--name", "  ")
         self.assertEqual(code, 2)
