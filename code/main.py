@@ -1362,6 +1362,9 @@ def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict
 
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el", "ttfa")
+GOODPUT_HELP = ("count the requests that meet every bound, as vllm bench serve's flag: ttft:MS, tpot:MS (per request: "
+                "(e2e - ttft) / (output tokens - 1)), e2el:MS, ttfa:MS (time to the first answer token of a reasoning "
+                "model; ttft without thinking); reports request_goodput (good requests/s) and goodput_share")
 
 
 def meets_slos(request, slos: dict) -> bool:
@@ -3040,10 +3043,7 @@ class RunSpec:
         "efficiencies)", "plan", metavar="|".join(COST_MODELS), axis=7,
         default_text=f"{DEFAULT_COST_MODEL}; kernels with an --engine profile file, whose costs it prices")
     goodput: tuple = setting(
-        (), "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
-        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS, ttfa:MS (time to the first "
-        "answer token of a reasoning model; ttft without thinking); reports request_goodput "
-        "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
+        (), "--goodput", goodput_bound, GOODPUT_HELP, "slo", metavar="KEY:MS", default_text="off", nargs="+")
     price_per_hour: Optional[float] = setting(
         None, "--price-per-hour", real(0, 1e6), "USD an hour per GPU, in place of the hardware preset's price; "
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
@@ -4744,6 +4744,15 @@ ENGINE_FIELD_RANGES = {"step_cpu_ms": (0, 1000, "ms of CPU work a step"),
                        "kernel_scale": (0.1, 10, "a real step's kernel time over the kernel model's")}
 
 
+def engine_field_problem(values: dict) -> Optional[str]:
+    """The first of a profile's numbers that is not a number in its range, said; None if all are."""
+    for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
+        v = values[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+            return f"field {key!r} must be a number from {low:g} to {high:g} ({note}), got {printable(str(v)[:40])}"
+    return None
+
+
 def read_engine_profile(path: str) -> EngineProfile:
     where = f"engine profile {path}"
     data = parse_json(read_text(path, "engine profile"), where, "expected the JSON calibrate --fit engine writes")
@@ -4764,11 +4773,9 @@ def read_engine_profile(path: str) -> EngineProfile:
                         f"defaults the profile keeps), got {printable(str(data['base'])[:40])!r}")
     if not isinstance(data["overlap"], bool):
         raise UserError(f"{where}: field 'overlap' (async scheduling) must be true or false, got {data['overlap']!r}")
-    for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
-        v = data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-            raise UserError(f"{where}: field {key!r} must be a number from {low:g} to {high:g} ({note}), "
-                            f"got {printable(str(v)[:40])}")
+    problem = engine_field_problem(data)
+    if problem:
+        raise UserError(f"{where}: {problem}")
     return replace(ENGINES[data["base"]], name=printable(data["name"][:200]), base=data["base"],
                    **{k: data[k] for k in EngineProfile.FILE_FIELDS})
 
@@ -5779,10 +5786,7 @@ class LoadConfig:
         "used in turn", "load", metavar="FILE", default_text="generated prompts")
     seed: int = setting(7, "--seed", int, "seed for prompts and arrivals", "load")
     slos: Optional[dict] = setting(
-        None, "--goodput", goodput_bound, "count the requests that meet every bound, as vllm bench serve's flag: "
-        "ttft:MS, tpot:MS (per request: (e2e - ttft) / (output tokens - 1)), e2el:MS, ttfa:MS (time to the first "
-        "answer token of a reasoning model; ttft without thinking); reports request_goodput "
-        "(good requests/s) and goodput_share", "slo", metavar="KEY:MS", default_text="off", nargs="+")
+        None, "--goodput", goodput_bound, GOODPUT_HELP, "slo", metavar="KEY:MS", default_text="off", nargs="+")
     timeline: bool = False               # per-second rows for --timeline and --plot
     burstiness: float = setting(
         1.0, "--burstiness", real(0.001, 1000), "gaps between arrivals are gamma with shape B at the same mean rate: 1 "
@@ -6630,7 +6634,8 @@ def vllm_cache_shape(client: Http, why_not_props: str) -> tuple[dict, str]:
     if len(caches) > 1:
         return {}, f"vLLM's {CACHE_CONFIG} gives {len(caches):,} different caches: simulator defaults"
     blocks, block_size, caching = caches.pop()
-    if not (1 <= blocks <= 10**9 and 1 <= block_size <= 2**20 and blocks * block_size <= SERVER_SHAPE["kv_tokens"][1]):
+    if not (1 <= blocks <= 10**9 and SERVER_SHAPE["block_size"][0] <= block_size <= SERVER_SHAPE["block_size"][1]
+            and blocks * block_size <= SERVER_SHAPE["kv_tokens"][1]):
         return {}, client.redact(f"vLLM's {CACHE_CONFIG} reports {blocks:,} blocks of {block_size:,} tokens, not a "
                                  f"cache: simulator defaults")
     return {"kv_tokens": blocks * block_size, "block_size": block_size, "prefix_caching": caching,
@@ -7164,7 +7169,7 @@ def nelder_mead(f: Callable[[list[float]], float], start: list[float], step: flo
 
 
 def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
-              name: str) -> tuple[Hardware, list[float], list[str]]:
+              name: str) -> tuple[Hardware, list[float], dict[str, str]]:
     """Effective figures (mbu = mfu = 1) that best fit the observed step times by relative error:
     bandwidth, TFLOPS, overhead per step and overhead per sequence. A small prior keeps the
     per-sequence cost at zero unless the data needs it: a GPU fits the plain roofline, while a
@@ -7206,8 +7211,8 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
         bound = [memory_bound(fitted, model, o) for o in found]
         unmeasured = {i: preset[i] for i, seen in ((0, any(bound)), (1, not all(bound))) if not seen and i not in kept}
         if not unmeasured:
-            names = {0: "bandwidth", 1: "tflops"}
-            return fitted, errors(fitted), [names[i] for i in sorted(kept)]
+            why = {0: ("bandwidth", "no measured step was memory-bound"), 1: ("tflops", "no measured step was compute-bound")}
+            return fitted, errors(fitted), dict(why[i] for i in sorted(kept))
         kept.update(unmeasured)
 
 
@@ -10018,31 +10023,26 @@ def cmd_calibrate(args) -> int:
         raise CapacityError(f"the best fit still misses {found[worst].label} by {errors[worst]:+.0%}: these runs do not "
                             f"fit {what}; pass --hardware the device they ran on (and check --model), nothing written")
     fit = ", ".join(f"{o.label} {e:+.1%}" for o, e in zip(found, errors))
+    figures = lambda texts: ", ".join(text + (f" ({base.name}'s, kept: {kept[key]})" if key in kept else "")
+                                      for key, text in texts.items())
     if args.fit == "engine":
-        for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
-            if not low <= getattr(fitted, key) <= high:
-                raise CapacityError(f"the fit gives {key} {getattr(fitted, key):g}, outside {low:g}-{high:g} ({note}): "
-                                    f"check --hardware and --model are what the runs ran; nothing written")
+        problem = engine_field_problem(asdict(fitted))
+        if problem:
+            raise CapacityError(f"the fit is no profile: {problem}; check --hardware and --model are what the runs "
+                                f"ran; nothing written")
         source = (f"calibrate --fit engine on {', '.join(os.path.basename(p) for p in args.reports)}: "
                   f"{hardware.name}, {model.name}, kernel cost model; fit: {fit}")
         written = engine_profile_json(fitted, printable(source[:2000]))
-        figures = [f"kernel scale {fitted.kernel_scale:.3g}", f"{fitted.step_cpu_ms:.3g} ms per step",
-                   f"{fitted.seq_cpu_ms:.3g} ms per sequence"]
-        for i, key in enumerate(("kernel_scale", "step_cpu_ms", "seq_cpu_ms")):
-            if key in kept:
-                figures[i] += f" ({base.name}'s, kept: {kept[key]})"
+        shown = figures({"kernel_scale": f"kernel scale {fitted.kernel_scale:.3g}",
+                         "step_cpu_ms": f"{fitted.step_cpu_ms:.3g} ms per step",
+                         "seq_cpu_ms": f"{fitted.seq_cpu_ms:.3g} ms per sequence"})
         summary = (f"calibrated engine {printable(fitted.name)} ({written['base']}'s rules, async scheduling "
-                   f"{'on' if fitted.overlap else 'off'}) on {hardware.name} for {model.name}: {', '.join(figures)}; "
-                   f"fit: {fit}")
+                   f"{'on' if fitted.overlap else 'off'}) on {hardware.name} for {model.name}: {shown}; fit: {fit}")
     else:
         written = asdict(fitted)
-        why = {"bandwidth": "no measured step was memory-bound", "tflops": "no measured step was compute-bound"}
-        figures = [f"{fitted.bandwidth_gbs:.2f} GB/s", f"{fitted.tflops:.4g} TFLOPS"]
-        for i, key in enumerate(("bandwidth", "tflops")):
-            if key in kept:
-                figures[i] += f" ({base.name}'s, kept: {why[key]})"
+        shown = figures({"bandwidth": f"{fitted.bandwidth_gbs:.2f} GB/s", "tflops": f"{fitted.tflops:.4g} TFLOPS"})
         knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
-        summary = (f"calibrated {printable(fitted.name)} for {model.name}: {', '.join(figures)}, {fitted.step_overhead_ms:.2f} ms per step "
+        summary = (f"calibrated {printable(fitted.name)} for {model.name}: {shown}, {fitted.step_overhead_ms:.2f} ms per step "
                    f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
     if args.out:
         write_file(args.out, json.dumps(written, indent=2) + "\n")

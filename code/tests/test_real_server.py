@@ -154,14 +154,8 @@ class ServesimBesideIt(unittest.TestCase):
 
 
 class CalibrateOnARealServer(unittest.TestCase):
-    def test_calibrated_on_1_and_4_clients_it_predicts_8_within_25_percent(self):
-        out = os.path.join(state["tmp"].name, "calibrated.json")
-        code, summary, err = run_cli("calibrate", state["path1"], state["path4"], "--model", "smollm2-135m-q8_0",
-                                     "--out", out)
-        self.assertEqual(code, 0, err)
-        hardware = main.load_preset("hardware", out, main.HARDWARE, main.Hardware)
-        spec = main.RunSpec(hardware=hardware, model=main.MODELS["smollm2-135m-q8_0"], max_num_seqs=SLOTS,
-                            max_num_batched_tokens=2048, kv_tokens=CONTEXT)
+    def check_predicts_8(self, summary, spec):
+        """The 8-client run, which no fit read, replayed on `spec`: within 25% on throughput and TPOT."""
         predicted = main.simulate_measured(main.run_from_report(state[8], "c8"), spec)
         throughput = predicted["output_throughput"] / state[8]["output_throughput"] - 1
         tpot = predicted["median_tpot_ms"] / state[8]["median_tpot_ms"] - 1
@@ -170,6 +164,15 @@ class CalibrateOnARealServer(unittest.TestCase):
               f"tpot p50 {tpot:+.1%}, ttft p50 {ttft:+.1%}", file=sys.stderr)
         self.assertLess(abs(throughput), 0.25)
         self.assertLess(abs(tpot), 0.25)
+
+    def test_calibrated_on_1_and_4_clients_it_predicts_8_within_25_percent(self):
+        out = os.path.join(state["tmp"].name, "calibrated.json")
+        code, summary, err = run_cli("calibrate", state["path1"], state["path4"], "--model", "smollm2-135m-q8_0",
+                                     "--out", out)
+        self.assertEqual(code, 0, err)
+        hardware = main.load_preset("hardware", out, main.HARDWARE, main.Hardware)
+        self.check_predicts_8(summary, main.RunSpec(hardware=hardware, model=main.MODELS["smollm2-135m-q8_0"],
+                                                    max_num_seqs=SLOTS, max_num_batched_tokens=2048, kv_tokens=CONTEXT))
 
     def test_an_engine_profile_fitted_on_1_and_4_clients_predicts_8_within_25_percent(self):
         """calibrate --fit engine: llama.cpp's costs on the kernel model, the CPU preset held."""
@@ -177,18 +180,10 @@ class CalibrateOnARealServer(unittest.TestCase):
         code, summary, err = run_cli("calibrate", state["path1"], state["path4"], "--model", "smollm2-135m-q8_0",
                                      "--hardware", "cpu-4vcpu", "--fit", "engine", "--engine", "llamacpp", "--out", out)
         self.assertEqual(code, 0, err)
-        spec = main.RunSpec(hardware=main.HARDWARE["cpu-4vcpu"], model=main.MODELS["smollm2-135m-q8_0"],
-                            engine="llamacpp", profile=main.read_engine_profile(out), cost_model="kernels",
-                            max_num_seqs=SLOTS, max_num_batched_tokens=2048, kv_tokens=CONTEXT)
-        predicted = main.simulate_measured(main.run_from_report(state[8], "c8"), spec)
-        throughput = predicted["output_throughput"] / state[8]["output_throughput"] - 1
-        tpot = predicted["median_tpot_ms"] / state[8]["median_tpot_ms"] - 1
-        ttft = predicted["median_ttft_ms"] / state[8]["median_ttft_ms"] - 1
-        print(f"\n  {summary.strip()}\n  concurrency 8 predicted from 1 and 4: throughput {throughput:+.1%}, "
-              f"tpot p50 {tpot:+.1%}, ttft p50 {ttft:+.1%}", file=sys.stderr)
-        self.assertLess(abs(throughput), 0.25)
-        self.assertLess(abs(tpot), 0.25)
-
+        self.check_predicts_8(summary, main.RunSpec(
+            hardware=main.HARDWARE["cpu-4vcpu"], model=main.MODELS["smollm2-135m-q8_0"], engine="llamacpp",
+            profile=main.read_engine_profile(out), cost_model="kernels", max_num_seqs=SLOTS,
+            max_num_batched_tokens=2048, kv_tokens=CONTEXT))
 
 
 class TraceReplayOnARealServer(unittest.TestCase):
