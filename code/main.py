@@ -939,6 +939,14 @@ class Scheduler:
     def cache_hits(self, request: Request) -> list[int]:
         return self.pool.cached_prefix(request, self.config.block_size) if self.config.prefix_caching else []
 
+    # What the event engine's scheduler overrides: which running requests have their fields up
+    # to date, and bringing every one up to date so the next step is scheduled by the rule above.
+    def handled(self) -> list[Request]:
+        return self.running
+
+    def handle_each(self) -> None:
+        pass
+
 
 # ---------------------------------------------------------------------------------------------
 # Engine: steps a scheduler on a virtual clock, pricing each batch with the roofline, and
@@ -1535,16 +1543,23 @@ class NoEvict:
 
 class PrefillApart:
     """Mixed in before a scheduler class: SGLang's rule, a step prefills (running prompts' next
-    chunks, then new requests) when it can and decodes only when there is nothing to prefill."""
+    chunks, then new requests) when it can and decodes only when there is nothing to prefill.
+    A step with nothing to prefill is an ordinary one, so the event engine may cruise through it;
+    one with something is taken by the per-step rule, every request as it stands."""
 
     def schedule(self, now: float) -> Batch:
-        decoding = [r for r in self.running if r.generated and r.remaining == 1]
-        if len(decoding) == len(self.running) and not self.waiting:
+        # A decode the event engine carries along is a decode: only the requests it handles one by
+        # one can have a prompt left to compute.
+        if not self.waiting and all(r.generated and r.remaining == 1 for r in self.handled()):
             return super().schedule(now)
+        self.handle_each()
+        decoding = [r for r in self.running if r.generated and r.remaining == 1]
         set_aside = {id(r) for r in decoding}
         self.running = [r for r in self.running if id(r) not in set_aside]
+        self.handle_each()       # (the event engine's one-by-one list follows the running list)
         batch = super().schedule(now)
         self.running = sorted(self.running + decoding, key=operator.attrgetter("admitted"))
+        self.handle_each()
         return batch if batch.seqs else super().schedule(now)
 
 
@@ -2424,6 +2439,13 @@ class EventScheduler(Scheduler):
         return batch
 
     def per_step(self, now: float) -> Batch:
+        self.handle_each()
+        return super().schedule(now)
+
+    def handled(self) -> list[Request]:
+        return self.active
+
+    def handle_each(self) -> None:
         for request in self.running:
             if request.cruise_from >= 0:
                 self.settle(request)
@@ -2432,7 +2454,6 @@ class EventScheduler(Scheduler):
         self.wake.clear()
         self.wake_steps.clear()
         self.blocked = False          # a step that preempted did not try to admit
-        return super().schedule(now)
 
     def update(self, batch: Batch, now: float) -> None:
         ended = len(self.done)
@@ -3330,10 +3351,10 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
         classes.append(SpeculativeScheduler)
         options.update(speculative_tokens=spec.speculative_tokens, acceptance_rate=spec.acceptance_rate,
                        seed=spec.seed, draft=draft)
-    else:      # SGLang's rule is stepped one by one; the event engine follows the rest
-        # (and a host tier's: the order blocks reach host memory, which its LRU keeps, is the
-        # order they fill, and a cruising decode's blocks are keyed when it wakes, a step later)
-        event = spec.simulator == "event" and not profile.prefill_apart and not spec.kv_offloading_size \
+    else:      # the event engine follows every rule but a host tier's (the order blocks reach
+        # host memory, which its LRU keeps, is the order they fill, and a cruising decode's blocks
+        # are keyed when it wakes, a step later) and replicas stepping in lockstep
+        event = spec.simulator == "event" and not spec.kv_offloading_size \
             and not lockstep(spec.data_parallel_size, spec.model, profile)
         classes.append(EventScheduler if event else Scheduler)
     cls = classes[0] if len(classes) == 1 else type("Scheduler", tuple(classes), {})

@@ -3,7 +3,7 @@ lesson's rule, read as written; the EventScheduler and EventEngine skip the requ
 where nothing happens. On random small cases, chosen to hit every rule (tiny caches that force
 preemption, tiny budgets that cut the running list, block sizes of 1, prefix caching, closed
 and open loop, disaggregation, replicas behind each router, tensor and expert parallelism, reasoning
-models whose decodes wake for their first answer token), both
+models whose decodes wake for their first answer token, TensorRT-LLM's and SGLang's rules), both
 must print the same report to the last bit, per-request arrays included."""
 import json
 import random
@@ -55,8 +55,11 @@ def random_spec(rng: random.Random) -> main.RunSpec:
         spec.update(turns=rng.randint(2, 4), think_time=rng.choice([0.0, 0.01, 0.5]))
     if "rate" in spec and rng.random() < 0.2:
         spec.update(burstiness=rng.choice([0.3, 4.0]))
-    if rng.random() < 0.2:      # TensorRT-LLM's admission, in a cache small enough for it to bind
+    engine = rng.random()
+    if engine < 0.2:      # TensorRT-LLM's admission, in a cache small enough for it to bind
         spec.update(engine="trtllm", kv_tokens=rng.randint(200, 1200))
+    elif engine < 0.35:   # SGLang's steps: prefill apart from decodes
+        spec.update(engine="sglang")
     if spec["prefix_caching"] and not spec.get("disaggregate") and spec.get("kv_layout") != "slots" \
             and rng.random() < 0.9:      # a host tier (stepped by the per-step rule either way)
         spec.update(kv_offloading_size=rng.choice([0.002, 0.02, 0.2]))
@@ -91,7 +94,7 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         rng = random.Random(SEED)
         seen = {"preempted": 0, "prefix hits": 0, "failed": 0, "evictions": 0, "per-step fallback": 0,
                 "coasted": 0, "replicas": 0, "tensor parallel": 0, "expert parallel": 0,
-                "held back for its whole output": 0, "answered after thinking": 0, "loaded from host memory": 0}
+                "held back for its whole output": 0, "prefilled apart": 0, "answered after thinking": 0, "loaded from host memory": 0}
         fallback, advance = main.EventScheduler.per_step, main.EventEngine.advance
 
         def counting_fallback(scheduler, now):
@@ -120,9 +123,10 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
                 seen["expert parallel"] += spec.enable_expert_parallel
                 seen["answered after thinking"] += bool(result.get("ttfas")) and result["ttfas"] != result["ttfts"]
                 seen["loaded from host memory"] += bool(result.get("host_tier", {}).get("loads"))
-                if spec.engine == "trtllm":     # NoEvict admitted later than vLLM's rule would have
+                if spec.engine in ("trtllm", "sglang"):     # their rules changed what vLLM's would have done
                     plain = main.run(main.replace(spec, engine=None))
-                    seen["held back for its whole output"] += result["ttfts"] != plain["ttfts"]
+                    seen["held back for its whole output" if spec.engine == "trtllm" else "prefilled apart"] += \
+                        result["ttfts"] != plain["ttfts"]
         finally:
             main.EventScheduler.per_step, main.EventEngine.advance = fallback, advance
         for what, count in seen.items():
@@ -140,6 +144,7 @@ class NoModeSpins(unittest.TestCase):
             "reserve full isl": {"reserve_full_isl": True}, "prefix caching": {"prefix_caching": True},
             "static": {"batching": "static"}, "slots": {"kv_layout": "slots", "max_num_seqs": 1},
             "in-flight cap": {"max_tokens_in_flight": cache}, "disaggregated": {"disaggregate": True},
+            "sglang": {"engine": "sglang"}, "trtllm": {"engine": "trtllm"},
         }
         steps = 0
         original = main.Engine.step
