@@ -114,6 +114,7 @@ class Hardware:
     # gets PCIe's 1.0 us.
     interconnect_gbs: float = 0.0
     interconnect_latency_us: float = 1.0
+    link_efficiency: float = 0.85      # share of interconnect_gbs an all-reduce's bytes move at (see Parallel)
     price_per_hour: float = 0.0        # typical on-demand USD per GPU-hour (see the presets' sources)
     # What the kernel model charges each kernel, however small: its floor inside a CUDA graph, and
     # the launch it adds outside one (0 on a CPU: llama.cpp's overheads are calibrated instead).
@@ -241,8 +242,12 @@ HARDWARE = {h.name: h for h in [
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
     Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=1.0,
              price_per_hour=1.09, host_link_gbs=31.5),
+    # Two RTX PRO 6000s over PCIe Gen5, measured with NCCL (vLLM's PyNcclCommunicator, BF16 all-reduce,
+    # CUDA-graphed): 12.7 us for 4 KB, 41 us for 1 MiB, 587 us for 20 MiB, i.e. 36.4 GB/s (0.58 of
+    # 63) plus ~12 us, which is 6.6 + 2 x 3.0 us (casys-kaist/LLMServingSim
+    # profiler/perf/RTXPRO6000/hardware.yaml at 1b2cc02d, "measured: interconnect", Server Edition).
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
-             interconnect_latency_us=1.0, price_per_hour=1.85, host_link_gbs=63),
+             interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
              interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
@@ -1435,7 +1440,7 @@ def detailed_arrays(requests: list) -> dict:
 # The kernel model's one fitted constant: how much longer a real step's kernels take than the
 # kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
 # the fit); validate scores each source with the fit from the others alone.
-KERNEL_SCALE = 1.28
+KERNEL_SCALE = 1.27
 
 
 @dataclass(frozen=True)
@@ -1533,12 +1538,29 @@ class NoEvict:
     only if the blocks it needs to finish, its prompt and all its output, fit beside what every
     running request still needs to finish; so nothing is ever preempted."""
 
+    moves = 0                 # requests started or released so far
+    summed_at = -1            # ... when `short` was last summed
+    short = 0                 # blocks the running requests still need to finish, less the free ones
+
     def admissible(self, request: Request, hits: list[int], need: int) -> bool:
-        owed = sum(self.blocks_for(r.total - 1) - len(r.blocks) for r in self.running)
-        whole = self.blocks_for(request.total - 1) - len(hits)
+        if not super().admissible(request, hits, need):
+            return False
+        # A block a running request takes leaves the free count and what it still needs alike, so
+        # the shortfall changes only when a request starts or leaves: summed once per such change.
         # The pool's own count: blocks a cruising decode grew into and has not taken yet (the event
-        # engine's) are missing from its blocks and still in the pool, so they cancel.
-        return super().admissible(request, hits, need) and whole + owed <= self.pool.free_count()
+        # engine's) are missing from its blocks and still in the pool, so they cancel too.
+        if self.summed_at != self.moves:
+            self.short = sum(self.blocks_for(r.total - 1) - len(r.blocks) for r in self.running) - self.pool.free_count()
+            self.summed_at = self.moves
+        return self.blocks_for(request.total - 1) - len(hits) + self.short <= 0
+
+    def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
+        super().start(request, hits, start, now)
+        self.moves += 1
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        self.moves += 1
 
 
 class PrefillApart:
@@ -1965,12 +1987,12 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
 
 # An all-reduce priced as NCCL's tuning model prices a ring (NVIDIA/nccl src/graph/tuning.cc at
 # 5067397c, LL protocol): a base latency of 6.6 us, plus 2(N - 1) steps of the link's latency
-# (interconnect_latency_us), plus 2(N - 1)/N of the bytes at the link's achieved bandwidth, 0.85 of
-# its peak (H200 NVSwitch copies at 88%, an A100 all-reduce at 80% of NVLink: stas00/ml-engineering
-# network/README.md). vLLM's custom all-reduce runs small messages in the same time: 9-12 us up to
-# 32 KB on 2-8 H100s, launch included (sgl-project/sglang#2904).
+# (interconnect_latency_us), plus 2(N - 1)/N of the bytes at the link's achieved bandwidth: by
+# default 0.85 of its peak (H200 NVSwitch copies at 88%, an A100 all-reduce at 80% of NVLink:
+# stas00/ml-engineering network/README.md), or a device's own link_efficiency where it was
+# measured. vLLM's custom all-reduce runs small messages in the same time: 9-12 us up to 32 KB on
+# 2-8 H100s, launch included (sgl-project/sglang#2904).
 ALLREDUCE_BASE_US = 6.6
-LINK_EFFICIENCY = 0.85
 
 
 class Parallel:
@@ -1982,7 +2004,7 @@ class Parallel:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {tp} of them as one group")
         self.inner, self.tp = inner, tp
-        self.link = hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY
+        self.link = hardware.interconnect_gbs * 1e9 * hardware.link_efficiency
         self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
@@ -2174,7 +2196,7 @@ class ExpertParallel:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {ep} of them as one group")
         self.inner, self.ep = inner, ep
-        self.link = hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY
+        self.link = hardware.interconnect_gbs * 1e9 * hardware.link_efficiency
         self.latency = (ALLREDUCE_BASE_US + (ep - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
@@ -2276,7 +2298,7 @@ class Pipeline:
         for i in range(1, self.pp):
             apart = (i * tp) // per_node != ((i - 1) * tp) // per_node or tp > per_node
             self.hops.append((spec.inter_node_gbs * 1e9, spec.inter_node_latency_us / 1e6) if apart else
-                             (hardware.interconnect_gbs * 1e9 * LINK_EFFICIENCY, hardware.interconnect_latency_us / 1e6))
+                             (hardware.interconnect_gbs * 1e9 * hardware.link_efficiency, hardware.interconnect_latency_us / 1e6))
 
     def micro_batches(self, seqs: float) -> float:
         return max(1.0, min(self.pp, seqs))
@@ -4679,7 +4701,8 @@ PRESET_RANGES = {
     "experts_per_token": (0, 100_000, ""), "expert_dtype_bytes": (0, 8, "0 for weight_dtype_bytes"),
     "sliding_layers": (0, 10_000, ""), "sliding_window": (0, 10**8, "tokens"),
     "interconnect_gbs": (0, 100_000, "GB/s per direction, 0 for none"),
-    "interconnect_latency_us": (0, 10_000, "us per step of a ring"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
+    "interconnect_latency_us": (0, 10_000, "us per step of a ring"),
+    "link_efficiency": (0.01, 1, "a fraction of interconnect_gbs"), "price_per_hour": (0, 10_000, "USD per GPU-hour"),
     "kernel_floor_us": (0, 1_000, "us a kernel takes at least, in a CUDA graph"),
     "kernel_launch_us": (0, 1_000, "us a kernel's launch adds outside a CUDA graph"),
     "host_link_gbs": (0, 10_000, "GB/s per direction between a GPU and host memory, 0 for none"),
@@ -9020,7 +9043,7 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     if isinstance(parallel, Parallel):
         share = parallel.communication_seconds(1) * 1000 * pp       # every stage's group all-reduces its layers
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers * pp} layers over "
-                  f"{h.interconnect_gbs:g} GB/s, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
+                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
                   f"{h.interconnect_latency_us:g} us each\n")
     if isinstance(cost, ExpertParallel):
         share = cost.communication_seconds(1) * 1000

@@ -254,7 +254,7 @@ class EngineFitInputs(unittest.TestCase):
                 json.dump(result, f)
         code, _, err = run_cli("calibrate", *benched, "--fit", "engine", "--hardware", "h100-sxm-80gb")
         self.assertEqual(code, 0, err)
-        self.assertIn("for llama-3.1-8b: kernel scale 1.28", err)
+        self.assertIn(f"for llama-3.1-8b: kernel scale {main.KERNEL_SCALE:.2f}", err)
 
     def test_a_blank_name_is_refused_before_fitting(self):
         code, _, err = run_cli("calibrate", self.report(1, 2), "--fit", "engine", "--name", "  ")

@@ -176,5 +176,38 @@ class NoModeSpins(unittest.TestCase):
             main.Engine.step = original
 
 
+class NoEvictSumsOncePerChange(unittest.TestCase):
+    def test_the_kept_shortfall_gives_the_rules_verdict_at_every_admission(self):
+        """TensorRT-LLM's admission keeps the running requests' shortfall between starts and
+        releases instead of summing it at every step; at every admission of random cases, both
+        engines, it must say what the sum taken then says."""
+        kept = main.NoEvict.admissible
+        checked = refused = 0
+
+        def against_the_sum(scheduler, request, hits, need):
+            nonlocal checked, refused
+            verdict = kept(scheduler, request, hits, need)
+            owed = sum(scheduler.blocks_for(r.total - 1) - len(r.blocks) for r in scheduler.running)
+            rule = super(main.NoEvict, scheduler).admissible(request, hits, need) and \
+                scheduler.blocks_for(request.total - 1) - len(hits) + owed <= scheduler.pool.free_count()
+            self.assertEqual(verdict, rule)
+            checked += 1
+            refused += not rule
+            return verdict
+
+        main.NoEvict.admissible = against_the_sum
+        try:
+            rng = random.Random(SEED)
+            for case in range(150):
+                spec = main.replace(random_spec(rng), engine="trtllm", kv_tokens=rng.randint(200, 1200))
+                for simulator in ("step", "event"):
+                    with self.subTest(case=case, simulator=simulator):
+                        outcome(main.replace(spec, simulator=simulator))
+        finally:
+            main.NoEvict.admissible = kept
+        self.assertGreater(refused, 100)
+        self.assertGreater(checked - refused, 100)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -24,6 +24,21 @@ class TensorParallel(unittest.TestCase):
         ring = 2 * 3 / 4 * 2560 / (100e9 * 0.85) + 6.6e-6 + 6 * 5e-6
         self.assertAlmostEqual(cost.communication_seconds(10), 2 * ring, places=15)
 
+    def test_two_rtx_pro_6000s_all_reduce_as_nccl_measured_them_over_pcie(self):
+        # The preset's link against the NCCL measurement its comment cites: BF16 all-reduces of
+        # 4 KB, 1 MiB, 4 MiB and 20 MiB between two cards took 12.7, 41.0, 124.9 and 587.1 us.
+        pro = main.HARDWARE["rtx-pro-6000-96gb"]
+        model = main.replace(main.MODELS["qwen3-32b"], layers=1)
+        cost = main.Parallel(main.Roofline(pro, main.tensor_shard(model, 2)), pro, model, 2)
+        per_token = cost.activation_bytes
+        for size, measured_us in ((4096, 12.7), (1 << 20, 41.0), (4 << 20, 124.9), (20 << 20, 587.1)):
+            priced_us = cost.communication_seconds(size / per_token) / 2 * 1e6     # two all-reduces a layer
+            self.assertAlmostEqual(priced_us / measured_us, 1, delta=0.06, msg=f"{size:,} bytes")
+        # The datasheet's 63 GB/s at the default 85% would have priced 20 MiB a third faster.
+        datasheet = main.Parallel(main.Roofline(pro, main.tensor_shard(model, 2)),
+                                  main.replace(pro, link_efficiency=0.85, interconnect_latency_us=1.0), model, 2)
+        self.assertLess(datasheet.communication_seconds((20 << 20) / per_token) / 2 * 1e6, 0.7 * 587.1)
+
     def test_a_device_holds_its_share_of_the_weights_and_kv_heads(self):
         device = main.tensor_shard(DENSE, 4)
         self.assertEqual(device.params, DENSE.params / 4)
@@ -382,7 +397,7 @@ class PipelineParallel(unittest.TestCase):
         _, inside = self.plan(tensor_parallel_size=4, pipeline_parallel_size=2)
         _, across = self.plan(tensor_parallel_size=8, pipeline_parallel_size=2)
         h100 = main.HARDWARE["h100-sxm-80gb"]
-        self.assertEqual(inside.hops, [(h100.interconnect_gbs * 1e9 * main.LINK_EFFICIENCY, 0.6e-6)])
+        self.assertEqual(inside.hops, [(h100.interconnect_gbs * 1e9 * h100.link_efficiency, 0.6e-6)])
         self.assertEqual(across.hops, [(50e9, 5e-6)])
         bytes_per_token = 2 * 8192
         self.assertAlmostEqual(across.handoff_seconds(100), 5e-6 + 100 * bytes_per_token / 50e9)
