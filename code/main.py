@@ -246,6 +246,8 @@ HARDWARE = {h.name: h for h in [
     # CUDA-graphed): 12.7 us for 4 KB, 41 us for 1 MiB, 587 us for 20 MiB, i.e. 36.4 GB/s (0.58 of
     # 63) plus ~12 us, which is 6.6 + 2 x 3.0 us (casys-kaist/LLMServingSim
     # profiler/perf/RTXPRO6000/hardware.yaml at 1b2cc02d, "measured: interconnect", Server Edition).
+    # Measured on two ranks and for all-reduce only: larger groups and the expert-parallel gathers
+    # (all-gather 683 us, reduce-scatter 787 us for 20 MiB there) are priced from it, a little fast.
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
              interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
@@ -774,6 +776,9 @@ class Scheduler:
         self.handoff: Optional[Callable[[Request, float], None]] = None   # see Disaggregation
         self.admissions = itertools.count()
         self.preemptions = 0
+        # Running requests a variation holds out of this step's scheduling (SGLang's decodes while
+        # it prefills): they keep their seats, so admission counts them.
+        self.aside: list[Request] = []
 
     def add(self, request: Request) -> None:
         if self.detailed and request.token_times is None:
@@ -831,7 +836,7 @@ class Scheduler:
 
     def admit(self, now: float, budget: int, batch: Batch) -> None:
         c = self.config
-        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) + len(self.aside) < c.max_num_seqs:
             request = self.waiting[0]
             # A request handed over by a prefill engine arrives with its KV already computed.
             hits = self.cache_hits(request) if request.computed == 0 else []
@@ -1550,7 +1555,8 @@ class NoEvict:
         # The pool's own count: blocks a cruising decode grew into and has not taken yet (the event
         # engine's) are missing from its blocks and still in the pool, so they cancel too.
         if self.summed_at != self.moves:
-            self.short = sum(self.blocks_for(r.total - 1) - len(r.blocks) for r in self.running) - self.pool.free_count()
+            self.short = sum(self.blocks_for(r.total - 1) - len(r.blocks)
+                             for r in itertools.chain(self.running, self.aside)) - self.pool.free_count()
             self.summed_at = self.moves
         return self.blocks_for(request.total - 1) - len(hits) + self.short <= 0
 
@@ -1575,12 +1581,13 @@ class PrefillApart:
         if not self.waiting and all(r.generated and r.remaining == 1 for r in self.handled()):
             return super().schedule(now)
         self.handle_each()
-        decoding = [r for r in self.running if r.generated and r.remaining == 1]
-        set_aside = {id(r) for r in decoding}
+        self.aside = [r for r in self.running if r.generated and r.remaining == 1]
+        set_aside = {id(r) for r in self.aside}
         self.running = [r for r in self.running if id(r) not in set_aside]
         self.handle_each()       # (the event engine's one-by-one list follows the running list)
         batch = super().schedule(now)
-        self.running = sorted(self.running + decoding, key=operator.attrgetter("admitted"))
+        self.running = sorted(self.running + self.aside, key=operator.attrgetter("admitted"))
+        self.aside = []
         self.handle_each()
         return batch if batch.seqs else super().schedule(now)
 
@@ -1682,7 +1689,7 @@ class InFlightCap:
         return super().rejection(request) or reason
 
     def admissible(self, request: Request, hits: list[int], need: int) -> bool:
-        in_flight = sum(r.total for r in self.running)
+        in_flight = sum(r.total for r in itertools.chain(self.running, self.aside))
         return super().admissible(request, hits, need) and in_flight + request.total <= self.max_tokens_in_flight
 
 

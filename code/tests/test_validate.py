@@ -181,6 +181,24 @@ class EngineProfiles(unittest.TestCase):
         self.assertEqual(trt["engine"]["preemptions"], 0)
         self.assertLessEqual(trt["engine"]["peak_running"], 2000 // 400)
 
+    def test_sglang_prefills_apart_and_its_decodes_keep_their_seats(self):
+        spec = main.RunSpec(requests=50, concurrency=50, prompt_tokens=main.TokenRange(100, 100),
+                            output_tokens=main.TokenRange(200, 200), engine="sglang", max_num_seqs=4)
+        for simulator in ("step", "event"):
+            with self.subTest(simulator=simulator):
+                result = main.run(main.replace(spec, simulator=simulator), timeline=True)
+                # Decodes set aside while a step prefills still count against --max-num-seqs...
+                self.assertLessEqual(result["engine"]["peak_running"], 4)
+                self.assertLessEqual(max(t["running"] for t in result["timeline"]), 4)
+                # ... and against --max-tokens-in-flight (300 tokens each: 6 fit under 2,000).
+                capped = main.run(main.replace(spec, simulator=simulator, max_num_seqs=256, max_tokens_in_flight=2000))
+                self.assertLessEqual(capped["engine"]["peak_running"], 6)
+        # Its steps prefill or decode, never both: a new prompt's step holds no decodes, so a
+        # decode waits out every prefill step and its worst gap is longer than vLLM's.
+        free = main.replace(spec, max_num_seqs=256, requests=20, concurrency=None, rate=20.0)
+        sglang, vllm = main.run(free), main.run(main.replace(free, engine=None))
+        self.assertGreater(sglang["p99_itl_ms"], vllm["p99_itl_ms"])
+
     def test_an_unknown_engine_is_one_line_naming_the_known_ones(self):
         code, _, err = call_cli("simulate", "--engine", "tgi")
         self.assertEqual(code, 2)
