@@ -7651,14 +7651,24 @@ def validation_summary(results: list[dict]) -> dict:
             "verdicts_wrong": wrong, "by_source": by_source}
 
 
-def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: ModelSpec) -> dict:
+# What loadgen --simulate takes about the server beside the run's own shape: the engine it runs.
+SIMULATED_AS = ("engine", "async_scheduling", "cost_model")
+
+
+def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: ModelSpec,
+                   settings: Optional[dict] = None) -> dict:
     """loadgen --simulate: the run just measured (its send times and lengths, the server's own
-    shape where /props gives it) simulated, each figure beside the measured one."""
+    shape where /props gives it) simulated on `settings` (an engine, a cost model), each figure
+    beside the measured one. An engine named takes its own defaults for what the server did not say."""
     kept = (report.get("server") or {}).get("shape") or {}
     shape, note = ({}, kept["unknown"]) if "unknown" in kept else (kept, "") if kept else \
         server_shape(Http(config.url, config.timeout_s, config.api_key))
-    spec = RunSpec(hardware=hardware, model=model, **{k: v for k, v in shape.items() if k in SETTINGS})
-    title = f"servesim {hardware.name} / {model.name}, {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
+    given = {**{k: v for k, v in shape.items() if k in SETTINGS}, **(settings or {})}
+    spec = engine_defaults(RunSpec(hardware=hardware, model=model, **given), given)
+    engine = engine_label(spec)
+    title = f"servesim {hardware.name} / {model.name}" + (f", {engine}" if engine else "") + \
+        (f", {spec.cost_model} cost model" if spec.cost_model != DEFAULT_COST_MODEL else "") + \
+        f", {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
     try:
         predicted = simulate_measured(run_from_report(report, "this run"), spec)
     except (CapacityError, UserError) as e:
@@ -9365,12 +9375,19 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool = False, overrides: bool = False,
-                 owner=None) -> None:
+                 owner=None, title: Optional[str] = None) -> None:
     """The flags of these settings (rows of `owner`, RunSpec unless given), each in its group, made
     from the settings table. lists: sweep and search take comma-separated values of every setting
-    with an axis. overrides: compare's flags, which replace what a measured run recorded."""
+    with an axis. overrides: compare's flags, which replace what a measured run recorded. title:
+    all of them in one group of that title."""
     rows = {f.name: f for f in fields(owner or RunSpec) if f.metadata}
     chosen = [rows[name] for name in rows if name in set(names)]
+    if title:
+        exclusive: dict = {}
+        g = p.add_argument_group(title)
+        for f in chosen:
+            add_setting(g, f, False, overrides, exclusive)
+        return
     groups = {}
     for group in dict.fromkeys([*GROUPS, *(f.metadata["group"] for f in chosen)]):
         members = [f for f in chosen if f.metadata["group"] == group]
@@ -9897,15 +9914,21 @@ def cmd_loadgen(args) -> int:
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
             check_writable(path, flag, args)
+    simulated_as = {name: value for name, value in settings_from_args(RunSpec, args).items() if name in SIMULATED_AS}
+    if simulated_as and not args.simulate:
+        flag = SETTINGS[next(iter(simulated_as))].metadata["flag"]
+        raise UserError(f"{flag} sets up the simulation beside the run: add --simulate HARDWARE MODEL")
     if args.simulate:
-        # Resolve the presets before the run, so a typo costs nothing.
+        # Resolve the presets (and an engine profile file) before the run, so a typo costs nothing.
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
+        simulated_as = with_engine_profile(simulated_as)
     result, records, stopped = run_load(config, Progress("loadgen"))     # returns with signals held
     if args.simulate and not stopped:
         try:        # Ctrl-C or SIGTERM here costs the side by side, never the report
             hold_signals(False)
-            result["side_by_side"] = beside_the_run(config, {**result, **detailed_arrays(records)}, hardware, model)
+            result["side_by_side"] = beside_the_run(config, {**result, **detailed_arrays(records)}, hardware, model,
+                                                    simulated_as)
         except (KeyboardInterrupt, Terminated) as e:
             stopped = Stopped.by_signal(e, "the run had ended, during --simulate; the report has no side by side")
         hold_signals()
@@ -10333,7 +10356,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(p, [f.name for f in fields(LoadConfig) if f.metadata], owner=LoadConfig)
     p.add_argument("--simulate", nargs=2, metavar=("HARDWARE", "MODEL"),
                    help="after the run, simulate the same shape (clients, each request's measured lengths, "
-                        "llama.cpp's slots and context from /props) and print both side by side (default: off)")
+                        "llama.cpp's slots and context from /props, vLLM's cache from /metrics) and print both "
+                        "side by side (default: off)")
+    add_settings(p, SIMULATED_AS, title="the simulation beside the run (with --simulate)")
     add_report_args(p, "one JSON object with vllm bench serve's keys, plus server, timings, client and config")
     add_picture_args(p, "the server (its /metrics gauges, sampled every --scrape-interval, and the client's own "
                         "token events)")

@@ -281,6 +281,30 @@ class ServerMetrics(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("3 of 3 simulated requests failed", r["side_by_side"]["title"])
 
+    def test_the_simulation_beside_the_run_takes_the_servers_engine(self):
+        info = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="2048"} 1.0\n'
+        with FakeServer(paced(tokens=4), metrics=info) as server:
+            code, r, err = loadgen(server, "--requests", 3, "--max-tokens", 4, "--simulate", "h100-sxm-80gb",
+                                   "llama-3.1-8b", "--engine", "trtllm")
+        self.assertEqual(code, 0, err)
+        side = r["side_by_side"]
+        self.assertIn("llama-3.1-8b, trtllm, 2048 seqs", side["title"])
+        config = side["servesim"]["config"]
+        # The engine's rules and its defaults for what the server did not say; the server's own cache kept.
+        self.assertEqual((config["engine"], config["cost_model"], config["chunked_prefill"]), ("trtllm", "roofline", False))
+        self.assertEqual(config["kv_tokens"], 2048 * 16)
+
+    def test_a_simulation_setting_without_simulate_or_a_bad_engine_costs_no_request(self):
+        with FakeServer(paced(tokens=2)) as server:
+            code, _, err = run_cli("loadgen", "--url", server.url, "--requests", 2, "--engine", "trtllm")
+            self.assertEqual(code, 2)
+            self.assertIn("--engine sets up the simulation beside the run: add --simulate HARDWARE MODEL", err)
+            code, _, err = run_cli("loadgen", "--url", server.url, "--requests", 2, "--simulate", "h100-sxm-80gb",
+                                   "llama-3.1-8b", "--engine", "tgi")
+            self.assertEqual(code, 2)
+            self.assertIn("tgi", err)
+            self.assertEqual(server.bodies, [])
+
     def test_a_cache_config_that_is_no_cache_leaves_the_shape_unknown_and_says_why(self):
         for labels in ('block_size="16",num_gpu_blocks="lots",enable_prefix_caching="True"',
                        'block_size="0",num_gpu_blocks="10",enable_prefix_caching="False"',
