@@ -1638,8 +1638,10 @@ class KernelCost(Roofline):
         kernels = KERNELS_PER_LAYER * model.layers
         self.graphed_floor = kernels * hardware.kernel_floor_us / 1e6
         self.eager_floor = kernels * (hardware.kernel_floor_us + hardware.kernel_launch_us) / 1e6
-        # Tiles are the tensor cores'; a device with no kernel floors (a CPU, ggml's GEMMs) pays by the row.
-        self.tile = GEMM_TILE if hardware.kernel_floor_us else 1
+        # A device with no kernel floor is a CPU: its GEMMs (ggml's) run by the row, not in tensor-core
+        # tiles, and it pays its calibrated step and sequence overheads in place of kernel floors.
+        self.on_cpu = not hardware.kernel_floor_us
+        self.tile = 1 if self.on_cpu else GEMM_TILE
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
@@ -1659,8 +1661,7 @@ class KernelCost(Roofline):
                    / self.gemm_flops_per_second, self.weights_read(tokens) / self.stream_bytes_per_second)
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
-        # A device with no kernel floors (a CPU) pays its calibrated step and sequence overheads instead.
-        calibrated = 0.0 if floor else (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000
+        calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
         # Real kernels run slower than this ideal by one factor, fitted on published runs (KERNEL_SCALE).
         gpu = calibrated + (floor + gemm + attention) * self.engine.kernel_scale
         cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000

@@ -37,6 +37,21 @@ class KernelCost(unittest.TestCase):
         self.assertEqual(cost.step_seconds(129, 0, 1, 0), cost.step_seconds(256, 0, 1, 0))
         self.assertLess(cost.step_seconds(128, 0, 1, 0), cost.step_seconds(129, 0, 1, 0))
 
+    def test_a_device_with_no_kernel_floor_is_a_cpu_in_every_step(self):
+        # A hand-written device with launch costs but no floor: a CPU by the one rule, so its GEMMs
+        # go by the row and every step, eager or graphed, pays its calibrated overheads.
+        cpu = main.replace(TOY_GPU, kernel_floor_us=0.0, kernel_launch_us=5.0, step_overhead_ms=2.0,
+                           seq_overhead_ms=1.0)
+        cost = main.KernelCost(cpu, TOY_MODEL, engine=main.replace(main.ENGINES["vllm"], step_cpu_ms=0.0,
+                                                                     seq_cpu_ms=0.0))
+        self.assertLess(cost.step_seconds(128, 0, 1, 0), cost.step_seconds(129, 0, 1, 0))
+        self.assertLess(cost.step_seconds(129, 0, 1, 0), cost.step_seconds(256, 0, 1, 0))
+        bare = main.KernelCost(main.replace(cpu, step_overhead_ms=0.0, seq_overhead_ms=0.0), TOY_MODEL,
+                               engine=cost.engine)
+        for tokens, seqs in ((4, 4), (300, 1)):       # a graphed decode, an eager prefill
+            extra = cost.step_seconds(tokens, 0, seqs, 0) - bare.step_seconds(tokens, 0, seqs, 0)
+            self.assertAlmostEqual(extra, (2.0 + seqs * 1.0) / 1000, places=12)
+
     def test_tied_embeddings_are_streamed_once_as_the_output_projection(self):
         tied = main.KernelCost(TOY_GPU, main.replace(TOY_MODEL, tie_word_embeddings=True))
         untied = main.KernelCost(TOY_GPU, TOY_MODEL)
