@@ -4613,18 +4613,24 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
 # here, and whatever is wrong with it becomes one line naming the file, the line and the fix.
 # ---------------------------------------------------------------------------------------------
 
-def read_bytes(path: str, kind: str) -> bytes:
+PRESET_BYTES = 1 << 20      # a preset or profile file is a few hundred bytes; this stops /dev/zero
+
+
+def read_bytes(path: str, kind: str, limit: Optional[int] = None) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read()
+            data = f.read() if limit is None else f.read(limit + 1)
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    if limit is not None and len(data) > limit:
+        raise UserError(f"{kind} {path}: is over {limit:,} bytes, far more than such a file holds; check the path")
+    return data
 
 
-def read_text(path: str, kind: str, raw: Optional[bytes] = None) -> str:
+def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: Optional[int] = None) -> str:
     """A text file (or its bytes, already read) as UTF-8 (a BOM is fine); anything else is a
     one-line error."""
-    raw = read_bytes(path, kind) if raw is None else raw
+    raw = read_bytes(path, kind, limit) if raw is None else raw
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
     if b"\0" in raw[:65536]:
@@ -4737,7 +4743,8 @@ def load_preset(kind: str, value: str, presets: dict, cls):
         raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
                         f"or a path to a JSON file with the same fields (see: main.py presets)")
     where = f"{kind} file {value}"
-    data = parse_json(read_text(value, f"{kind} file"), where, "expected one entry of `main.py presets --json`")
+    data = parse_json(read_text(value, f"{kind} file", limit=PRESET_BYTES), where,
+                      "expected one entry of `main.py presets --json`")
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a JSON object like one entry of `main.py presets --json`")
     known = {f.name: f for f in fields(cls) if f.name not in INTERNAL_FIELDS}
@@ -4750,7 +4757,7 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     for name, v in data.items():
         if name == "name":
             if not isinstance(v, str) or not v.strip() or len(v) > 200:
-                raise UserError(f"{where}: field 'name' must be a non-empty string")
+                raise UserError(f"{where}: field 'name' must be a non-empty string of at most 200 characters")
             continue
         if name in PRESET_SWITCHES:
             if not isinstance(v, bool):
@@ -4807,7 +4814,8 @@ def engine_field_problem(values: dict) -> Optional[str]:
 
 def read_engine_profile(path: str) -> EngineProfile:
     where = f"engine profile {path}"
-    data = parse_json(read_text(path, "engine profile"), where, "expected the JSON calibrate --fit engine writes")
+    data = parse_json(read_text(path, "engine profile", limit=PRESET_BYTES), where,
+                      "expected the JSON calibrate --fit engine writes")
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a JSON object with name, base, {', '.join(EngineProfile.FILE_FIELDS)}")
     known = ("name", "base", *EngineProfile.FILE_FIELDS, "source")
@@ -4819,7 +4827,7 @@ def read_engine_profile(path: str) -> EngineProfile:
                         + f"; the fields are {', '.join(known)}")
     for key in ("name", "source"):
         if key in data and (not isinstance(data[key], str) or not data[key].strip() or len(data[key]) > 2000):
-            raise UserError(f"{where}: field {key!r} must be a non-empty string")
+            raise UserError(f"{where}: field {key!r} must be a non-empty string of at most 2,000 characters")
     if not isinstance(data["base"], str) or data["base"] not in ENGINES:
         raise UserError(f"{where}: field 'base' must be one of {', '.join(ENGINES)} (whose rules, CUDA graphs and "
                         f"defaults the profile keeps), got {printable(str(data['base'])[:40])!r}")
@@ -7671,7 +7679,7 @@ def beside_the_run(config: LoadConfig, report: dict, hardware: Hardware, model: 
         (f", {spec.cost_model} cost model" if spec.cost_model != DEFAULT_COST_MODEL else "") + \
         f", {spec.max_num_seqs} seqs" + (f" ({note})" if note else "")
     try:
-        predicted = simulate_measured(run_from_report(report, "this run"), spec)
+        predicted = simulate_measured(run_from_report(report, "just measured", kind="the run"), spec)
     except (CapacityError, UserError) as e:
         return {"title": title, "problem": f"servesim could not simulate this run: {e}"}
     title += f", {predicted['config']['kv_tokens']:,} kv tokens"
@@ -9496,6 +9504,9 @@ def with_engine_profile(values: dict) -> dict:
         if values.setdefault("cost_model", "kernels") != "kernels":
             sys.stderr.write(f"servesim: engine profile {values['profile'].name}: its scheduling rules apply, its "
                              f"fitted costs do not: --cost-model {values['cost_model']} prices no engine costs\n")
+    elif values.get("async_scheduling") is not None and values.get("cost_model", DEFAULT_COST_MODEL) == "roofline":
+        sys.stderr.write("servesim: --async-scheduling changes nothing under the roofline, which prices no engine CPU "
+                         "work: add --cost-model kernels\n")
     return values
 
 

@@ -199,6 +199,26 @@ class EngineProfiles(unittest.TestCase):
         sglang, vllm = main.run(free), main.run(main.replace(free, engine=None))
         self.assertGreater(sglang["p99_itl_ms"], vllm["p99_itl_ms"])
 
+    def test_async_scheduling_under_the_roofline_says_it_changes_nothing(self):
+        warning = "--async-scheduling changes nothing under the roofline"
+        code, off, err = call_cli("simulate", "--async-scheduling", "off", "--requests", "5", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn(warning, err)
+        _, on, _ = call_cli("simulate", "--async-scheduling", "on", "--requests", "5", "--json")
+        self.assertEqual(json.loads(off)["mean_tpot_ms"], json.loads(on)["mean_tpot_ms"])
+        code, _, err = call_cli("simulate", "--async-scheduling", "off", "--cost-model", "kernels", "--requests", "5")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn(warning, err)
+
+    def test_a_profile_or_preset_path_that_never_ends_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            endless = os.path.join(tmp, "endless.json")
+            os.symlink("/dev/zero", endless)
+            for flag in ("--engine", "--hardware"):
+                code, _, err = call_cli("simulate", flag, endless, "--requests", "5")
+                self.assertEqual(code, 2, err)
+                self.assertIn("far more than such a file holds", err)
+
     def test_an_unknown_engine_is_one_line_naming_the_known_ones(self):
         code, _, err = call_cli("simulate", "--engine", "tgi")
         self.assertEqual(code, 2)
