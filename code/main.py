@@ -9926,7 +9926,9 @@ def cmd_loadgen(args) -> int:
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
             check_writable(path, flag, args)
-    simulated_as = {name: value for name, value in settings_from_args(RunSpec, args).items() if name in SIMULATED_AS}
+    # Only these rows: loadgen's own flags (--model: the served model's name) share names with RunSpec's.
+    simulated_as = {name: value for name, value in ((n, read_setting(args, SETTINGS[n])) for n in SIMULATED_AS)
+                    if value is not None}
     if simulated_as and not args.simulate:
         flag = SETTINGS[next(iter(simulated_as))].metadata["flag"]
         raise UserError(f"{flag} sets up the simulation beside the run: add --simulate HARDWARE MODEL")
@@ -9935,6 +9937,10 @@ def cmd_loadgen(args) -> int:
         hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
         model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
         simulated_as = with_engine_profile(simulated_as)
+        if model.weight_bytes > hardware.memory_gib * GIB:    # whatever cache the server reports, no simulation
+            raise CapacityError(f"--simulate: {model.name}'s weights ({model.weight_bytes / 1e9:,.1f} GB) do not fit in "
+                                f"one {hardware.name} ({hardware.memory_gib:g} GiB), the device the run beside this one "
+                                f"would simulate; nothing was sent")
     result, records, stopped = run_load(config, Progress("loadgen"))     # returns with signals held
     if args.simulate and not stopped:
         try:        # Ctrl-C or SIGTERM here costs the side by side, never the report

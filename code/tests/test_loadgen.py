@@ -284,8 +284,9 @@ class ServerMetrics(unittest.TestCase):
     def test_the_simulation_beside_the_run_takes_the_servers_engine(self):
         info = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="2048"} 1.0\n'
         with FakeServer(paced(tokens=4), metrics=info) as server:
-            code, r, err = loadgen(server, "--requests", 3, "--max-tokens", 4, "--simulate", "h100-sxm-80gb",
-                                   "llama-3.1-8b", "--engine", "trtllm")
+            # --model is loadgen's (the served model's name), not a simulator preset, engine or not.
+            code, r, err = loadgen(server, "--requests", 3, "--max-tokens", 4, "--model", "served-name",
+                                   "--simulate", "h100-sxm-80gb", "llama-3.1-8b", "--engine", "trtllm")
         self.assertEqual(code, 0, err)
         side = r["side_by_side"]
         self.assertIn("llama-3.1-8b, trtllm, 2048 seqs", side["title"])
@@ -303,6 +304,11 @@ class ServerMetrics(unittest.TestCase):
                                    "llama-3.1-8b", "--engine", "tgi")
             self.assertEqual(code, 2)
             self.assertIn("tgi", err)
+            # A model that cannot fit on the simulated device is a simulation that cannot run: exit 1, unsent.
+            code, _, err = run_cli("loadgen", "--url", server.url, "--requests", 2, "--simulate", "l4-24gb",
+                                   "llama-3.1-70b")
+            self.assertEqual(code, 1)
+            self.assertIn("weights (141.2 GB) do not fit in one l4-24gb", err)
             self.assertEqual(server.bodies, [])
 
     def test_a_cache_config_that_is_no_cache_leaves_the_shape_unknown_and_says_why(self):
