@@ -4766,8 +4766,8 @@ def load_preset(kind: str, value: str, presets: dict, cls):
         low, high, note = PRESET_RANGES[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise UserError(f"{where}: field {name!r} must be a number, got {v!r}")
-        if high == 1 and 1 < v <= 100:
-            raise UserError(f"{where}: field {name!r} is {note} in (0, 1]; {v!r} looks like a percent: "
+        if high == 1 and 10 <= v <= 100:      # 85 meant as 0.85 (1.5 is no percent anyone means: the range says it)
+            raise UserError(f"{where}: field {name!r} is {note} from {low:g} to 1; {v!r} looks like a percent: "
                             f"write {v / 100:g}")
         inside = low <= v <= high
         if not inside:

@@ -232,7 +232,7 @@ CASES = [
     (["loadgen", "--prompts", f"{D}/adir"], 2, [f"{D}/adir"]),
 
     # JSON presets
-    (["capacity", "--hardware", f"{D}/hw_mbu7.json"], 2, ["hw_mbu7.json", "mbu"]),
+    (["capacity", "--hardware", f"{D}/hw_mbu7.json"], 2, ["hw_mbu7.json", "mbu", "must be from 0.01 to 1"]),
     (["capacity", "--hardware", f"{D}/hw_mbu75.json"], 2, ["hw_mbu75.json", "mbu", "0.75"]),
     (["simulate", "--hardware", f"{D}/hw_mbu75.json"], 2, ["hw_mbu75.json", "mbu"]),
     (["capacity", "--hardware", f"{D}/hw_mfu_tiny.json"], 2, ["hw_mfu_tiny.json", "mfu"]),
