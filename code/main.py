@@ -125,6 +125,11 @@ class Hardware:
     host_link_gbs: float = 0.0
     host_memory_gib: float = 0.0
 
+    @property
+    def link_bytes_per_second(self) -> float:
+        """What a collective's bytes move at between two of these devices: the link's achieved rate."""
+        return self.interconnect_gbs * 1e9 * self.link_efficiency
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -2012,7 +2017,7 @@ class Parallel:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {tp} of them as one group")
         self.inner, self.tp = inner, tp
-        self.link = hardware.interconnect_gbs * 1e9 * hardware.link_efficiency
+        self.link = hardware.link_bytes_per_second
         self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
@@ -2204,7 +2209,7 @@ class ExpertParallel:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {ep} of them as one group")
         self.inner, self.ep = inner, ep
-        self.link = hardware.interconnect_gbs * 1e9 * hardware.link_efficiency
+        self.link = hardware.link_bytes_per_second
         self.latency = (ALLREDUCE_BASE_US + (ep - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
@@ -2306,7 +2311,7 @@ class Pipeline:
         for i in range(1, self.pp):
             apart = (i * tp) // per_node != ((i - 1) * tp) // per_node or tp > per_node
             self.hops.append((spec.inter_node_gbs * 1e9, spec.inter_node_latency_us / 1e6) if apart else
-                             (hardware.interconnect_gbs * 1e9 * hardware.link_efficiency, hardware.interconnect_latency_us / 1e6))
+                             (hardware.link_bytes_per_second, hardware.interconnect_latency_us / 1e6))
 
     def micro_batches(self, seqs: float) -> float:
         return max(1.0, min(self.pp, seqs))
@@ -9391,21 +9396,15 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool =
     all of them in one group of that title."""
     rows = {f.name: f for f in fields(owner or RunSpec) if f.metadata}
     chosen = [rows[name] for name in rows if name in set(names)]
-    if title:
-        exclusive: dict = {}
-        g = p.add_argument_group(title)
-        for f in chosen:
-            add_setting(g, f, False, overrides, exclusive)
-        return
-    groups = {}
-    for group in dict.fromkeys([*GROUPS, *(f.metadata["group"] for f in chosen)]):
+    groups = {"": (p.add_argument_group(title), chosen)} if title else {}
+    for group in [] if title else dict.fromkeys([*GROUPS, *(f.metadata["group"] for f in chosen)]):
         members = [f for f in chosen if f.metadata["group"] == group]
         if members:
-            title = GROUPS.get(group, group)
+            heading = GROUPS.get(group, group)
             if overrides:
-                title = "the engine: each flag replaces what the run recorded (default: the recorded value, else " \
-                        "servesim's simulate default)" if group != "slo" else title
-            groups[group] = (p.add_argument_group(title) if group not in groups else groups[group], members)
+                heading = "the engine: each flag replaces what the run recorded (default: the recorded value, else " \
+                          "servesim's simulate default)" if group != "slo" else heading
+            groups[group] = (p.add_argument_group(heading) if group not in groups else groups[group], members)
     exclusive = {}
     for group, (g, members) in groups.items():
         for f in members:
