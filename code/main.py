@@ -337,6 +337,7 @@ class CapacityPlan:
     group_model: Optional[ModelSpec] = None     # the whole model, when `model` is one GPU's share
     replicas: int = 1                  # data-parallel engines of this plan, each with its own cache
     expert_parallel: bool = False      # ... sharing out the experts between them
+    of_free: bool = False              # the fraction is of what the weights and reserve leave (TensorRT-LLM)
 
     @property
     def kv_tokens(self) -> int:
@@ -350,9 +351,16 @@ class CapacityPlan:
 
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
-                  num_gpu_blocks: Optional[int] = None, extra_weight_bytes: float = 0.0) -> CapacityPlan:
-    """extra_weight_bytes: other weights sharing the device (a speculative draft model)."""
-    budget = hardware.memory_gib * GIB * gpu_memory_utilization
+                  num_gpu_blocks: Optional[int] = None, extra_weight_bytes: float = 0.0,
+                  of_free: bool = False) -> CapacityPlan:
+    """extra_weight_bytes: other weights sharing the device (a speculative draft model). of_free:
+    the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
+    weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
+    memory = hardware.memory_gib * GIB
+    budget = memory * gpu_memory_utilization
+    if of_free:
+        left = memory - model.weight_bytes - extra_weight_bytes - hardware.reserve_gib * GIB
+        budget = memory - max(left, 0.0) * (1 - gpu_memory_utilization)
     after_weights = budget - model.weight_bytes - extra_weight_bytes
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
     # it replaces servesim's fixed reserve, so only the weights limit it.
@@ -361,9 +369,11 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
         draft = f" plus a draft model's {extra_weight_bytes / 1e9:.2f} GB" if extra_weight_bytes else ""
+        room = f"{hardware.memory_gib:g} GiB" if of_free else \
+            f"{budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f})"
         raise CapacityError(
             f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{draft}{reserve} "
-            f"exceed {budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f}); "
+            f"exceed {room}; "
             f"quantize the weights, shard them with tensor parallelism, or use a bigger device")
     if num_gpu_blocks is not None:
         num_blocks, source = num_gpu_blocks, "--num-gpu-blocks"
@@ -383,7 +393,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
             f"({kv_bytes / GIB:.2f} GiB, from {source}) does not fit the {free / GIB:.2f} GiB left after the "
             f"weights; ask for fewer tokens, quantize, shard with tensor parallelism, or use a bigger device")
     plan = CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
-                        budget, kv_bytes, num_blocks, source)
+                        budget, kv_bytes, num_blocks, source, of_free=of_free)
     if num_gpu_blocks is not None:
         plan.note = (f"--num-gpu-blocks {num_gpu_blocks:,} leaves {(after_weights - kv_bytes) / GIB:.2f} GiB of the "
                      f"{budget / GIB:.2f} GiB budget for activations and CUDA graphs (servesim's own reserve for "
@@ -1450,7 +1460,7 @@ def detailed_arrays(requests: list) -> dict:
 # The kernel model's one fitted constant: how much longer a real step's kernels take than the
 # kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
 # the fit); validate scores each source with the fit from the others alone.
-KERNEL_SCALE = 1.27
+KERNEL_SCALE = 1.31
 
 
 @dataclass(frozen=True)
@@ -1465,6 +1475,7 @@ class EngineProfile:
     reserve_output: bool      # admit a request only if its prompt and all its output fit (TensorRT-LLM)
     defaults: Callable        # Hardware -> the knobs as the engine sets them when not given
     kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
+    kv_of_free: bool = False  # --gpu-memory-utilization is a share of what the weights leave (TensorRT-LLM)
     base: str = ""            # a profile file's: the engine whose rules, graphs and defaults it keeps
 
     # What a profile file (calibrate --fit engine writes one) sets; the rest is the base engine's.
@@ -1536,8 +1547,11 @@ ENGINES = {e.name: e for e in [
     # TensorRT-LLM 1.0's PyTorch backend: 45 ms of host time an iteration at batch 1,536 (NVIDIA/
     # TensorRT-LLM#10273), about 0.029 ms a sequence, hidden by the overlap scheduler (on by default);
     # decode-only CUDA graphs, not padded; admission by GUARANTEED_NO_EVICT, the default capacity
-    # policy: prompt + max output must fit.
-    EngineProfile("trtllm", 0.0, 0.029, True, trtllm_graphs, False, False, True, trtllm_defaults),
+    # policy: prompt + max output must fit. Its memory fraction (kv_cache_free_gpu_mem_fraction, 0.9)
+    # is of what is free after the model loads: (total - peak + allocated) x fraction
+    # (tensorrt_llm/_torch/pyexecutor/_util.py, KvCacheCreator._cal_max_memory), the peak taken after a
+    # dry run with activations: servesim's reserve stands for that peak.
+    EngineProfile("trtllm", 0.0, 0.029, True, trtllm_graphs, False, False, True, trtllm_defaults, kv_of_free=True),
     # llama.cpp: its CPU costs are the device's (calibrate them); no CUDA graphs on a CPU.
     EngineProfile("llamacpp", 0.0, 0.0, False, no_graphs, False, False, False, llamacpp_defaults),
 ]}
@@ -2890,7 +2904,8 @@ class RunSpec:
         MODELS["llama-3.1-8b"], "--model", preset_name, "model preset name or a JSON file with its fields", "plan",
         recorded=True)
     gpu_memory_utilization: float = setting(
-        0.9, "--gpu-memory-utilization", fraction, "share of device memory for weights plus KV cache, as vLLM's flag",
+        0.9, "--gpu-memory-utilization", fraction, "share of device memory for weights plus KV cache, as vLLM's flag; under --engine trtllm the share "
+        "of what the weights and activations leave that the KV cache takes (kv_cache_free_gpu_mem_fraction)",
         "plan", metavar="F", axis=8, short="gpu mem", recorded=True)
     block_size: int = setting(
         16, "--block-size", whole(1, 2**20), "tokens per KV block, as vLLM's --block-size", "plan", metavar="TOKENS",
@@ -3406,7 +3421,8 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     device = expert_shard(tensor_shard(stage, tp), ep)      # what each GPU holds and computes
     draft = spec.draft_model if spec.speculative_tokens else None
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
-                         spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0)
+                         spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0,
+                         of_free=engine_profile(spec).kv_of_free)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
@@ -9030,7 +9046,7 @@ def table(cells: list[list[str]]) -> list[str]:
             for row in cells]
 
 
-def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
+def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "vllm") -> None:
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
@@ -9039,7 +9055,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     if pp > 1:
         group = (f" x {tp * pp} ({pp} pipeline stages of {m.layers} layers" + (f", tensor parallel {tp}" if tp > 1 else "")
                  + ": each line is one GPU's)")
-    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}  gpu-memory-utilization {plan.gpu_memory_utilization:.2f}\n")
+    share = "kv_cache_free_gpu_mem_fraction" if plan.of_free else "gpu-memory-utilization"
+    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}  {share} {plan.gpu_memory_utilization:.2f}\n")
     params = m.params * tp * pp
     count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
     if tp * pp > 1:
@@ -9053,7 +9070,9 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
     layers = f"{m.layers - m.sliding_layers} full-attention layers" if m.sliding_layers else f"{m.layers} layers"
     w("kv per token", f"{m.kv_bytes_per_token / KIB:.1f} KiB",
       f"2 x {layers} x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
-    w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB", f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
+    w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
+      f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and reserve leave" if plan.of_free else
+      f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
     note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
             "--kv-tokens": "fixed by --kv-tokens (llama.cpp --ctx-size)",
             "--num-gpu-blocks": "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
@@ -9085,6 +9104,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None) -> None:
         out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
+    if engine != "vllm":               # the startup line below is vLLM's
+        return
     if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
         out.write(f"{'vllm would stop':<17}one request of {plan.max_model_len:,} tokens does not fit the "
                   f"{plan.kv_tokens:,}-token KV cache, so vLLM refuses to start: pass --max-model-len "
@@ -9099,6 +9120,7 @@ def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
     return {     # the model as given; every byte and block below is one GPU's
         "hardware": preset_fields(h), "model": preset_fields(plan.group_model or m),
         "gpu_memory_utilization": plan.gpu_memory_utilization,
+        "gpu_memory_utilization_of": "free after weights" if plan.of_free else "device",
         "weight_bytes": m.weight_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
         "budget_bytes": plan.budget_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
         "num_blocks": plan.num_blocks, "block_size": plan.block_size, "kv_tokens": plan.kv_tokens,
@@ -9581,7 +9603,7 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out)
+        print_capacity(plan, cost, out, engine_profile(spec).base or engine_profile(spec).name)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "
@@ -10220,9 +10242,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("capacity", help="the memory plan: weights, KV blocks, max concurrency, step cost",
                        description="Print the memory plan: weights, KV bytes per token, memory budget, KV blocks, "
                                    "max concurrency, the decode step at batch 1 and the batch where compute "
-                                   "catches up with the weight read, plus vLLM's startup line for the same plan.")
+                                   "catches up with the weight read, plus vLLM's startup line for the same plan "
+                                   "(with --engine vllm or none).")
     add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["group"] == "plan"]
-                 + ["data_parallel_size", "enable_expert_parallel"])
+                 + ["data_parallel_size", "enable_expert_parallel", "engine"])
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=cmd_capacity)
 

@@ -94,6 +94,43 @@ class DoesNotFit(unittest.TestCase):
         self.assertIn("does not fit", err)
 
 
+class EngineMemoryRule(unittest.TestCase):
+    """vLLM's --gpu-memory-utilization is a share of the whole device; TensorRT-LLM's
+    kv_cache_free_gpu_mem_fraction a share of what the weights and activations leave."""
+
+    def test_trtllms_fraction_is_of_the_memory_left_after_the_weights(self):
+        h100, model = main.HARDWARE["h100-sxm-80gb"], main.quantized(main.MODELS["llama-3.1-8b"], "fp8")
+        vllm = main.plan_capacity(h100, model, 0.9, 32, 2000)
+        trtllm = main.plan_capacity(h100, model, 0.9, 32, 2000, of_free=True)
+        left = h100.memory_gib * main.GIB - model.weight_bytes - h100.reserve_gib * main.GIB
+        self.assertAlmostEqual(vllm.kv_cache_bytes / (32 * model.kv_bytes_per_token),
+                               (0.9 * h100.memory_gib * main.GIB - model.weight_bytes - h100.reserve_gib * main.GIB)
+                               // (32 * model.kv_bytes_per_token))
+        self.assertEqual(trtllm.num_blocks, int(0.9 * left // (32 * model.kv_bytes_per_token)))
+        self.assertGreater(trtllm.num_blocks, vllm.num_blocks)
+        # A tenth of the device does not hold the weights; a tenth of what they leave is a cache.
+        with self.assertRaises(main.CapacityError):
+            main.plan_capacity(h100, model, 0.1, 32, 2000)
+        self.assertEqual(main.plan_capacity(h100, model, 0.1, 32, 2000, of_free=True).num_blocks,
+                         int(0.1 * left // (32 * model.kv_bytes_per_token)))
+
+    def test_capacity_with_engine_trtllm_prints_its_fraction_and_not_vllms_startup_line(self):
+        code, out, err = run_cli("capacity", "--engine", "trtllm", "--quantization", "fp8", "--max-model-len", "2000")
+        self.assertEqual(code, 0, err)
+        self.assertIn("kv_cache_free_gpu_mem_fraction 0.90", out)
+        self.assertIn("less 0.10 of what the weights and reserve leave", out)
+        self.assertIn("x 32 tokens", out)                  # TensorRT-LLM's tokens_per_block
+        self.assertNotIn("vllm would", out)
+        code, out, _ = run_cli("capacity", "--engine", "trtllm", "--quantization", "fp8", "--json")
+        self.assertEqual(json.loads(out)["gpu_memory_utilization_of"], "free after weights")
+        self.assertEqual(json.loads(run_cli("capacity", "--json")[1])["gpu_memory_utilization_of"], "device")
+
+    def test_a_model_too_big_for_trtllm_names_the_device_memory(self):
+        code, out, err = run_cli("capacity", "--engine", "trtllm", "--model", "llama-3.1-70b")
+        self.assertEqual(code, 1)
+        self.assertIn("weights 141.20 GB plus 2.0 GiB reserve exceed 79.6 GiB;", err)
+
+
 class FixedSizes(unittest.TestCase):
     def test_kv_tokens_fixes_the_cache_like_llama_cpp_ctx_size(self):
         plan = main.plan_capacity(main.HARDWARE["cpu-4vcpu"], main.MODELS["smollm2-135m-q8_0"], kv_tokens=4096)

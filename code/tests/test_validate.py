@@ -150,6 +150,51 @@ class Corpus(unittest.TestCase):
         self.assertIn("no runs to score", err)
 
 
+class KvCacheDtype(unittest.TestCase):
+    """Where a run's KV dtype was not published, the corpus sets FP8 only where a BF16 cache cannot
+    deliver the published figures on the device's peak bandwidth or memory (SOURCE.md shows the
+    arithmetic); these tests redo that arithmetic from the presets, so a preset change that undoes
+    it fails here."""
+
+    def corpus_run(self, name):
+        runs, _ = main.read_corpus(main.CORPUS)
+        return next(r for r in runs if r.name == name)
+
+    def test_a_bf16_cache_cannot_stream_the_8b_runs_published_throughput(self):
+        run = self.corpus_run("h100-llama-3.1-8b-instruct-fp8-tp1-128x2048")
+        model, device = run.settings["model"], run.settings["hardware"]
+        isl, osl = run.load["prompt_tokens"], run.load["output_tokens"]
+        bf16 = main.quantized(model, "fp8").kv_bytes_per_token
+        self.assertEqual(bf16, 2 * 32 * 8 * 128 * 2)
+        # Each output token's step reads its request's whole cache so far: isl + (osl - 1) / 2
+        # tokens on average, whatever the batch; at peak bandwidth that bounds the output rate.
+        ceiling = device.bandwidth_gbs * 1e9 / ((isl + (osl - 1) / 2) * bf16)
+        self.assertLess(ceiling, run.measured["output_throughput"])
+        fp8 = main.quantized(model, "fp8", "fp8").kv_bytes_per_token
+        self.assertGreater(device.bandwidth_gbs * 1e9 / ((isl + (osl - 1) / 2) * fp8), run.measured["output_throughput"])
+        checkpoint = [r for r in main.read_corpus(main.CORPUS)[0] if "llama-3.1-8b-instruct-fp8" in r.name]
+        self.assertEqual({r.settings.get("kv_cache_dtype") for r in checkpoint}, {"fp8"})
+
+    def test_a_bf16_cache_cannot_hold_the_nim_runs_decoding_requests(self):
+        run = self.corpus_run("nim1.8-llama3.3-70b-fp8-2xh100-tp2-5000x500-c250")
+        model, device = run.settings["model"], run.settings["hardware"]
+        tp = run.settings["tensor_parallel_size"]
+        # Little's law on the decoding requests: tokens/s x seconds per token = requests decoding,
+        # each holding at least its prompt's cache.
+        decoding = run.measured["output_throughput"] * run.measured["mean_tpot_ms"] / 1000
+        self.assertGreater(decoding, 80)
+        weights = main.quantized(model, "fp8").weight_bytes
+        room = tp * device.memory_gib * main.GIB - weights
+        held = decoding * run.load["prompt_tokens"]
+        self.assertGreater(held * main.quantized(model, "fp8").kv_bytes_per_token, room)
+        self.assertLess(held * main.quantized(model, "fp8", "fp8").kv_bytes_per_token, room)
+        self.assertEqual(run.settings.get("kv_cache_dtype"), "fp8")
+
+    def test_runs_with_no_evidence_of_fp8_keep_the_checkpoints_bf16_cache(self):
+        for name in ("h100-llama-3.3-70b-instruct-fp8-tp2-1000x1000", "h100-llama-3.3-70b-instruct-fp8-tp2-5000x500"):
+            self.assertNotIn("kv_cache_dtype", self.corpus_run(name).settings)
+
+
 class EngineProfiles(unittest.TestCase):
     def test_vllm_captures_graphs_at_its_sizes_and_pads_up_to_them(self):
         self.assertEqual(main.vllm_graphs(256)[:6], [1, 2, 4, 8, 16, 24])
