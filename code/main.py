@@ -337,7 +337,7 @@ class CapacityPlan:
     group_model: Optional[ModelSpec] = None     # the whole model, when `model` is one GPU's share
     replicas: int = 1                  # data-parallel engines of this plan, each with its own cache
     expert_parallel: bool = False      # ... sharing out the experts between them
-    of_free: bool = False              # the fraction is of what the weights and reserve leave (TensorRT-LLM)
+    of_free: bool = False              # the fraction is of what the weights and activations leave (TensorRT-LLM)
 
     @property
     def kv_tokens(self) -> int:
@@ -356,15 +356,16 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     """extra_weight_bytes: other weights sharing the device (a speculative draft model). of_free:
     the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
     weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
+    # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
+    # it replaces servesim's fixed reserve, so only the weights limit it.
+    reserve_bytes = 0.0 if kv_tokens or num_gpu_blocks else hardware.reserve_gib * GIB
     memory = hardware.memory_gib * GIB
     budget = memory * gpu_memory_utilization
     if of_free:
-        left = memory - model.weight_bytes - extra_weight_bytes - hardware.reserve_gib * GIB
+        left = memory - model.weight_bytes - extra_weight_bytes - reserve_bytes
         budget = memory - max(left, 0.0) * (1 - gpu_memory_utilization)
     after_weights = budget - model.weight_bytes - extra_weight_bytes
-    # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
-    # it replaces servesim's fixed reserve, so only the weights limit it.
-    free = after_weights if kv_tokens or num_gpu_blocks else after_weights - hardware.reserve_gib * GIB
+    free = after_weights - reserve_bytes
     block_bytes = block_size * model.kv_bytes_per_token
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
@@ -391,7 +392,8 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
         raise CapacityError(
             f"{model.name} on {hardware.name}: a KV cache of {num_blocks * block_size:,} tokens "
             f"({kv_bytes / GIB:.2f} GiB, from {source}) does not fit the {free / GIB:.2f} GiB left after the "
-            f"weights; ask for fewer tokens, quantize, shard with tensor parallelism, or use a bigger device")
+            f"weights at --gpu-memory-utilization {gpu_memory_utilization:g}; ask for fewer tokens, raise the "
+            f"fraction, quantize, shard with tensor parallelism, or use a bigger device")
     plan = CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
                         budget, kv_bytes, num_blocks, source, of_free=of_free)
     if num_gpu_blocks is not None:
@@ -2905,7 +2907,7 @@ class RunSpec:
         recorded=True)
     gpu_memory_utilization: float = setting(
         0.9, "--gpu-memory-utilization", fraction, "share of device memory for weights plus KV cache, as vLLM's flag; under --engine trtllm the share "
-        "of what the weights and activations leave that the KV cache takes (kv_cache_free_gpu_mem_fraction)",
+        "of what the weights and activations leave that the KV cache takes (its kv_cache_free_gpu_mem_fraction)",
         "plan", metavar="F", axis=8, short="gpu mem", recorded=True)
     block_size: int = setting(
         16, "--block-size", whole(1, 2**20), "tokens per KV block, as vLLM's --block-size", "plan", metavar="TOKENS",
@@ -9046,7 +9048,9 @@ def table(cells: list[list[str]]) -> list[str]:
             for row in cells]
 
 
-def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "vllm") -> None:
+def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional[str] = None,
+                   engine: str = "vllm") -> None:
+    """label: the engine the flags named, if any; engine: the one whose rules apply (vLLM's else)."""
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
@@ -9056,7 +9060,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "
         group = (f" x {tp * pp} ({pp} pipeline stages of {m.layers} layers" + (f", tensor parallel {tp}" if tp > 1 else "")
                  + ": each line is one GPU's)")
     share = "kv_cache_free_gpu_mem_fraction" if plan.of_free else "gpu-memory-utilization"
-    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}  {share} {plan.gpu_memory_utilization:.2f}\n")
+    named = f", engine {label}" if label else ""
+    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}{named}  {share} {plan.gpu_memory_utilization:.2f}\n")
     params = m.params * tp * pp
     count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
     if tp * pp > 1:
@@ -9071,7 +9076,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "
     w("kv per token", f"{m.kv_bytes_per_token / KIB:.1f} KiB",
       f"2 x {layers} x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
     w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
-      f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and reserve leave" if plan.of_free else
+      f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and activations leave"
+      if plan.of_free else
       f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
     note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
             "--kv-tokens": "fixed by --kv-tokens (llama.cpp --ctx-size)",
@@ -9105,6 +9111,10 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
     if engine != "vllm":               # the startup line below is vLLM's
+        if plan.max_concurrency < 1:
+            out.write(f"{'too long':<17}one request of {plan.max_model_len:,} tokens does not fit the "
+                      f"{plan.kv_tokens:,}-token KV cache, so requests that long fail: pass --max-model-len "
+                      f"{plan.kv_tokens} or less\n")
         return
     if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
         out.write(f"{'vllm would stop':<17}one request of {plan.max_model_len:,} tokens does not fit the "
@@ -9115,12 +9125,13 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, engine: str = "
                   f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
 
-def capacity_json(plan: CapacityPlan, cost: Roofline) -> dict:
+def capacity_json(plan: CapacityPlan, cost: Roofline, engine: Optional[str] = None) -> dict:
     h, m = plan.hardware, plan.model
     return {     # the model as given; every byte and block below is one GPU's
         "hardware": preset_fields(h), "model": preset_fields(plan.group_model or m),
         "gpu_memory_utilization": plan.gpu_memory_utilization,
-        "gpu_memory_utilization_of": "free after weights" if plan.of_free else "device",
+        "gpu_memory_utilization_of": "what the weights and activations leave" if plan.of_free else "device",
+        "engine": engine,
         "weight_bytes": m.weight_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
         "budget_bytes": plan.budget_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
         "num_blocks": plan.num_blocks, "block_size": plan.block_size, "kv_tokens": plan.kv_tokens,
@@ -9595,7 +9606,7 @@ def cmd_capacity(args) -> int:
         sys.stderr.write(f"servesim: {plan.note}\n")
     host = host_tier(spec, plan) if spec.kv_offloading_size else None
     if args.json:
-        report = capacity_json(plan, cost)
+        report = capacity_json(plan, cost, engine_label(spec))
         if host:
             report["host_tier"] = {"gib": spec.kv_offloading_size, "blocks": host.capacity,
                                    "tokens": host.capacity * plan.block_size, "link_gbs": spec.hardware.host_link_gbs,
@@ -9603,7 +9614,7 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out, engine_profile(spec).base or engine_profile(spec).name)
+        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).base or engine_profile(spec).name)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "

@@ -118,12 +118,18 @@ class EngineMemoryRule(unittest.TestCase):
         code, out, err = run_cli("capacity", "--engine", "trtllm", "--quantization", "fp8", "--max-model-len", "2000")
         self.assertEqual(code, 0, err)
         self.assertIn("kv_cache_free_gpu_mem_fraction 0.90", out)
-        self.assertIn("less 0.10 of what the weights and reserve leave", out)
+        self.assertIn("less 0.10 of what the weights and activations leave", out)
         self.assertIn("x 32 tokens", out)                  # TensorRT-LLM's tokens_per_block
         self.assertNotIn("vllm would", out)
+        self.assertIn(", engine trtllm", out.splitlines()[0])
+        code, out, _ = run_cli("capacity", "--engine", "trtllm", "--max-model-len", "2000000")
+        self.assertEqual(code, 0)
+        self.assertIn("too long         one request of 2,000,000 tokens does not fit", out)
         code, out, _ = run_cli("capacity", "--engine", "trtllm", "--quantization", "fp8", "--json")
-        self.assertEqual(json.loads(out)["gpu_memory_utilization_of"], "free after weights")
-        self.assertEqual(json.loads(run_cli("capacity", "--json")[1])["gpu_memory_utilization_of"], "device")
+        self.assertEqual(json.loads(out)["gpu_memory_utilization_of"], "what the weights and activations leave")
+        self.assertEqual(json.loads(out)["engine"], "trtllm")
+        plain = json.loads(run_cli("capacity", "--json")[1])
+        self.assertEqual((plain["gpu_memory_utilization_of"], plain["engine"]), ("device", None))
 
     def test_a_model_too_big_for_trtllm_names_the_device_memory(self):
         code, out, err = run_cli("capacity", "--engine", "trtllm", "--model", "llama-3.1-70b")
