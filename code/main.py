@@ -255,6 +255,12 @@ HARDWARE = {h.name: h for h in [
     # (all-gather 683 us, reduce-scatter 787 us for 20 MiB there) are priced from it, a little fast.
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
              interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
+    # The Server Edition (passive, for servers and clouds) runs its GDDR7 slower: NVML reports a
+    # 12,481 MHz memory clock on its 512-bit bus, 1,598 GB/s (the same hardware.yaml, "spec"),
+    # where the Workstation Edition's 14,001 MHz gives 1,792. Its boost clock is not on record
+    # there, so its FLOPS are the Workstation's; its link is the one measured above.
+    Hardware("rtx-pro-6000-server-96gb", 95.59, 1598, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
+             interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
              interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
@@ -268,7 +274,7 @@ HARDWARE = {h.name: h for h in [
 # Where each preset's price_per_hour comes from (see the sources above), shown by `presets`.
 PRICE_SOURCES = {"h100-sxm-80gb": "Lambda", "a100-sxm-80gb": "Lambda", "b200-180gb": "Lambda", "h200-141gb": "Crusoe",
                  "mi300x-192gb": "Crusoe", "l4-24gb": "AWS g6.xlarge", "rtx-4090-24gb": "RunPod",
-                 "l40s-48gb": "RunPod", "rtx-pro-6000-96gb": "Hyperstack"}
+                 "l40s-48gb": "RunPod", "rtx-pro-6000-96gb": "Hyperstack", "rtx-pro-6000-server-96gb": "Hyperstack"}
 
 MODELS = {m.name: m for m in [
     # Shapes from each model's config.json on Hugging Face (meta-llama/Llama-3.1-8B, -70B,
@@ -1462,7 +1468,7 @@ def detailed_arrays(requests: list) -> dict:
 # The kernel model's one fitted constant: how much longer a real step's kernels take than the
 # kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
 # the fit); validate scores each source with the fit from the others alone.
-KERNEL_SCALE = 1.31
+KERNEL_SCALE = 1.28
 
 
 @dataclass(frozen=True)

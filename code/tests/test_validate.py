@@ -195,6 +195,20 @@ class KvCacheDtype(unittest.TestCase):
             self.assertNotIn("kv_cache_dtype", self.corpus_run(name).settings)
 
 
+class DeviceEdition(unittest.TestCase):
+    def test_the_rtx_pro_runs_are_replayed_on_the_server_editions_memory_clock(self):
+        server, workstation = main.HARDWARE["rtx-pro-6000-server-96gb"], main.HARDWARE["rtx-pro-6000-96gb"]
+        # GDDR7's double data rate on a 512-bit bus: NVML's memory clock x 2 x 64 bytes.
+        self.assertAlmostEqual(server.bandwidth_gbs, 12481e6 * 2 * 64 / 1e9, delta=1)
+        self.assertAlmostEqual(workstation.bandwidth_gbs, 14001e6 * 2 * 64 / 1e9, delta=1)
+        runs = [r for r in main.read_corpus(main.CORPUS)[0] if r.name.startswith("rtxpro6000")]
+        self.assertEqual(len(runs), 3)
+        for run in runs:
+            spec = main.recorded_spec(main.read_request_log(os.path.join(run.folder, run.load["replay"], "requests.jsonl")),
+                                      dict(run.settings))
+            self.assertEqual(spec.hardware.name, "rtx-pro-6000-server-96gb", run.name)
+
+
 class EngineProfiles(unittest.TestCase):
     def test_vllm_captures_graphs_at_its_sizes_and_pads_up_to_them(self):
         self.assertEqual(main.vllm_graphs(256)[:6], [1, 2, 4, 8, 16, 24])
