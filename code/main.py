@@ -9117,6 +9117,9 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
     if engine != "vllm":               # the startup line below is vLLM's
+        if engine == "llamacpp" and plan.source == "budget":
+            out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share: pass the server's "
+                      f"--ctx-size as --kv-tokens to plan what it holds\n")
         if plan.max_concurrency < 1:
             out.write(f"{'too long':<17}one request of {plan.max_model_len:,} tokens does not fit the "
                       f"{plan.kv_tokens:,}-token KV cache, so requests that long fail: pass --max-model-len "

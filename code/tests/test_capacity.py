@@ -131,6 +131,14 @@ class EngineMemoryRule(unittest.TestCase):
         plain = json.loads(run_cli("capacity", "--json")[1])
         self.assertEqual((plain["gpu_memory_utilization_of"], plain["engine"]), ("device", None))
 
+    def test_llamacpp_is_told_its_cache_is_its_ctx_size(self):
+        code, out, _ = run_cli("capacity", "--engine", "llamacpp", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0")
+        self.assertEqual(code, 0)
+        self.assertIn("pass the server's --ctx-size as --kv-tokens", out)
+        code, out, _ = run_cli("capacity", "--engine", "llamacpp", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                               "--kv-tokens", "4096")
+        self.assertNotIn("--ctx-size as --kv-tokens", out)
+
     def test_a_model_too_big_for_trtllm_names_the_device_memory(self):
         code, out, err = run_cli("capacity", "--engine", "trtllm", "--model", "llama-3.1-70b")
         self.assertEqual(code, 1)
