@@ -255,12 +255,6 @@ HARDWARE = {h.name: h for h in [
     # (all-gather 683 us, reduce-scatter 787 us for 20 MiB there) are priced from it, a little fast.
     Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
              interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
-    # The Server Edition (passive, for servers and clouds) runs its GDDR7 slower: NVML reports a
-    # 12,481 MHz memory clock on its 512-bit bus, 1,598 GB/s (the same hardware.yaml, "spec"),
-    # where the Workstation Edition's 14,001 MHz gives 1,792. Its boost clock is not on record
-    # there, so its FLOPS are the Workstation's; its link is the one measured above.
-    Hardware("rtx-pro-6000-server-96gb", 95.59, 1598, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
-             interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
              interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
@@ -270,6 +264,12 @@ HARDWARE = {h.name: h for h in [
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5,
              kernel_floor_us=0.0, kernel_launch_us=0.0),
 ]}
+# The RTX PRO 6000's Server Edition (passive, for servers and clouds) runs its GDDR7 slower: NVML
+# reports a 12,481 MHz memory clock on its 512-bit bus, 1,598 GB/s (the hardware.yaml above, "spec"),
+# where the Workstation Edition's 14,001 MHz gives 1,792. Its boost clock is not on record there,
+# so its FLOPS are the Workstation's; its link is the one measured above, its price (unchecked) too.
+HARDWARE["rtx-pro-6000-server-96gb"] = replace(HARDWARE["rtx-pro-6000-96gb"], name="rtx-pro-6000-server-96gb",
+                                               bandwidth_gbs=1598)
 
 # Where each preset's price_per_hour comes from (see the sources above), shown by `presets`.
 PRICE_SOURCES = {"h100-sxm-80gb": "Lambda", "a100-sxm-80gb": "Lambda", "b200-180gb": "Lambda", "h200-141gb": "Crusoe",
@@ -363,15 +363,17 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
     weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
-    # it replaces servesim's fixed reserve, so only the weights limit it.
+    # it replaces servesim's fixed reserve, so only the weights and the fraction limit it.
     reserve_bytes = 0.0 if kv_tokens or num_gpu_blocks else hardware.reserve_gib * GIB
     memory = hardware.memory_gib * GIB
-    budget = memory * gpu_memory_utilization
+    weights = model.weight_bytes + extra_weight_bytes
     if of_free:
-        left = memory - model.weight_bytes - extra_weight_bytes - reserve_bytes
-        budget = memory - max(left, 0.0) * (1 - gpu_memory_utilization)
-    after_weights = budget - model.weight_bytes - extra_weight_bytes
-    free = after_weights - reserve_bytes
+        free = gpu_memory_utilization * (memory - weights - reserve_bytes)
+        budget = weights + reserve_bytes + max(free, 0.0)       # what the engine takes, as reported
+    else:
+        budget = memory * gpu_memory_utilization
+        free = budget - weights - reserve_bytes
+    after_weights = free + reserve_bytes
     block_bytes = block_size * model.kv_bytes_per_token
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
@@ -402,7 +404,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
             f"fraction, quantize, shard with tensor parallelism, or use a bigger device")
     plan = CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
                         budget, kv_bytes, num_blocks, source, of_free=of_free)
-    if num_gpu_blocks is not None:
+    if num_gpu_blocks is not None and not of_free:
         plan.note = (f"--num-gpu-blocks {num_gpu_blocks:,} leaves {(after_weights - kv_bytes) / GIB:.2f} GiB of the "
                      f"{budget / GIB:.2f} GiB budget for activations and CUDA graphs (servesim's own reserve for "
                      f"{hardware.name} is {hardware.reserve_gib:g} GiB)")
@@ -1468,7 +1470,7 @@ def detailed_arrays(requests: list) -> dict:
 # The kernel model's one fitted constant: how much longer a real step's kernels take than the
 # kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
 # the fit); validate scores each source with the fit from the others alone.
-KERNEL_SCALE = 1.28
+KERNEL_SCALE = 1.26
 
 
 @dataclass(frozen=True)
@@ -1640,9 +1642,17 @@ class PrefillApart:
 # - Each kernel takes at least the device's kernel_floor_us (a decoder layer runs 9: four GEMMs
 #   (qkv, o, gate_up, down), two fused add-norms, rotary, attention, the activation), plus its
 #   kernel_launch_us when the step runs outside a CUDA graph (a prefill, or a batch too big for one).
+# - A mixture-of-experts layer's experts cost a fixed time beside the bytes they read: routing,
+#   sorting the tokens by expert and two grouped GEMMs whose few rows per expert fill the GPU
+#   poorly. vLLM's benchmark_moe.py on an H100 (vllm-project/vllm#24700: Qwen3-30B-A3B, FP8, TP 1)
+#   times the fused experts at 40.4 us for one token and 247.7 us for 128, which read 37.7 MB and
+#   604 MB of experts: 27 us plus the bytes at 81% of peak bandwidth. The same shape in BF16 on a
+#   B200 (vllm-project/vllm#31447: 39.6 us for one token, 75.5 MB) leaves 27.5 us, so the fixed part
+#   is not the device's bandwidth. It is a measured kernel time, so the fitted scale leaves it alone.
 
 GEMM_TILE = 128
 KERNELS_PER_LAYER = 9
+MOE_LAYER_US = 27.0
 
 
 class KernelCost(Roofline):
@@ -1669,6 +1679,7 @@ class KernelCost(Roofline):
         # tiles, and it pays its calibrated step and sequence overheads in place of kernel floors.
         self.on_cpu = not hardware.kernel_floor_us
         self.tile = 1 if self.on_cpu else GEMM_TILE
+        self.experts_fixed = model.layers * MOE_LAYER_US / 1e6 if model.experts and not self.on_cpu else 0.0
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute = self.linear_flops_per_token * tokens / self.gemm_flops_per_second
@@ -1690,7 +1701,7 @@ class KernelCost(Roofline):
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
         calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
         # Real kernels run slower than this ideal by one factor, fitted on published runs (KERNEL_SCALE).
-        gpu = calibrated + (floor + gemm + attention) * self.engine.kernel_scale
+        gpu = calibrated + (floor + gemm + attention) * self.engine.kernel_scale + self.experts_fixed
         cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
         return max(gpu, cpu) if self.engine.overlap else gpu + cpu
 
@@ -9059,7 +9070,7 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     """label: the engine the flags named, if any; engine: the one whose rules apply (vLLM's else)."""
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
-    w = lambda label, value, note="": out.write(f"{label:<17}{value:<19} {note}".rstrip() + "\n")
+    w = lambda field, value, note="": out.write(f"{field:<17}{value:<19} {note}".rstrip() + "\n")
     weights = m.weight_bytes
     group = f" x {tp} (tensor parallel: each line is one GPU's)" if tp > 1 else ""
     if pp > 1:
@@ -9086,8 +9097,10 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
       if plan.of_free else
       f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
     note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
-            "--kv-tokens": "fixed by --kv-tokens (llama.cpp --ctx-size)",
-            "--num-gpu-blocks": "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
+            "--kv-tokens": "fixed by --kv-tokens (TensorRT-LLM's max_tokens)" if plan.of_free
+            else "fixed by --kv-tokens (llama.cpp --ctx-size)",
+            "--num-gpu-blocks": "fixed by --num-gpu-blocks" if plan.of_free
+            else "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
     w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
     w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens"
       + (" (a block spans the group)" if tp > 1 else ""))

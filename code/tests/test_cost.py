@@ -81,6 +81,30 @@ class KernelCost(unittest.TestCase):
         self.assertAlmostEqual(main.step_seconds(h, m, 64, 5000, 64), h.step_overhead_ms / 1000 + max(compute, memory))
 
 
+class MixtureOfExpertsLayer(unittest.TestCase):
+    """The kernel model's price of one MoE layer's experts against vLLM's own measurement of its
+    fused experts (benchmark_moe.py on an H100, vllm-project/vllm#24700: Qwen3-30B-A3B, FP8, TP 1)."""
+    MEASURED_US = {1: 40.44, 2: 56.15, 4: 78.10, 8: 118.64, 16: 164.64, 32: 210.07, 64: 237.26, 128: 247.67}
+
+    def priced_us(self, cost, model, tokens):
+        shared = cost.weight_bytes - model.expert_bytes
+        experts = (cost.weights_read(tokens) - shared) / model.layers
+        return main.MOE_LAYER_US + experts / cost.stream_bytes_per_second * 1e6
+
+    def test_the_fixed_part_and_the_bytes_price_every_measured_batch_within_12_percent(self):
+        model = main.quantized(main.MODELS["qwen3-30b-a3b"], "fp8")
+        cost = main.cost_model("kernels", main.HARDWARE["h100-sxm-80gb"], model, main.gemm_tflops(main.HARDWARE["h100-sxm-80gb"], "fp8"))
+        self.assertAlmostEqual(cost.experts_fixed, 48 * 27e-6)
+        for tokens, measured in self.MEASURED_US.items():
+            self.assertAlmostEqual(self.priced_us(cost, model, tokens) / measured, 1, delta=0.12, msg=tokens)
+        # Without the fixed part a lone token's experts would be priced at a third of their time.
+        self.assertLess(self.priced_us(cost, model, 1) - main.MOE_LAYER_US, 0.35 * self.MEASURED_US[1])
+
+    def test_dense_models_and_cpus_pay_no_experts_fixed_time(self):
+        self.assertEqual(main.KernelCost(main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]).experts_fixed, 0)
+        self.assertEqual(main.KernelCost(main.HARDWARE["cpu-4vcpu"], main.MODELS["qwen3-30b-a3b"]).experts_fixed, 0)
+
+
 class Quantization(unittest.TestCase):
     def plan(self, *flags):
         code, out, err = call_cli("capacity", "--json", *flags)

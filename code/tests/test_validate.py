@@ -176,23 +176,31 @@ class KvCacheDtype(unittest.TestCase):
         self.assertEqual({r.settings.get("kv_cache_dtype") for r in checkpoint}, {"fp8"})
 
     def test_a_bf16_cache_cannot_hold_the_nim_runs_decoding_requests(self):
-        run = self.corpus_run("nim1.8-llama3.3-70b-fp8-2xh100-tp2-5000x500-c250")
-        model, device = run.settings["model"], run.settings["hardware"]
-        tp = run.settings["tensor_parallel_size"]
-        # Little's law on the decoding requests: tokens/s x seconds per token = requests decoding,
-        # each holding at least its prompt's cache.
-        decoding = run.measured["output_throughput"] * run.measured["mean_tpot_ms"] / 1000
-        self.assertGreater(decoding, 80)
-        weights = main.quantized(model, "fp8").weight_bytes
-        room = tp * device.memory_gib * main.GIB - weights
-        held = decoding * run.load["prompt_tokens"]
-        self.assertGreater(held * main.quantized(model, "fp8").kv_bytes_per_token, room)
-        self.assertLess(held * main.quantized(model, "fp8", "fp8").kv_bytes_per_token, room)
-        self.assertEqual(run.settings.get("kv_cache_dtype"), "fp8")
+        for clients in (100, 150, 200, 250):
+            run = self.corpus_run(f"nim1.8-llama3.3-70b-fp8-2xh100-tp2-5000x500-c{clients}")
+            model, device = run.settings["model"], run.settings["hardware"]
+            tp = run.settings["tensor_parallel_size"]
+            # Little's law on the decoding requests: tokens/s x seconds per token = requests
+            # decoding, each holding at least its prompt's cache.
+            decoding = run.measured["output_throughput"] * run.measured["mean_tpot_ms"] / 1000
+            self.assertGreater(decoding, 80, clients)
+            weights = main.quantized(model, "fp8").weight_bytes
+            room = tp * device.memory_gib * main.GIB - weights
+            held = decoding * run.load["prompt_tokens"]
+            self.assertGreater(held * main.quantized(model, "fp8").kv_bytes_per_token, room, clients)
+            self.assertLess(held * main.quantized(model, "fp8", "fp8").kv_bytes_per_token, room, clients)
+        nim = [r for r in main.read_corpus(main.CORPUS)[0] if r.source == "nim"]
+        self.assertEqual({r.settings.get("kv_cache_dtype") for r in nim}, {"fp8"})     # one deployment
 
-    def test_runs_with_no_evidence_of_fp8_keep_the_checkpoints_bf16_cache(self):
+    def test_runs_the_bound_does_not_decide_keep_the_models_bf16_cache(self):
         for name in ("h100-llama-3.3-70b-instruct-fp8-tp2-1000x1000", "h100-llama-3.3-70b-instruct-fp8-tp2-5000x500"):
-            self.assertNotIn("kv_cache_dtype", self.corpus_run(name).settings)
+            run = self.corpus_run(name)
+            self.assertNotIn("kv_cache_dtype", run.settings)
+            model, device = run.settings["model"], run.settings["hardware"]
+            isl, osl = run.load["prompt_tokens"], run.load["output_tokens"]
+            per_gpu = main.quantized(model, "fp8").kv_bytes_per_token / run.settings["tensor_parallel_size"]
+            ceiling = device.bandwidth_gbs * 1e9 / ((isl + (osl - 1) / 2) * per_gpu)
+            self.assertLess(run.measured["output_throughput"], 0.35 * ceiling, name)
 
 
 class DeviceEdition(unittest.TestCase):
