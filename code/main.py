@@ -5271,6 +5271,9 @@ class PublishedRun:
     measured: dict
     cite: str
     folder: str
+    # Settings its page does not print that were read from its own published figures (a bound
+    # they break otherwise): its score is then partly in-sample, and validate says so.
+    inferred: tuple = ()
 
 
 # Settings a run's description may not give: validate sets them, or the load does.
@@ -5387,8 +5390,11 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
         raise UserError(f"{where}: measured must give positive numbers for some of {', '.join(PUBLISHED_FIGURES)}")
     if not measured and "replay" not in load:
         raise UserError(f"{where}: nothing measured to score")
+    inferred = row.get("inferred", [])
+    if not isinstance(inferred, list) or any(not isinstance(name, str) or name not in given for name in inferred):
+        raise UserError(f"{where}: inferred must list settings the run gives (those read from its own figures)")
     return PublishedRun(source, printable(row["name"]), engine, str(row.get("engine_version") or ""), settings, load, measured,
-                        str(row.get("cite") or ""), folder)
+                        str(row.get("cite") or ""), folder, tuple(inferred))
 
 
 TRACE_FIELDS = {"arrival": float, "prompt_tokens": int, "output_tokens": int,
@@ -7554,6 +7560,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             "rows": rows, "sustained": {"measured": None if verdict is None else verdict.get("sustained"),
                                         "servesim": None if predicted is None or verdict is None else predicted.get("sustained")},
             "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
+            "inferred": list(published.inferred),
             "failed": simulated["failed"], "sent": simulated["completed"] + simulated["failed"],
             "failure": next(iter((simulated.get("first_error_by_kind") or {}).values()), None)}
 
@@ -7678,14 +7685,21 @@ def validation_summary(results: list[dict]) -> dict:
         values = sorted(values)
         return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2 if values else None
 
-    quiet = [r for r in results if not r["near_capacity"]]
-    busy = [r for r in results if r["near_capacity"]]
-    medians = {}
-    for label, key, runs in (("throughput", "output_throughput", results), ("tpot", "mean_tpot_ms", results),
-                             ("ttft", "mean_ttft_ms", quiet), ("ttft near capacity", "mean_ttft_ms", busy),
-                             ("e2e", "mean_e2el_ms", results)):
-        found = errors(key, runs)
-        medians[label] = {"median": median_of(found), "runs": len(found)}
+    def medians_of(results):
+        quiet = [r for r in results if not r["near_capacity"]]
+        busy = [r for r in results if r["near_capacity"]]
+        medians = {}
+        for label, key, runs in (("throughput", "output_throughput", results), ("tpot", "mean_tpot_ms", results),
+                                 ("ttft", "mean_ttft_ms", quiet), ("ttft near capacity", "mean_ttft_ms", busy),
+                                 ("e2e", "mean_e2el_ms", results)):
+            found = errors(key, runs)
+            medians[label] = {"median": median_of(found), "runs": len(found)}
+        return medians
+
+    medians = medians_of(results)
+    inferred = [r for r in results if r.get("inferred")]
+    strict = {"runs": len(inferred), "settings": sorted({name for r in inferred for name in r["inferred"]}),
+              "medians": medians_of([r for r in results if not r.get("inferred")])} if inferred else None
     within = [r["name"] for r in results
               if all(abs(r["rows"][k]["error"]) <= VALIDATION_BOUND for k in ("output_throughput", "mean_tpot_ms")
                      if k in r["rows"] and r["rows"][k]["error"] is not None)]
@@ -7697,7 +7711,7 @@ def validation_summary(results: list[dict]) -> dict:
         by_source[source] = {label: median_of(errors(key, mine)) for label, key in
                              (("throughput", "output_throughput"), ("tpot", "mean_tpot_ms"), ("ttft", "mean_ttft_ms"))}
     return {"medians": medians, "within_bound": len(within), "runs": len(results), "verdicts_judged": len(judged),
-            "verdicts_wrong": wrong, "by_source": by_source}
+            "verdicts_wrong": wrong, "by_source": by_source, "without_inferred": strict}
 
 
 # What loadgen --simulate takes about the server beside the run's own shape: the engine it runs.
@@ -8711,11 +8725,19 @@ def print_validation(report: dict, w) -> None:
             verdict = "-" if measured is None or predicted is None else ("yes" if measured else "no") + (
                 "" if measured == predicted else f", predicted {'yes' if predicted else 'no'}")
             near = " (busy)" if r["near_capacity"] else ""
-            w(f"  {r['name']:<{width - 2}}{r['engine']:<8}{r['gpus']:>4}"
+            name = r["name"] + (" *" if r.get("inferred") else "")
+            w(f"  {name:<{width - 2}}{r['engine']:<8}{r['gpus']:>4}"
               f"{'-' if r['kernel_scale'] is None else format(r['kernel_scale'], '.2f'):>7}{cells}  {verdict}{near}\n")
-    medians = summary["medians"]
-    parts = [f"{label} {m['median']:.1%} ({m['runs']} runs)" for label, m in medians.items() if m["median"] is not None]
-    w(f"median |error|: {', '.join(parts)}\n")
+
+    def medians_text(medians):
+        return ", ".join(f"{label} {m['median']:.1%} ({m['runs']} runs)" for label, m in medians.items()
+                         if m["median"] is not None)
+
+    w(f"median |error|: {medians_text(summary['medians'])}\n")
+    strict = summary.get("without_inferred")
+    if strict:
+        w(f"  * {strict['runs']} runs replay with {', '.join(strict['settings'])} read from their own figures; "
+          f"without them: {medians_text(strict['medians']) or 'no figure left'}\n")
     w(f"within {VALIDATION_BOUND:.0%} on throughput and TPOT: {summary['within_bound']} of {summary['runs']} runs\n")
     wrong = summary["verdicts_wrong"]
     w(f"sustained verdicts: {summary['verdicts_judged']} judged, {len(wrong)} wrong"

@@ -126,6 +126,25 @@ class Corpus(unittest.TestCase):
             self.assertIn(said, out)
         self.assertIn("  fine ", out)
 
+    def test_runs_with_settings_read_from_their_own_figures_are_marked_and_scored_apart(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            honest = closed_loop_run("honest", tpot=10.0)
+            read = {**closed_loop_run("read", tpot=1000.0), "settings": {"kv_cache_dtype": "fp8"},
+                    "inferred": ["kv_cache_dtype"]}
+            bad = {**closed_loop_run("bad"), "inferred": ["kv_cache_dtype"]}       # names a setting it does not give
+            write_corpus(tmp, {"a": [honest, read, bad]})
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+            _, js, _ = call_cli("validate", tmp, "--jobs", "1", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("  read * ", out)
+        self.assertNotIn("honest *", out)
+        self.assertIn("inferred must list settings the run gives", out)
+        self.assertIn("* 1 runs replay with kv_cache_dtype read from their own figures; without them: tpot", out)
+        summary = json.loads(js)["summary"]
+        alone = next(r for r in json.loads(js)["runs"] if r["name"] == "honest")["rows"]["mean_tpot_ms"]["error"]
+        self.assertAlmostEqual(summary["without_inferred"]["medians"]["tpot"]["median"], abs(alone))
+        self.assertNotAlmostEqual(summary["medians"]["tpot"]["median"], abs(alone))
+
     def test_a_corpus_whose_every_run_is_skipped_is_one_line_and_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": [{**closed_loop_run("x"), "settings": {"max_tokens_in_flight": 50}}]})
