@@ -207,6 +207,15 @@ class ModelSpec:
         return 2 * (self.layers - self.sliding_layers) * self.kv_heads * self.head_dim * self.kv_dtype_bytes
 
 
+# Two RTX PRO 6000s over PCIe Gen5, measured with NCCL (vLLM's PyNcclCommunicator, BF16 all-reduce,
+# CUDA-graphed): 12.7 us for 4 KB, 41 us for 1 MiB, 587 us for 20 MiB, i.e. 36.4 GB/s (0.58 of
+# 63) plus ~12 us, which is 6.6 + 2 x 3.0 us (casys-kaist/LLMServingSim
+# profiler/perf/RTXPRO6000/hardware.yaml at 1b2cc02d, "measured: interconnect", Server Edition).
+# Measured on two ranks and for all-reduce only: larger groups and the expert-parallel gathers
+# (all-gather 683 us, reduce-scatter 787 us for 20 MiB there) are priced from it, a little fast.
+RTX_PRO_6000 = Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
+                        interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63)
+
 HARDWARE = {h.name: h for h in [
     # Datasheets: NVIDIA H100, A100, H200 and L4 datasheets; the Ada Lovelace architecture
     # whitepaper for the RTX 4090 (165.2 dense BF16 and 330.3 dense FP8 TFLOPS with FP32 accumulate).
@@ -247,14 +256,13 @@ HARDWARE = {h.name: h for h in [
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
     Hardware("l40s-48gb", 44.99, 864, 362.05, fp8_tflops=733, interconnect_gbs=31.5, interconnect_latency_us=1.0,
              price_per_hour=1.09, host_link_gbs=31.5),
-    # Two RTX PRO 6000s over PCIe Gen5, measured with NCCL (vLLM's PyNcclCommunicator, BF16 all-reduce,
-    # CUDA-graphed): 12.7 us for 4 KB, 41 us for 1 MiB, 587 us for 20 MiB, i.e. 36.4 GB/s (0.58 of
-    # 63) plus ~12 us, which is 6.6 + 2 x 3.0 us (casys-kaist/LLMServingSim
-    # profiler/perf/RTXPRO6000/hardware.yaml at 1b2cc02d, "measured: interconnect", Server Edition).
-    # Measured on two ranks and for all-reduce only: larger groups and the expert-parallel gathers
-    # (all-gather 683 us, reduce-scatter 787 us for 20 MiB there) are priced from it, a little fast.
-    Hardware("rtx-pro-6000-96gb", 95.59, 1792, 503.8, fp8_tflops=1007.6, interconnect_gbs=63,
-             interconnect_latency_us=3.0, link_efficiency=0.58, price_per_hour=1.85, host_link_gbs=63),
+    RTX_PRO_6000,
+    # Its Server Edition (passive, for servers and clouds) runs its GDDR7 slower: NVML reports a
+    # 12,481 MHz memory clock on its 512-bit bus, 1,598 GB/s (the hardware.yaml above, "spec"), where
+    # the Workstation Edition's 14,001 MHz gives 1,792. Its boost clock is not on record there, so its
+    # FLOPS are the Workstation's; its link is the one measured above; Hyperstack's RTX PRO 6000 price
+    # does not name the edition.
+    replace(RTX_PRO_6000, name="rtx-pro-6000-server-96gb", bandwidth_gbs=1598),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
              interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
@@ -264,12 +272,6 @@ HARDWARE = {h.name: h for h in [
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5,
              kernel_floor_us=0.0, kernel_launch_us=0.0),
 ]}
-# The RTX PRO 6000's Server Edition (passive, for servers and clouds) runs its GDDR7 slower: NVML
-# reports a 12,481 MHz memory clock on its 512-bit bus, 1,598 GB/s (the hardware.yaml above, "spec"),
-# where the Workstation Edition's 14,001 MHz gives 1,792. Its boost clock is not on record there,
-# so its FLOPS are the Workstation's; its link is the one measured above, its price (unchecked) too.
-HARDWARE["rtx-pro-6000-server-96gb"] = replace(HARDWARE["rtx-pro-6000-96gb"], name="rtx-pro-6000-server-96gb",
-                                               bandwidth_gbs=1598)
 
 # Where each preset's price_per_hour comes from (see the sources above), shown by `presets`.
 PRICE_SOURCES = {"h100-sxm-80gb": "Lambda", "a100-sxm-80gb": "Lambda", "b200-180gb": "Lambda", "h200-141gb": "Crusoe",
@@ -1485,7 +1487,7 @@ class EngineProfile:
     reserve_output: bool      # admit a request only if its prompt and all its output fit (TensorRT-LLM)
     defaults: Callable        # Hardware -> the knobs as the engine sets them when not given
     kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
-    kv_of_free: bool = False  # --gpu-memory-utilization is a share of what the weights leave (TensorRT-LLM)
+    kv_of_free: bool = False  # --gpu-memory-utilization is a share of what the weights and activations leave
     base: str = ""            # a profile file's: the engine whose rules, graphs and defaults it keeps
 
     # What a profile file (calibrate --fit engine writes one) sets; the rest is the base engine's.
@@ -1558,9 +1560,9 @@ ENGINES = {e.name: e for e in [
     # TensorRT-LLM#10273), about 0.029 ms a sequence, hidden by the overlap scheduler (on by default);
     # decode-only CUDA graphs, not padded; admission by GUARANTEED_NO_EVICT, the default capacity
     # policy: prompt + max output must fit. Its memory fraction (kv_cache_free_gpu_mem_fraction, 0.9)
-    # is of what is free after the model loads: (total - peak + allocated) x fraction
-    # (tensorrt_llm/_torch/pyexecutor/_util.py, KvCacheCreator._cal_max_memory), the peak taken after a
-    # dry run with activations: servesim's reserve stands for that peak.
+    # is of what the weights and activations leave once the model loads: (total - peak + allocated)
+    # x fraction (tensorrt_llm/_torch/pyexecutor/_util.py, KvCacheCreator._cal_max_memory), the peak
+    # taken after a dry run with activations; servesim's reserve stands for that peak.
     EngineProfile("trtllm", 0.0, 0.029, True, trtllm_graphs, False, False, True, trtllm_defaults, kv_of_free=True),
     # llama.cpp: its CPU costs are the device's (calibrate them); no CUDA graphs on a CPU.
     EngineProfile("llamacpp", 0.0, 0.0, False, no_graphs, False, False, False, llamacpp_defaults),
@@ -1648,7 +1650,9 @@ class PrefillApart:
 #   times the fused experts at 40.4 us for one token and 247.7 us for 128, which read 37.7 MB and
 #   604 MB of experts: 27 us plus the bytes at 81% of peak bandwidth. The same shape in BF16 on a
 #   B200 (vllm-project/vllm#31447: 39.6 us for one token, 75.5 MB) leaves 27.5 us, so the fixed part
-#   is not the device's bandwidth. It is a measured kernel time, so the fitted scale leaves it alone.
+#   is not the device's bandwidth. It is a measured kernel time, so the fitted scale leaves it alone;
+#   the bytes beside it stream at bandwidth_efficiency and take the scale, which prices that layer
+#   6-13% slower than the benchmark (the test holds the unscaled sum within 10%).
 
 GEMM_TILE = 128
 KERNELS_PER_LAYER = 9
@@ -4969,7 +4973,7 @@ KNOWN_MODELS = {"meta-llama/llama-3.1-8b": "llama-3.1-8b", "meta-llama/llama-3.1
 KNOWN_DEVICES = {"nvidia geforce rtx 4090": "rtx-4090-24gb", "nvidia h100 80gb hbm3": "h100-sxm-80gb",
                  "nvidia a100-sxm4-80gb": "a100-sxm-80gb", "nvidia l4": "l4-24gb", "nvidia h200": "h200-141gb",
                  "nvidia l40s": "l40s-48gb", "nvidia rtx pro 6000 blackwell workstation edition": "rtx-pro-6000-96gb",
-                 "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-96gb", "nvidia b200": "b200-180gb",
+                 "nvidia rtx pro 6000 blackwell server edition": "rtx-pro-6000-server-96gb", "nvidia b200": "b200-180gb",
                  "amd instinct mi300x": "mi300x-192gb"}
 
 
@@ -8710,7 +8714,7 @@ def print_validation(report: dict, w) -> None:
       + ("; each source scored with the kernel scale fitted on the other sources alone\n" if scale else "\n"))
     figures = (("tok/s", "output_throughput"), ("TPOT ms", "mean_tpot_ms"), ("TTFT ms", "mean_ttft_ms"),
                ("E2E ms", "mean_e2el_ms"))
-    width = max([3, *(len(r["name"]) for r in runs)]) + 4
+    width = max([3, *(len(r["name"]) + 2 * bool(r.get("inferred")) for r in runs)]) + 4
     w(f"{'run':<{width}}{'engine':<8}{'GPUs':>4}{'scale':>7}"
       + "".join(f"{label:>10}{'error':>8}" for label, _ in figures) + "  kept up\n")
     for source in summary["by_source"]:
@@ -8730,13 +8734,15 @@ def print_validation(report: dict, w) -> None:
               f"{'-' if r['kernel_scale'] is None else format(r['kernel_scale'], '.2f'):>7}{cells}  {verdict}{near}\n")
 
     def medians_text(medians):
-        return ", ".join(f"{label} {m['median']:.1%} ({m['runs']} runs)" for label, m in medians.items()
+        return ", ".join(f"{label} {m['median']:.1%} ({m['runs']} run{'s' * (m['runs'] != 1)})" for label, m in medians.items()
                          if m["median"] is not None)
 
     w(f"median |error|: {medians_text(summary['medians'])}\n")
     strict = summary.get("without_inferred")
     if strict:
-        w(f"  * {strict['runs']} runs replay with {', '.join(strict['settings'])} read from their own figures; "
+        one = strict["runs"] == 1
+        w(f"  * {strict['runs']} run{'s' * (not one)} replay{'s' * one} with {', '.join(strict['settings'])} read from "
+          f"{'its' if one else 'their'} own figures; "
           f"without them: {medians_text(strict['medians']) or 'no figure left'}\n")
     w(f"within {VALIDATION_BOUND:.0%} on throughput and TPOT: {summary['within_bound']} of {summary['runs']} runs\n")
     wrong = summary["verdicts_wrong"]

@@ -139,7 +139,7 @@ class Corpus(unittest.TestCase):
         self.assertIn("  read * ", out)
         self.assertNotIn("honest *", out)
         self.assertIn("inferred must list settings the run gives", out)
-        self.assertIn("* 1 runs replay with kv_cache_dtype read from their own figures; without them: tpot", out)
+        self.assertIn("* 1 run replays with kv_cache_dtype read from its own figures; without them: tpot 26.0% (1 run)", out)
         summary = json.loads(js)["summary"]
         alone = next(r for r in json.loads(js)["runs"] if r["name"] == "honest")["rows"]["mean_tpot_ms"]["error"]
         self.assertAlmostEqual(summary["without_inferred"]["medians"]["tpot"]["median"], abs(alone))
