@@ -228,6 +228,9 @@ class DeviceEdition(unittest.TestCase):
         # GDDR7's double data rate on a 512-bit bus: NVML's memory clock x 2 x 64 bytes.
         self.assertAlmostEqual(server.bandwidth_gbs, 12481e6 * 2 * 64 / 1e9, delta=1)
         self.assertAlmostEqual(workstation.bandwidth_gbs, 14001e6 * 2 * 64 / 1e9, delta=1)
+        # A meta.json or log naming the card takes its edition's preset.
+        self.assertEqual(main.KNOWN_DEVICES["nvidia rtx pro 6000 blackwell server edition"], server.name)
+        self.assertEqual(main.KNOWN_DEVICES["nvidia rtx pro 6000 blackwell workstation edition"], workstation.name)
         runs = [r for r in main.read_corpus(main.CORPUS)[0] if r.name.startswith("rtxpro6000")]
         self.assertEqual(len(runs), 3)
         for run in runs:
