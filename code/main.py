@@ -3247,6 +3247,10 @@ def check_spec(spec: RunSpec) -> None:
     if spec.engine and spec.engine not in ENGINES and not spec.profile:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
                         f"--engine on the command line (or pass RunSpec(profile=...))")
+    engine = engine_profile(spec) if spec.engine or spec.profile else None
+    if engine and (engine.base or engine.name) == "trtllm" and not spec.hardware.kernel_floor_us:
+        raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "
+                        f"kernel_floor_us); use --engine llamacpp, or a GPU preset")
     synthetic = (spec.prompt_tokens, spec.output_tokens, spec.prefix_tokens, spec.num_prefixes) != \
         (default.prompt_tokens, default.output_tokens, default.prefix_tokens, default.num_prefixes)
     if spec.trace and synthetic:

@@ -164,6 +164,10 @@ def write_files(d: str) -> None:
 
 D = "{d}"
 CASES = [
+    # An engine on a device it cannot run on
+    (["capacity", "--engine", "trtllm", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0"], 2,
+     ["TensorRT-LLM runs on NVIDIA GPUs", "cpu-4vcpu", "--engine llamacpp"]),
+    (["simulate", "--engine", "trtllm", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0"], 2, ["--engine trtllm"]),
     # Absurd numbers on the command line
     (["simulate", "--rate", "1e-300"], 2, ["--rate"]),
     (["simulate", "--rate", "1e300"], 2, ["--rate"]),
