@@ -931,10 +931,14 @@ class Scheduler:
         """The request samples `tokens` tokens at the end of the step (several: accepted
         speculative proposals). A request that is done leaves; one a prefill engine hands over
         leaves with its KV."""
-        for _ in range(tokens):
-            gap = request.emit(now)
-            if gap is not None and request.measured:
+        gap = request.emit(now)
+        for _ in range(tokens - 1):       # accepted proposals come with it, no gap between them
+            request.emit(now)
+        if request.measured:
+            if gap is not None:
                 self.count_gaps(gap, 1)
+            if tokens > 1:
+                self.count_gaps(0.0, tokens - 1)
         if request.finished:
             self.release(request)
             self.done.append(request)
