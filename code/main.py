@@ -1497,6 +1497,11 @@ class EngineProfile:
     # What a profile file (calibrate --fit engine writes one) sets; the rest is the base engine's.
     FILE_FIELDS = ("step_cpu_ms", "seq_cpu_ms", "overlap", "kernel_scale")
 
+    @property
+    def rules(self) -> str:
+        """The engine whose rules, graphs and defaults this one runs: its base, else itself."""
+        return self.base or self.name
+
 
 def vllm_graphs(max_num_seqs: int) -> list[int]:
     # [1, 2, 4] + 8..248 by 8 + 256.. by 16, up to min(2 x max_num_seqs, 512) (vllm/config/vllm.py
@@ -2276,7 +2281,7 @@ class ExpertParallel:
 # others' decodes, and a request reaching an idle rank waits for the group's step to end.
 
 def lockstep(replicas: int, model: ModelSpec, engine: EngineProfile) -> bool:
-    return replicas > 1 and bool(model.experts) and (engine.base or engine.name) == "vllm"
+    return replicas > 1 and bool(model.experts) and engine.rules == "vllm"
 
 
 class Lockstep(Replicas):
@@ -3252,7 +3257,7 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
                         f"--engine on the command line (or pass RunSpec(profile=...))")
     engine = engine_profile(spec) if spec.engine or spec.profile else None
-    if engine and (engine.base or engine.name) == "trtllm" and not spec.hardware.kernel_floor_us:
+    if engine and engine.rules == "trtllm" and not spec.hardware.kernel_floor_us:
         raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "
                         f"kernel_floor_us); use --engine llamacpp, or a GPU preset")
     synthetic = (spec.prompt_tokens, spec.output_tokens, spec.prefix_tokens, spec.num_prefixes) != \
@@ -4893,7 +4898,7 @@ def read_engine_profile(path: str) -> EngineProfile:
 
 
 def engine_profile_json(profile: EngineProfile, source: str) -> dict:
-    return {"name": profile.name, "base": profile.base or profile.name,
+    return {"name": profile.name, "base": profile.rules,
             **{k: getattr(profile, k) for k in EngineProfile.FILE_FIELDS}, "source": source}
 
 
@@ -7404,7 +7409,7 @@ def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: H
         if i not in kept and worst(alternative := fit({**kept, i: start[i]})) <= worst(values) + 0.005:
             kept[i], values, why[i] = start[i], alternative, "the runs fit as well with it"
     values = [float(f"{v:.4g}") for v in values]
-    profile = replace(base, name=name, base=base.base or base.name,
+    profile = replace(base, name=name, base=base.rules,
                       kernel_scale=values[0], step_cpu_ms=values[1], seq_cpu_ms=values[2])
     names = {0: "kernel_scale", 1: "step_cpu_ms", 2: "seq_cpu_ms"}
     return profile, errors(values), {names[i]: why[i] for i in sorted(kept)}
@@ -7697,13 +7702,13 @@ def validation_summary(results: list[dict]) -> dict:
         values = sorted(values)
         return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2 if values else None
 
-    def medians_of(results):
-        quiet = [r for r in results if not r["near_capacity"]]
-        busy = [r for r in results if r["near_capacity"]]
+    def medians_of(scored):
+        quiet = [r for r in scored if not r["near_capacity"]]
+        busy = [r for r in scored if r["near_capacity"]]
         medians = {}
-        for label, key, runs in (("throughput", "output_throughput", results), ("tpot", "mean_tpot_ms", results),
+        for label, key, runs in (("throughput", "output_throughput", scored), ("tpot", "mean_tpot_ms", scored),
                                  ("ttft", "mean_ttft_ms", quiet), ("ttft near capacity", "mean_ttft_ms", busy),
-                                 ("e2e", "mean_e2el_ms", results)):
+                                 ("e2e", "mean_e2el_ms", scored)):
             found = errors(key, runs)
             medians[label] = {"median": median_of(found), "runs": len(found)}
         return medians
@@ -9102,8 +9107,8 @@ def table(cells: list[list[str]]) -> list[str]:
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional[str] = None,
-                   engine: str = "vllm") -> None:
-    """label: the engine the flags named, if any; engine: the one whose rules apply (vLLM's else)."""
+                   rules: str = "vllm") -> None:
+    """label: the engine the flags named, if any (engine_label); rules: the engine whose rules apply."""
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda field, value, note="": out.write(f"{field:<17}{value:<19} {note}".rstrip() + "\n")
@@ -9165,20 +9170,15 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
         out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
-    if engine != "vllm":               # the startup line below is vLLM's
-        if engine == "llamacpp" and plan.source == "budget":
-            out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share: pass the server's "
-                      f"--ctx-size as --kv-tokens to plan what it holds\n")
-        if plan.max_concurrency < 1:
-            out.write(f"{'too long':<17}one request of {plan.max_model_len:,} tokens does not fit the "
-                      f"{plan.kv_tokens:,}-token KV cache, so requests that long fail: pass --max-model-len "
-                      f"{plan.kv_tokens} or less\n")
-        return
+    if rules == "llamacpp" and plan.source == "budget":
+        out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share: pass the server's "
+                  f"--ctx-size as --kv-tokens to plan what it holds\n")
     if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
-        out.write(f"{'vllm would stop':<17}one request of {plan.max_model_len:,} tokens does not fit the "
-                  f"{plan.kv_tokens:,}-token KV cache, so vLLM refuses to start: pass --max-model-len "
-                  f"{plan.kv_tokens} or less\n")
-    else:
+        label, outcome = ("vllm would stop", "so vLLM refuses to start") if rules == "vllm" else \
+            ("too long", "so requests that long fail")
+        out.write(f"{label:<17}one request of {plan.max_model_len:,} tokens does not fit the "
+                  f"{plan.kv_tokens:,}-token KV cache, {outcome}: pass --max-model-len {plan.kv_tokens} or less\n")
+    elif rules == "vllm":              # vLLM's startup line
         out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
                   f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
 
@@ -9672,7 +9672,7 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).base or engine_profile(spec).name)
+        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "
