@@ -3864,6 +3864,10 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     sustained = closed_loop or (growth <= max_growth and (served >= min_served * offered or growth <= 0))
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
+    # Clients in step: with fixed lengths and no timing noise a closed loop's rounds arrive together
+    # and are prefilled together, every request with the same TTFT; a real run's clients drift apart.
+    firsts = {round(r.first_token_s - r.sent_s, 9) for r in measured if r.first_token_s is not None}
+    in_step = {"clients_in_step": len(firsts) == 1 and len(measured) > 1} if closed_loop else {}
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa") for stat in ("mean", "median", "p90", "p95", "p99")))
     # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
@@ -3871,7 +3875,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
             "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
             "wait_growth_s_per_s": growth,
-            "sustained": sustained, "closed_loop": closed_loop, **{k: metrics[k] for k in keep if k in metrics}}
+            "sustained": sustained, "closed_loop": closed_loop, **in_step, **{k: metrics[k] for k in keep if k in metrics}}
 
 
 def by_turn(requests: list) -> list[dict]:
@@ -8505,7 +8509,10 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
                f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
                f"output tok/s")
-    return [verdict, figures]
+    in_step = [f"{'':<12}clients in step: fixed lengths send each round's prompts together, so every TTFT is the "
+               f"same; real clients drift apart and spread the prefills (so does a range A-B for --prompt-tokens or "
+               f"--output-tokens)"] if steady.get("clients_in_step") else []
+    return [verdict, figures, *in_step]
 
 
 SPREAD_SHOWN = (("ttft p95", "p95_ttft_ms", " ms"), ("ttfa p95", "p95_ttfa_ms", " ms"), ("tpot p95", "p95_tpot_ms", " ms"),

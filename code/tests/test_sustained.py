@@ -71,6 +71,21 @@ class SimulatedVerdict(unittest.TestCase):
         line = next(line for line in out.splitlines() if line.startswith("overloaded"))
         self.assertRegex(line, r"offered [78]\d\.\d\d req/s, served \d\d\.\d\d req/s, queue grows \d\d\.\d\d req/s")
 
+    def test_a_closed_loop_in_step_says_so_and_one_that_drifts_does_not(self):
+        # Fixed lengths: every round's prompts arrive and are prefilled together, one TTFT for all.
+        fixed = main.RunSpec(concurrency=8, requests=200, prompt_tokens=main.TokenRange(1024, 1024),
+                             output_tokens=main.TokenRange(128, 128))
+        self.assertTrue(main.run(fixed)["steady_state"]["clients_in_step"])
+        spread = main.replace(fixed, output_tokens=main.TokenRange(64, 192))
+        self.assertFalse(main.run(spread)["steady_state"]["clients_in_step"])
+        self.assertNotIn("clients_in_step", main.run(main.replace(fixed, concurrency=None, rate=5))["steady_state"])
+        code, out, _ = call_cli("simulate", "--concurrency", "8", "--requests", "200", "--prompt-tokens", "1024",
+                                "--output-tokens", "128")
+        self.assertEqual(code, 0)
+        self.assertIn("clients in step: fixed lengths send each round's prompts together", out)
+        code, out, _ = call_cli("simulate", "--concurrency", "8", "--requests", "200")
+        self.assertNotIn("clients in step", out)
+
     def test_thresholds_outside_their_range_are_refused(self):
         for flag, value in (("--min-served", "0"), ("--min-served", "1.5"), ("--max-queue-growth", "-0.1"),
                             ("--steady-skip", "0.95")):
