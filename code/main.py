@@ -826,13 +826,18 @@ class Scheduler:
         c = self.config
         if request.total > c.max_model_len:
             return f"longer than --max-model-len: {size_of(request)} > {c.max_model_len:,}"
-        if not c.chunked_prefill and request.total > c.max_num_batched_tokens:
-            return (f"longer than --max-num-batched-tokens without chunked prefill: {size_of(request)} > "
-                    f"{c.max_num_batched_tokens:,}")
+        longest, named = self.longest_prefill(request)
+        if not c.chunked_prefill and longest > c.max_num_batched_tokens:
+            return f"longer than --max-num-batched-tokens without chunked prefill: {named} > {c.max_num_batched_tokens:,}"
         if self.blocks_for(request.total - 1) > self.pool.num_blocks:   # the last token is never stored
             return (f"larger than the KV cache: needs {self.blocks_for(request.total - 1):,} blocks, "
                     f"the cache has {self.pool.num_blocks:,}")
         return None
+
+    def longest_prefill(self, request: Request) -> tuple[int, str]:
+        """The most tokens a request may prefill in one step, and their name: its prompt and its
+        output, which a preempted request recomputes together."""
+        return request.total, size_of(request)
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
@@ -1607,6 +1612,11 @@ class NoEvict:
     def release(self, request: Request) -> None:
         super().release(request)
         self.moves += 1
+
+    def longest_prefill(self, request: Request) -> tuple[int, str]:
+        # Never preempted, so never recomputed with its output: only the prompt is prefilled at once
+        # (trtllm-bench raises max_num_tokens to the longest prompt plus the batch for this reason).
+        return request.prompt_tokens, f"prompt {request.prompt_tokens:,} tokens"
 
 
 class PrefillApart:

@@ -169,6 +169,59 @@ class Corpus(unittest.TestCase):
         self.assertIn("no runs to score", err)
 
 
+class TrtllmBenchLimits(unittest.TestCase):
+    """trtllm-bench picks a run's max_batch_size and max_num_tokens itself when none are given
+    (tensorrt_llm/bench/benchmark/utils/general.py get_settings; the heuristic in
+    tensorrt_llm/bench/build/tuning.py calc_engine_setting and finetune_setting), and the page's runs
+    give none. The corpus sets what that heuristic gives on the presets' memory and parameters: this
+    redoes it, so a preset change that moves a run's limits fails here."""
+
+    @staticmethod
+    def heuristic(run):
+        model, device = run.settings["model"], run.settings["hardware"]
+        tp, isl, osl = run.settings["tensor_parallel_size"], run.load["prompt_tokens"], run.load["output_tokens"]
+        kv_bytes = 1 if run.settings.get("kv_cache_dtype") == "fp8" else 2
+        weight_bytes = 1 if run.settings.get("quantization") == "fp8" else 2
+        # GiB a token over the whole group, each GPU holding at least one KV head.
+        per_token = 2 * model.layers * max(tp, model.kv_heads) * model.head_dim * kv_bytes / 2**30
+        cache = (device.memory_gib * tp - model.params * weight_bytes / 2**30) * 0.95   # --kv_cache_free_gpu_mem_fraction
+        requests = cache / (per_token * (isl + osl))
+        raw_bs = min(requests, 4096)
+        raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
+        if raw_bs < 256:
+            batch = max(64, 32 * math.ceil(raw_bs / 32))
+        elif raw_bs < 1024:
+            batch = 128 * math.ceil(raw_bs / 128)
+        else:
+            batch = 256 * math.ceil(raw_bs / 256)
+        if raw_tokens < 4096:
+            tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+        elif raw_tokens < 8192:
+            tokens = 512 * math.ceil(raw_tokens / 512)
+        else:
+            tokens = 1024 * math.ceil(raw_tokens / 1024)
+        # Without chunked prefill (trtllm-bench's default) the longest prompt must fit one step.
+        return batch, max(tokens, isl + batch)
+
+    def test_every_run_replays_the_limits_trtllm_bench_would_pick(self):
+        runs = [r for r in main.read_corpus(main.CORPUS)[0] if r.source == "trtllm"]
+        self.assertEqual(len(runs), 9)
+        for run in runs:
+            self.assertEqual((run.settings["max_num_seqs"], run.settings["max_num_batched_tokens"]),
+                             self.heuristic(run), run.name)
+
+    def test_a_prompt_that_fits_one_step_runs_under_tensorrt_llm_though_its_output_does_not(self):
+        # 5,000 in + 500 out under a 5,064-token budget: TensorRT-LLM never preempts, so only the
+        # prompt is prefilled at once; vLLM's rule keeps room to recompute prompt and output together.
+        spec = main.RunSpec(model=main.MODELS["llama-3.3-70b"], tensor_parallel_size=2, quantization="fp8",
+                            max_num_seqs=64, max_num_batched_tokens=5064, chunked_prefill=False, requests=20,
+                            prompt_tokens=main.TokenRange(5000, 5000), output_tokens=main.TokenRange(500, 500),
+                            concurrency=4)
+        self.assertEqual(main.run(main.replace(spec, engine="trtllm"))["failed"], 0)
+        refused = main.run(main.replace(spec, engine="vllm"))
+        self.assertEqual(refused["failed"], 20)
+
+
 class KvCacheDtype(unittest.TestCase):
     """Where a run's KV dtype was not published, the corpus sets FP8 only where a BF16 cache cannot
     deliver the published figures on the device's peak bandwidth or memory (SOURCE.md shows the
