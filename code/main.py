@@ -3331,8 +3331,9 @@ def check_spec(spec: RunSpec) -> None:
         raise UserError(f"--batching static runs its own padded batch, with no prefix cache and no slots{engine}: "
                         f"add {' and '.join(on)}")
     if spec.kv_layout == "slots" and spec.prefix_caching:
-        raise UserError("--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot; "
-                        "drop --prefix-caching")
+        engine = f" (--engine {spec.engine} turns prefix caching on)" if spec.engine else ""
+        raise UserError(f"--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot{engine}: "
+                        f"add --prefix-caching off")
     if spec.replica_schedule and spec.data_parallel_size not in (1, spec.replica_schedule.most):
         raise UserError(f"--replica-schedule asks for up to {spec.replica_schedule.most} replicas and sets "
                         f"--data-parallel-size itself: drop --data-parallel-size {spec.data_parallel_size}")
@@ -3699,8 +3700,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.warmup:
         result["warmup_requests"] = spec.warmup
     everyone = [r for e in engines for r in e.scheduler.done]
-    result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served, spec.max_queue_growth,
-                                           bool(spec.clients()), dict(spec.goodput))
+    steady = result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served,
+                                                    spec.max_queue_growth, bool(spec.clients()), dict(spec.goodput))
+    if steady and steady["closed_loop"] and steady["sustained"] is not None:
+        steady["clients_in_step"] = clients_in_step(spec, everyone, steady)
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
     decode = engines[-1]
@@ -3874,10 +3877,6 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     sustained = closed_loop or (growth <= max_growth and (served >= min_served * offered or growth <= 0))
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
-    # Clients in step: with fixed lengths and no timing noise a closed loop's rounds arrive together
-    # and are prefilled together, every request with the same TTFT; a real run's clients drift apart.
-    firsts = {round(r.first_token_s - r.sent_s, 9) for r in measured if r.first_token_s is not None}
-    in_step = {"clients_in_step": len(firsts) == 1 and len(measured) > 1} if closed_loop else {}
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa") for stat in ("mean", "median", "p90", "p95", "p99")))
     # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
@@ -3885,7 +3884,20 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
             "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
             "wait_growth_s_per_s": growth,
-            "sustained": sustained, "closed_loop": closed_loop, **in_step, **{k: metrics[k] for k in keep if k in metrics}}
+            "sustained": sustained, "closed_loop": closed_loop, **{k: metrics[k] for k in keep if k in metrics}}
+
+
+def clients_in_step(spec: RunSpec, requests: list, steady: dict) -> bool:
+    """Whether a simulated closed loop's clients stayed in step. With fixed lengths and no timing
+    noise, requests that end in one step are sent again together and prefilled together, round
+    after round, where a real run's clients drift apart: at least half the steady window's
+    requests sent at the same moment as another, two clients or more, fixed lengths."""
+    fixed = spec.prompt_tokens.low == spec.prompt_tokens.high and spec.output_tokens.low == spec.output_tokens.high
+    if (spec.clients() or 0) < 2 or spec.trace or not fixed:
+        return False
+    t0 = min(r.sent_s for r in requests)
+    sends = Counter(r.sent_s for r in requests if steady["start_s"] <= r.sent_s - t0 <= steady["end_s"])
+    return sum(n for n in sends.values() if n > 1) >= 0.5 * sum(sends.values())
 
 
 def by_turn(requests: list) -> list[dict]:
@@ -8519,9 +8531,9 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
                f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
                f"output tok/s")
-    in_step = [f"{'':<12}clients in step: fixed lengths send each round's prompts together, so every TTFT is the "
-               f"same; real clients drift apart and spread the prefills (so does a range A-B for --prompt-tokens or "
-               f"--output-tokens)"] if steady.get("clients_in_step") else []
+    in_step = [f"{'':<12}clients in step: with fixed lengths, requests that end together are sent again together "
+               f"and prefilled together, round after round; real clients drift apart and spread the prefills (so does "
+               f"a range A-B for --prompt-tokens or --output-tokens)"] if steady.get("clients_in_step") else []
     return [verdict, figures, *in_step]
 
 

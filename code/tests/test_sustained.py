@@ -72,17 +72,24 @@ class SimulatedVerdict(unittest.TestCase):
         self.assertRegex(line, r"offered [78]\d\.\d\d req/s, served \d\d\.\d\d req/s, queue grows \d\d\.\d\d req/s")
 
     def test_a_closed_loop_in_step_says_so_and_one_that_drifts_does_not(self):
-        # Fixed lengths: every round's prompts arrive and are prefilled together, one TTFT for all.
-        fixed = main.RunSpec(concurrency=8, requests=200, prompt_tokens=main.TokenRange(1024, 1024),
-                             output_tokens=main.TokenRange(128, 128))
-        self.assertTrue(main.run(fixed)["steady_state"]["clients_in_step"])
-        spread = main.replace(fixed, output_tokens=main.TokenRange(64, 192))
-        self.assertFalse(main.run(spread)["steady_state"]["clients_in_step"])
-        self.assertNotIn("clients_in_step", main.run(main.replace(fixed, concurrency=None, rate=5))["steady_state"])
+        def in_step(**changes):
+            fixed = main.RunSpec(concurrency=8, requests=200, prompt_tokens=main.TokenRange(1024, 1024),
+                                 output_tokens=main.TokenRange(128, 128))
+            return main.run(main.replace(fixed, **changes))["steady_state"].get("clients_in_step")
+        # Fixed lengths: requests that end in one step are sent again together, round after round.
+        self.assertTrue(in_step())
+        self.assertTrue(in_step(requests=201))                  # a last round cut short
+        self.assertTrue(in_step(concurrency=10, requests=256))  # cohorts of 7 and 3, two TTFTs
+        self.assertFalse(in_step(output_tokens=main.TokenRange(64, 192)))
+        self.assertFalse(in_step(concurrency=1, requests=50))   # one client has nobody to keep step with
+        # Prompts prefilled one at a time stagger the sends: not in step, though every TTFT is equal.
+        self.assertFalse(in_step(engine="trtllm", concurrency=4, requests=40, prompt_tokens=main.TokenRange(8000, 8000),
+                                 output_tokens=main.TokenRange(500, 500)))
+        self.assertIsNone(in_step(concurrency=None, rate=5))    # an open loop has no clients
         code, out, _ = call_cli("simulate", "--concurrency", "8", "--requests", "200", "--prompt-tokens", "1024",
                                 "--output-tokens", "128")
         self.assertEqual(code, 0)
-        self.assertIn("clients in step: fixed lengths send each round's prompts together", out)
+        self.assertIn("clients in step: with fixed lengths, requests that end together are sent again together", out)
         code, out, _ = call_cli("simulate", "--concurrency", "8", "--requests", "200")
         self.assertNotIn("clients in step", out)
 
