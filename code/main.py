@@ -827,7 +827,7 @@ class Scheduler:
         if request.total > c.max_model_len:
             return f"longer than --max-model-len: {size_of(request)} > {c.max_model_len:,}"
         longest, named = self.longest_prefill(request)
-        if not c.chunked_prefill and longest > c.max_num_batched_tokens:
+        if not c.chunked_prefill and longest > self.token_budget():      # static batching has no budget
             return f"longer than --max-num-batched-tokens without chunked prefill: {named} > {c.max_num_batched_tokens:,}"
         if self.blocks_for(request.total - 1) > self.pool.num_blocks:   # the last token is never stored
             return (f"larger than the KV cache: needs {self.blocks_for(request.total - 1):,} blocks, "

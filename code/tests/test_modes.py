@@ -133,6 +133,17 @@ class StaticBatching(unittest.TestCase):
         self.assertEqual(next_one.queue_s, slow.last_token_s)
         self.assertLess(quick.last_token_s, next_one.queue_s)
 
+    def test_a_prompt_longer_than_the_token_budget_runs_because_the_batch_is_prefilled_whole(self):
+        e = engine(batching="static", max_num_seqs=2, max_num_batched_tokens=2048, chunked_prefill=False)
+        long = req(0, 3000, 5)
+        main.simulate(e, [long])
+        self.assertIsNone(long.error)
+        self.assertEqual(long.generated, 5)
+        paged = engine(max_num_batched_tokens=2048, chunked_prefill=False)
+        refused = req(0, 3000, 5)
+        main.simulate(paged, [refused])
+        self.assertIn("longer than --max-num-batched-tokens without chunked prefill", refused.error)
+
     def test_kv_reserved_is_every_row_padded_to_prompt_plus_longest_output(self):
         e = engine(batching="static", max_num_seqs=2)
         main.simulate(e, [req(0, 10, 5), req(1, 100, 50)])
