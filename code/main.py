@@ -8566,6 +8566,8 @@ def print_run(result: dict, out=None) -> None:
     examples = result.get("first_error_by_kind", {})
     for kind, count in sorted(result["errors_by_kind"].items()):
         example = examples.get(kind, kind)
+        if count > 1 and example != kind:    # the others' figures differ: show the first as the first
+            example = f"{kind} (the first: {example[len(kind):].lstrip(': ')})"
         w(f"{'':<12}{count:,} x {example if len(example) <= 160 else example[:157] + '...'}\n")
     if result.get("stopped"):
         w(f"{'':<12}stopped early: {result['stopped']}\n")

@@ -130,3 +130,19 @@ class JsonOutput(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FailureLines(unittest.TestCase):
+    def test_several_failures_of_one_kind_show_the_first_as_the_first(self):
+        # Ten prompts of 9,000 to 9,100 tokens under an 8,192 budget: one line for the kind, and the
+        # first request's own figures marked as the first's, since the others' differ.
+        code, out, _ = run_cli("simulate", "--no-chunked-prefill", "--prompt-tokens", "9000-9100", "--output-tokens",
+                               "100", "--requests", "10", "--concurrency", "2")
+        self.assertEqual(code, 1)
+        line = next(line for line in out.splitlines() if " x longer than" in line)
+        self.assertRegex(line.strip(), r"^10 x longer than --max-num-batched-tokens without chunked prefill "
+                                       r"\(the first: prompt 9,\d{3} \+ output 100 tokens > 8,192\)$")
+        code, out, _ = run_cli("simulate", "--no-chunked-prefill", "--prompt-tokens", "9000", "--output-tokens",
+                               "100", "--requests", "1", "--concurrency", "1")
+        self.assertIn("1 x longer than --max-num-batched-tokens without chunked prefill: prompt 9,000 + output 100 "
+                      "tokens > 8,192", out)
