@@ -8229,6 +8229,13 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         return value
 
     done = number_at(report, "completed") or 0
+    failed = number_at(report, "failed") or 0
+    if not done and failed:
+        # Nothing ran, so no budget bound: saying "healthy" would hide the one thing to fix.
+        first = next(iter((report.get("first_error_by_kind") or {}).values()), None)
+        raise CapacityError(f"explain input {name}: all {failed:,.0f} of its requests failed"
+                            + (f" (the first: {printable(str(first)[:200])})" if first else "")
+                            + "; there is no latency to diagnose until they run")
     config, engine = report.get("config") or {}, report.get("engine")
     server = report.get("server") or {}
     totals = [number_at(report, key) for key in ("total_input_tokens", "total_output_tokens")]

@@ -203,3 +203,20 @@ class OneTable(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NothingRan(unittest.TestCase):
+    def test_a_report_whose_every_request_failed_is_one_line_naming_the_first_reason_not_healthy(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "failed.json")
+            code, out, err = run_cli("simulate", "--no-chunked-prefill", "--prompt-tokens", "9000", "--output-tokens",
+                                     "100", "--requests", "4", "--concurrency", "2", "--json")
+            self.assertEqual(code, 1)
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path)
+        self.assertEqual(code, 1)
+        self.assertEqual(out, "")
+        self.assertEqual(err.strip(), "servesim: explain input failed.json: all 4 of its requests failed (the first: "
+                         "longer than --max-num-batched-tokens without chunked prefill: prompt 9,000 + output 100 tokens "
+                         "> 8,192); there is no latency to diagnose until they run")
