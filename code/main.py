@@ -8653,7 +8653,8 @@ def print_run(result: dict, out=None) -> None:
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
-        w(f"{'turn ' + str(row['turn']):<12}{row['requests']:,} requests  prompt {number(row['mean_prompt_tokens'], 0)} "
+        failed = f" ({row['failed']:,} failed)" if row.get("failed") else ""
+        w(f"{'turn ' + str(row['turn']):<12}{row['requests']:,} requests{failed}  prompt {number(row['mean_prompt_tokens'], 0)} "
           f"tokens  ttft p50 {number(row['median_ttft_ms'])} p95 {number(row['p95_ttft_ms'])} ms  "
           f"prefix hits {row['prefix_hit_rate']:.1%}\n")
     if result.get("goodput_slos_ms"):

@@ -146,3 +146,12 @@ class FailureLines(unittest.TestCase):
                                "100", "--requests", "1", "--concurrency", "1")
         self.assertIn("1 x longer than --max-num-batched-tokens without chunked prefill: prompt 9,000 + output 100 "
                       "tokens > 8,192", out)
+
+    def test_a_turn_whose_requests_failed_says_how_many(self):
+        # The third turn's prompt (two answers of history on 3,000 tokens) outgrows an 8,192 budget.
+        code, out, _ = run_cli("simulate", "--turns", "3", "--no-chunked-prefill", "--prompt-tokens", "3000",
+                               "--output-tokens", "100", "--requests", "30", "--concurrency", "4")
+        self.assertEqual(code, 1)
+        rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("turn ")}
+        self.assertIn("10 requests (10 failed)  prompt - tokens", rows["3"])
+        self.assertNotIn("failed", rows["1"])
