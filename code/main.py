@@ -3795,7 +3795,8 @@ def mean_report(values: list):
         return all(values) if all(isinstance(v, bool) for v in values) else first
     if isinstance(first, (int, float)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                for v in values):
-        return sum(values) / len(values)
+        # A figure every seed agrees on (a count, a setting) keeps its own value and type.
+        return first if all(v == first for v in values) else sum(values) / len(values)
     if isinstance(first, dict) and all(isinstance(v, dict) for v in values):
         return {key: mean_report([v.get(key) for v in values]) for key in first}
     if isinstance(first, list) and first and all(isinstance(item, dict) for item in first) and \

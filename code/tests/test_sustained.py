@@ -190,6 +190,15 @@ class TraceRepeats(unittest.TestCase):
         # its own message, even in a later copy of the same row, is new.
         self.assertAlmostEqual(result["engine"]["prefix_hit_rate"], 9 * 64 / (10 * 96))
 
+    def test_a_figure_every_seed_agrees_on_keeps_its_value_and_type(self):
+        merged = main.mean_report([{"completed": 160, "block_size": 16, "ttft": 2.0}, {"completed": 160, "block_size": 16,
+                                                                                       "ttft": 3.0}])
+        self.assertEqual(merged, {"completed": 160, "block_size": 16, "ttft": 2.5})
+        self.assertIsInstance(merged["completed"], int)
+        code, out, _ = call_cli("simulate", "--seeds", "3", "--requests", "200")
+        self.assertEqual(code, 0)
+        self.assertRegex(out, r"kv cache    [\d,]+ blocks x 16 tokens ")
+
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
         trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
         spread = main.run_seeds(trace, 3)["seeds"]["spread"]["p95_ttft_ms"]
