@@ -4976,8 +4976,11 @@ def check_report(report, where: str) -> dict:
     for section in REPORT_SECTIONS:
         if report.get(section) is not None and not isinstance(report[section], dict):
             raise UserError(f"{where}: {section} must be an object, got {str(report[section])[:40]}")
+    # A --seeds report's counts are the seeds' means, not whole numbers.
+    count = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)) if report.get("seeds") else \
+        (lambda v: isinstance(v, int) and not isinstance(v, bool))
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
-        if key in report and (not isinstance(report[key], int) or isinstance(report[key], bool)):
+        if key in report and not count(report[key]):
             raise UserError(f"{where}: {key} must be a whole number, got {str(report[key])[:40]}")
     for key, value in report.items():
         if (key.endswith("_ms") or key.endswith("_throughput") or key == "duration") and value is not None \
@@ -8297,13 +8300,16 @@ def read_signals(path: str) -> Signals:
     if isinstance(data, list) and data and all(isinstance(r, dict) and ("median_ttft_ms" in r or "does_not_fit" in r)
                                                for r in data):
         # A sweep: diagnose its most loaded point, and keep the trend from the point before.
-        # Points whose model did not fit ran nothing, so there is nothing in them to diagnose.
-        data = [point for point in data if "median_ttft_ms" in point]
-        if not data:
+        # Points whose model did not fit, or whose every request failed, ran nothing to diagnose.
+        fitted = [point for point in data if "median_ttft_ms" in point]
+        if not fitted:
             raise UserError(f"{path}: a sweep in which no point fitted; there is no run to diagnose")
+        data = [point for point in fitted if point.get("completed") or not point.get("failed")] or fitted[-1:]
         for i, point in enumerate(data):
             check_report(point, f"explain input {path} point {i + 1}")
-        return signals_from_report(data[-1], f"{name} (last of {len(data)} points)", data[-2] if len(data) > 1 else None)
+        left = f", {len(fitted) - len(data)} whose requests all failed left out" if len(data) < len(fitted) else ""
+        return signals_from_report(data[-1], f"{name} (last of {len(data)} point{'s' if len(data) > 1 else ''}{left})",
+                                   data[-2] if len(data) > 1 else None)
     if isinstance(data, dict) and "median_ttft_ms" in data:
         return signals_from_report(check_report(data, f"explain input {path}"), name)
     raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")
@@ -8574,9 +8580,9 @@ def print_run(result: dict, out=None) -> None:
     examples = result.get("first_error_by_kind", {})
     for kind, count in sorted(result["errors_by_kind"].items()):
         example = examples.get(kind, kind)
-        if count > 1 and example != kind:    # the others' figures differ: show the first as the first
+        if count > 1 and example != kind:    # one request's figures stand for them all: say whose
             example = f"{kind} (the first: {example[len(kind):].lstrip(': ')})"
-        w(f"{'':<12}{count:,} x {example if len(example) <= 160 else example[:157] + '...'}\n")
+        w(f"{'':<12}{number(count, 0)} x {example if len(example) <= 160 else example[:157] + '...'}\n")
     if result.get("stopped"):
         w(f"{'':<12}stopped early: {result['stopped']}\n")
     if result.get("hint"):
@@ -8654,7 +8660,7 @@ def print_run(result: dict, out=None) -> None:
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
-        failed = f" ({row['failed']:,} failed)" if row.get("failed") else ""
+        failed = f" ({number(row['failed'], 0)} failed)" if row.get("failed") else ""
         w(f"{'turn ' + str(row['turn']):<12}{row['requests']:,} requests{failed}  prompt {number(row['mean_prompt_tokens'], 0)} "
           f"tokens  ttft p50 {number(row['median_ttft_ms'])} p95 {number(row['p95_ttft_ms'])} ms  "
           f"prefix hits {row['prefix_hit_rate']:.1%}\n")
@@ -9732,8 +9738,10 @@ def failed_exit(results: list[dict]) -> int:
     for r in results:
         kinds.update(r["errors_by_kind"])
     total = sum(r["completed"] + r["failed"] for r in results)
-    shown = ", ".join(f"{n:,} x {kind}" for kind, n in kinds.most_common(3))
-    sys.stderr.write(f"servesim: {failed:,} of {total:,} requests failed ({shown}); the report has each one's reason\n")
+    # number(): with --seeds the counts are the seeds' means.
+    shown = ", ".join(f"{number(n, 0)} x {kind}" for kind, n in kinds.most_common(3))
+    sys.stderr.write(f"servesim: {number(failed, 0)} of {number(total, 0)} requests failed ({shown}); the report has "
+                     f"each one's reason\n")
     return 1
 
 

@@ -201,10 +201,6 @@ class OneTable(unittest.TestCase):
         self.assertIn("quantiz", text)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class NothingRan(unittest.TestCase):
     def test_a_report_whose_every_request_failed_is_one_line_naming_the_first_reason_not_healthy(self):
         with tempfile.TemporaryDirectory() as scratch:
@@ -220,3 +216,32 @@ class NothingRan(unittest.TestCase):
         self.assertEqual(err.strip(), "servesim: explain input failed.json: all 4 of its requests failed (the first: "
                          "longer than --max-num-batched-tokens without chunked prefill: prompt 9,000 + output 100 tokens "
                          "> 8,192); there is no latency to diagnose until they run")
+
+    def test_a_sweep_point_whose_requests_all_failed_is_left_out_and_named(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "sweep.json")
+            code, out, _ = run_cli("sweep", "--max-num-batched-tokens", "16384,8192", "--prompt-tokens", "9000",
+                                   "--output-tokens", "100", "--no-chunked-prefill", "--requests", "20",
+                                   "--concurrency", "4", "--json")
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path)
+        self.assertEqual(code, 0, err)
+        self.assertIn("explain sweep.json (last of 1 point, 1 whose requests all failed left out)", out)
+        self.assertIn("against a 16,384-token step budget", out)
+
+    def test_a_report_of_several_seeds_is_read_with_its_mean_counts(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "seeds.json")
+            code, out, _ = run_cli("simulate", "--seeds", "3", "--requests", "200", "--json")
+            self.assertEqual(code, 0)
+            self.assertNotIsInstance(json.loads(out)["total_input_tokens"], int)    # a mean of three
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(out.startswith("explain seeds.json (servesim)"))
+
+
+if __name__ == "__main__":
+    unittest.main()

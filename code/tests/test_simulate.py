@@ -128,10 +128,6 @@ class JsonOutput(unittest.TestCase):
         self.assertEqual([r["config"]["request_rate"] for r in results], [1, 2])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class FailureLines(unittest.TestCase):
     def test_several_failures_of_one_kind_show_the_first_as_the_first(self):
         # Ten prompts of 9,000 to 9,100 tokens under an 8,192 budget: one line for the kind, and the
@@ -155,3 +151,7 @@ class FailureLines(unittest.TestCase):
         rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("turn ")}
         self.assertIn("10 requests (10 failed)  prompt - tokens", rows["3"])
         self.assertNotIn("failed", rows["1"])
+
+
+if __name__ == "__main__":
+    unittest.main()
