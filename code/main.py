@@ -826,18 +826,19 @@ class Scheduler:
         c = self.config
         if request.total > c.max_model_len:
             return f"longer than --max-model-len: {size_of(request)} > {c.max_model_len:,}"
-        longest, named = self.longest_prefill(request)
+        longest = self.longest_prefill(request)
         if not c.chunked_prefill and longest > self.token_budget():      # static batching has no budget
+            named = size_of(request) if longest == request.total else f"prompt {longest:,} tokens"
             return f"longer than --max-num-batched-tokens without chunked prefill: {named} > {c.max_num_batched_tokens:,}"
         if self.blocks_for(request.total - 1) > self.pool.num_blocks:   # the last token is never stored
             return (f"larger than the KV cache: needs {self.blocks_for(request.total - 1):,} blocks, "
                     f"the cache has {self.pool.num_blocks:,}")
         return None
 
-    def longest_prefill(self, request: Request) -> tuple[int, str]:
-        """The most tokens a request may prefill in one step, and their name: its prompt and its
-        output, which a preempted request recomputes together."""
-        return request.total, size_of(request)
+    def longest_prefill(self, request: Request) -> int:
+        """The most tokens a request may prefill in one step: its prompt and its output, which a
+        preempted request recomputes together."""
+        return request.total
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
@@ -1439,6 +1440,11 @@ def error_kind(error: str) -> str:
     return error.split(":", 1)[0] if ":" in error else error
 
 
+def first_failure(report: dict) -> Optional[str]:
+    """The reason the report's first failed request gave, if any failed."""
+    return next(iter((report.get("first_error_by_kind") or {}).values()), None)
+
+
 def number(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -1613,10 +1619,10 @@ class NoEvict:
         super().release(request)
         self.moves += 1
 
-    def longest_prefill(self, request: Request) -> tuple[int, str]:
+    def longest_prefill(self, request: Request) -> int:
         # Never preempted, so never recomputed with its output: only the prompt is prefilled at once
         # (trtllm-bench raises max_num_tokens to the longest prompt plus the batch for this reason).
-        return request.prompt_tokens, f"prompt {request.prompt_tokens:,} tokens"
+        return request.prompt_tokens
 
 
 class PrefillApart:
@@ -3700,10 +3706,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.warmup:
         result["warmup_requests"] = spec.warmup
     everyone = [r for e in engines for r in e.scheduler.done]
-    steady = result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served,
-                                                    spec.max_queue_growth, bool(spec.clients()), dict(spec.goodput))
-    if steady and steady["closed_loop"] and steady["sustained"] is not None:
-        steady["clients_in_step"] = clients_in_step(spec, everyone, steady)
+    result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served, spec.max_queue_growth,
+                                           bool(spec.clients()), dict(spec.goodput),
+                                           may_stay_in_step(spec) if spec.clients() else None)
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
     decode = engines[-1]
@@ -3840,7 +3845,7 @@ MIN_WINDOW_REQUESTS = 10      # fewer sent inside the steady window: too few to 
 
 
 def steady_window(requests: list, skip: float, min_served: float, max_growth: float, closed_loop: bool,
-                  slos: Optional[dict] = None) -> Optional[dict]:
+                  slos: Optional[dict] = None, in_step: Optional[bool] = None) -> Optional[dict]:
     """The steady window of a run, and whether the server kept up in it. The window runs while
     load is offered: from the later of the send that follows the first `skip` share of requests
     (the transient of a server filling up) and the first request's end (until then nothing can
@@ -3850,7 +3855,10 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     request's queue time (its TTFT where a client cannot see the queue) against its send time,
     in seconds of wait per second of run. Sustained: that slope <= max_growth, and served >=
     min_served x offered unless the slope is not positive at all; a closed loop, which sends only
-    when a request ends, is sustained by construction. The metrics are those of the measured requests sent inside the window."""
+    when a request ends, is sustained by construction. The metrics are those of the measured requests sent inside the window.
+    `in_step` (a simulated closed loop: whether its clients can stay in step, see may_stay_in_step)
+    adds clients_in_step: they could, and at least half the window's requests were sent at the same
+    moment as another."""
     sent = sorted(requests, key=operator.attrgetter("sent_s"))
     ended = [r for r in sent if r.error is None and r.last_token_s is not None]
     if len(sent) < 2 or not ended:
@@ -3880,25 +3888,24 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa") for stat in ("mean", "median", "p90", "p95", "p99")))
+    together = {}
+    if in_step is not None:
+        sends = Counter(r.sent_s for r in window)
+        together["clients_in_step"] = in_step and sum(n for n in sends.values() if n > 1) >= 0.5 * len(window)
     # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
     # queue grows by the difference.
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
             "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
-            "wait_growth_s_per_s": growth,
-            "sustained": sustained, "closed_loop": closed_loop, **{k: metrics[k] for k in keep if k in metrics}}
+            "wait_growth_s_per_s": growth, "sustained": sustained, "closed_loop": closed_loop, **together,
+            **{k: metrics[k] for k in keep if k in metrics}}
 
 
-def clients_in_step(spec: RunSpec, requests: list, steady: dict) -> bool:
-    """Whether a simulated closed loop's clients stayed in step. With fixed lengths and no timing
+def may_stay_in_step(spec: RunSpec) -> bool:
+    """Whether a simulated closed loop's clients can stay in step. With fixed lengths and no timing
     noise, requests that end in one step are sent again together and prefilled together, round
-    after round, where a real run's clients drift apart: at least half the steady window's
-    requests sent at the same moment as another, two clients or more, fixed lengths."""
+    after round, where a real run's clients drift apart: two clients or more, fixed lengths."""
     fixed = spec.prompt_tokens.low == spec.prompt_tokens.high and spec.output_tokens.low == spec.output_tokens.high
-    if (spec.clients() or 0) < 2 or spec.trace or not fixed:
-        return False
-    t0 = min(r.sent_s for r in requests)
-    sends = Counter(r.sent_s for r in requests if steady["start_s"] <= r.sent_s - t0 <= steady["end_s"])
-    return sum(n for n in sends.values() if n > 1) >= 0.5 * sum(sends.values())
+    return (spec.clients() or 0) >= 2 and not spec.trace and fixed
 
 
 def by_turn(requests: list) -> list[dict]:
@@ -7609,7 +7616,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
             "inferred": list(published.inferred),
             "failed": simulated["failed"], "sent": simulated["completed"] + simulated["failed"],
-            "failure": next(iter((simulated.get("first_error_by_kind") or {}).values()), None)}
+            "failure": first_failure(simulated)}
 
 
 # Validation: every published run replayed, scored out of sample. The kernel model's one fitted
@@ -8236,7 +8243,7 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
     failed = number_at(report, "failed") or 0
     if not done and failed:
         # Nothing ran, so no budget bound: saying "healthy" would hide the one thing to fix.
-        first = next(iter((report.get("first_error_by_kind") or {}).values()), None)
+        first = first_failure(report)
         raise CapacityError(f"explain input {name}: all {failed:,.0f} of its requests failed"
                             + (f" (the first: {printable(str(first)[:200])})" if first else "")
                             + "; there is no latency to diagnose until they run")

@@ -186,20 +186,15 @@ class TrtllmBenchLimits(unittest.TestCase):
         per_token = 2 * model.layers * max(tp, model.kv_heads) * model.head_dim * kv_bytes / 2**30
         cache = (device.memory_gib * tp - model.params * weight_bytes / 2**30) * 0.95   # --kv_cache_free_gpu_mem_fraction
         requests = cache / (per_token * (isl + osl))
+        def round_up(value, steps, least):
+            # To a multiple of the first step whose bound the value is under; past every bound, the
+            # larger values are above `least` anyway.
+            to = next(to for below, to in steps if value < below)
+            return max(least, to * math.ceil(value / to))
         raw_bs = min(requests, 4096)
         raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
-        if raw_bs < 256:
-            batch = max(64, 32 * math.ceil(raw_bs / 32))
-        elif raw_bs < 1024:
-            batch = 128 * math.ceil(raw_bs / 128)
-        else:
-            batch = 256 * math.ceil(raw_bs / 256)
-        if raw_tokens < 4096:
-            tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-        elif raw_tokens < 8192:
-            tokens = 512 * math.ceil(raw_tokens / 512)
-        else:
-            tokens = 1024 * math.ceil(raw_tokens / 1024)
+        batch = round_up(raw_bs, ((256, 32), (1024, 128), (math.inf, 256)), 64)
+        tokens = round_up(raw_tokens, ((4096, 256), (8192, 512), (math.inf, 1024)), 2048)
         # Without chunked prefill (trtllm-bench's default) the longest prompt must fit one step.
         return batch, max(tokens, isl + batch)
 
