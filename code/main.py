@@ -1594,30 +1594,26 @@ class NoEvict:
     only if the blocks it needs to finish, its prompt and all its output, fit beside what every
     running request still needs to finish; so nothing is ever preempted."""
 
-    moves = 0                 # requests started or released so far
-    summed_at = -1            # ... when `short` was last summed
-    short = 0                 # blocks the running requests still need to finish, less the free ones
+    needed = 0                # blocks the running requests need to finish, summed
 
     def admissible(self, request: Request, hits: list[int], need: int) -> bool:
         if not super().admissible(request, hits, need):
             return False
-        # A block a running request takes leaves the free count and what it still needs alike, so
-        # the shortfall changes only when a request starts or leaves: summed once per such change.
-        # The pool's own count: blocks a cruising decode grew into and has not taken yet (the event
-        # engine's) are missing from its blocks and still in the pool, so they cancel too.
-        if self.summed_at != self.moves:
-            self.short = sum(self.blocks_for(r.total - 1) - len(r.blocks)
-                             for r in itertools.chain(self.running, self.aside)) - self.pool.free_count()
-            self.summed_at = self.moves
-        return self.blocks_for(request.total - 1) - len(hits) + self.short <= 0
+        # Summed over the running requests, (blocks to finish - blocks held) - free blocks is
+        # needed - (in use + extra holds) - (all - in use): only running requests hold blocks, and
+        # a block they share is held once per holder. So the shortfall is kept in O(1) from
+        # `needed`, which changes only when a request starts or leaves. (A block a cruising decode
+        # grew into and has not taken yet, the event engine's, is in neither count.)
+        short = self.needed - self.pool.num_blocks - self.pool.extra_holds
+        return self.blocks_for(request.total - 1) - len(hits) + short <= 0
 
     def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
         super().start(request, hits, start, now)
-        self.moves += 1
+        self.needed += self.blocks_for(request.total - 1)
 
     def release(self, request: Request) -> None:
         super().release(request)
-        self.moves += 1
+        self.needed -= self.blocks_for(request.total - 1)
 
     def longest_prefill(self, request: Request) -> int:
         # Never preempted, so never recomputed with its output: only the prompt is prefilled at once
@@ -2659,7 +2655,10 @@ class EventScheduler(Scheduler):
 class EventEngine(Engine):
     """An engine whose scheduler is an EventScheduler. After each step it takes every following
     plain step that starts before `until` in one tight loop: the same pricing, the same
-    statistics and the same bookkeeping as step(), in the same order, without scheduling anyone."""
+    statistics and the same bookkeeping as step(), in the same order, without scheduling anyone.
+    In a plain step nobody is admitted, released or preempted, so what EngineStats.record_step
+    reads of the scheduler stays put (the blocks in use move only when a decode crosses into a
+    block): the loop reads it once and adds the same terms, in the same order, to local sums."""
 
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
@@ -2670,28 +2669,60 @@ class EventEngine(Engine):
         if not plain:
             return
         n, measured, block_size, lazy = s.cruising, s.cruising_measured, s.config.block_size, s.lazy_blocks
-        clock, timeline = self.clock, self.timeline
+        clock, timeline, step_seconds, itl, phase = self.clock, self.timeline, cost.step_seconds, s.itl, s.phase
+        step_ends = s.step_ends if s.detailed else None
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
+        running, waiting = len(s.running), len(s.waiting)
+        capped = 1 if waiting and running >= s.config.max_num_seqs else 0
+        held_less = s.pool.extra_holds * block_size
+        used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
+        kv_block_seconds, running_seconds, kv_used_share = \
+            stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share
+        steps, last_end, sampled, base, taken = s.steps, s.last_end, s.sampled, s.cruise_base, 0
         while plain > 0 and clock < until:
-            crossing = s.phase.get(-s.steps % block_size, 0) if lazy else 0
-            if crossing > s.free_blocks():
+            crossing = phase.get(-steps % block_size, 0) if lazy else 0
+            if crossing > free:
                 break                 # a decode needs a block and none is free: the step preempts
-            s.owed += crossing
-            context = s.cruise_base + n * s.steps + n
-            duration = cost.step_seconds(n, context, n, context)
-            stats.record_step(n, n, n, context, duration, s)
+            if crossing:
+                s.owed += crossing
+                used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
+                stats.kv_peak = max(stats.kv_peak, used)
+                stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
+            context = base + n * steps + n
+            duration = step_seconds(n, context, n, context)
+            # EngineStats.record_step, unrolled.
+            kv_block_seconds += used * duration
+            running_seconds += running * duration
+            kv_used_share += (context - held_less) / reserved if reserved else 0.0
             # EventScheduler.update with nobody handled on their own.
             clock += duration
             if measured:
-                s.count_gaps(clock - s.last_end, measured)
-            s.steps += 1
-            s.last_end = clock
-            if s.detailed:
-                s.step_ends.append(clock)
+                gap = round(clock - last_end, ITL_DIGITS)
+                itl[gap] = itl.get(gap, 0) + measured
+                sampled += measured
+            steps += 1
+            last_end = clock
+            if step_ends is not None:
+                step_ends.append(clock)
             if timeline is not None:
+                s.steps, s.last_end, s.sampled = steps, last_end, sampled
                 self.snapshot(clock)
             plain -= 1
-        self.clock = clock
+            taken += 1
+        if taken:
+            stats.steps += taken
+            stats.scheduled_seqs += n * taken
+            stats.decode_rows += n * taken
+            stats.useful_rows += n * taken
+            stats.capped_steps += capped * taken
+            stats.kv_peak = max(stats.kv_peak, used)
+            stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
+            stats.peak_waiting = max(stats.peak_waiting, waiting)
+            stats.peak_running = max(stats.peak_running, running)
+            stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share = \
+                kv_block_seconds, running_seconds, kv_used_share
+            s.steps, s.last_end, s.sampled = steps, last_end, sampled
+            self.clock = clock
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ lesson's rule, read as written; the EventScheduler and EventEngine skip the requ
 where nothing happens. On random small cases, chosen to hit every rule (tiny caches that force
 preemption, tiny budgets that cut the running list, block sizes of 1, prefix caching, closed
 and open loop, disaggregation, replicas behind each router, tensor and expert parallelism, reasoning
-models whose decodes wake for their first answer token, TensorRT-LLM's and SGLang's rules), both
-must print the same report to the last bit, per-request arrays included."""
+models whose decodes wake for their first answer token, TensorRT-LLM's and SGLang's rules,
+speculative decoding, warm-up requests, the kernel cost model, per-second timelines), both must
+print the same report to the last bit, per-request arrays included."""
 import json
 import random
 import unittest
@@ -68,12 +69,19 @@ def random_spec(rng: random.Random) -> main.RunSpec:
     if output_low > 1 and "turns" not in spec and rng.random() < 0.3:   # a reasoning model: decodes wake to answer
         low = rng.randint(1, output_low - 1)
         spec.update(reasoning_tokens=main.TokenRange(low, rng.randint(low, output_low - 1)))
+    if spec["requests"] > 2 and rng.random() < 0.2:    # the first requests left out of the metrics
+        spec.update(warmup=rng.randint(1, spec["requests"] // 2))
+    if rng.random() < 0.15 and not spec.get("disaggregate") and spec.get("kv_layout") != "slots" \
+            and "kv_offloading_size" not in spec and spec.get("engine") != "trtllm":
+        spec.update(speculative_tokens=rng.randint(1, 4), acceptance_rate=rng.choice([0.0, 0.5, 0.9]))
+    if rng.random() < 0.2:
+        spec.update(cost_model="kernels")
     return main.RunSpec(**spec)
 
 
-def outcome(spec: main.RunSpec) -> str:
+def outcome(spec: main.RunSpec, timeline: bool = False) -> str:
     try:
-        return json.dumps(main.run(spec), sort_keys=True)
+        return json.dumps(main.run(spec, timeline=timeline), sort_keys=True)
     except (main.UserError, main.CapacityError) as e:
         return f"{type(e).__name__}: {e}"
 
@@ -83,9 +91,10 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         rng = random.Random(SEED)
         for case in range(CASES):
             spec = random_spec(rng)
-            with self.subTest(case=case, spec=spec):
-                step = outcome(main.replace(spec, simulator="step"))
-                event = outcome(main.replace(spec, simulator="event"))
+            timeline = rng.random() < 0.2      # per-second snapshots, taken inside the plain-step loop
+            with self.subTest(case=case, spec=spec, timeline=timeline):
+                step = outcome(main.replace(spec, simulator="step"), timeline)
+                event = outcome(main.replace(spec, simulator="event"), timeline)
                 self.assertEqual(event, step)
 
     def test_the_random_cases_reach_every_rule(self):
@@ -94,7 +103,8 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         rng = random.Random(SEED)
         seen = {"preempted": 0, "prefix hits": 0, "failed": 0, "evictions": 0, "per-step fallback": 0,
                 "coasted": 0, "replicas": 0, "tensor parallel": 0, "expert parallel": 0,
-                "held back for its whole output": 0, "prefilled apart": 0, "answered after thinking": 0, "loaded from host memory": 0}
+                "held back for its whole output": 0, "prefilled apart": 0, "answered after thinking": 0, "loaded from host memory": 0,
+                "speculative": 0, "warm-up left out": 0, "kernel cost model": 0}
         fallback, advance = main.EventScheduler.per_step, main.EventEngine.advance
 
         def counting_fallback(scheduler, now):
@@ -123,6 +133,9 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
                 seen["expert parallel"] += spec.enable_expert_parallel
                 seen["answered after thinking"] += bool(result.get("ttfas")) and result["ttfas"] != result["ttfts"]
                 seen["loaded from host memory"] += bool(result.get("host_tier", {}).get("loads"))
+                seen["speculative"] += bool(result.get("speculative", {}).get("verify_steps"))
+                seen["warm-up left out"] += spec.warmup > 0
+                seen["kernel cost model"] += spec.cost_model == "kernels"
                 if spec.engine in ("trtllm", "sglang"):     # their rules changed what vLLM's would have done
                     plain = main.run(main.replace(spec, engine=None))
                     seen["held back for its whole output" if spec.engine == "trtllm" else "prefilled apart"] += \
@@ -178,9 +191,9 @@ class NoModeSpins(unittest.TestCase):
 
 class NoEvictSumsOncePerChange(unittest.TestCase):
     def test_the_kept_shortfall_gives_the_rules_verdict_at_every_admission(self):
-        """TensorRT-LLM's admission keeps the running requests' shortfall between starts and
-        releases instead of summing it at every step; at every admission of random cases, both
-        engines, it must say what the sum taken then says."""
+        """TensorRT-LLM's admission works the running requests' shortfall out from a running sum
+        and the pool's counts instead of summing over the running requests; at every admission of
+        random cases, both engines, it must say what the sum taken then says."""
         kept = main.NoEvict.admissible
         checked = refused = 0
 
