@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from helpers import CODE, FIXTURES, ROOT
+from helpers import CODE, FIXTURES, ROOT, main_command
 
 MAIN = os.path.join(CODE, "main.py")
 README = os.path.join(ROOT, "README.md")
@@ -65,7 +65,8 @@ def start(args, env=None, as_bytes=DEFAULT_AS_LIMIT, stdout=None, cwd=ROOT, pref
     fill and stall it). Returns (proc, out_file, err_file)."""
     out_f = stdout if stdout is not None else tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape")
     err_f = tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape")
-    cmd = [*(prefix or [sys.executable]), MAIN, *map(str, args)]
+    # A prefix (a wrapper around the interpreter) starts main.py itself; else main_command().
+    cmd = [*prefix, MAIN, *map(str, args)] if prefix else [*main_command(), *map(str, args)]
     full_env = {**os.environ, "OPENAI_API_KEY": "", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, cwd=cwd, env=full_env, start_new_session=True,
                             preexec_fn=limits(as_bytes))

@@ -15,7 +15,7 @@ import time
 import unittest
 from unittest import mock
 
-from helpers import CODE, FIXTURES, ROOT, call_cli, main
+from helpers import CODE, FIXTURES, ROOT, call_cli, main, main_command
 
 PROGRESS = ("simulate:", "sweep:", "loadgen:")
 REPORT = os.path.join(FIXTURES, "llamacpp-c8.json")     # a loadgen --json report from llama.cpp
@@ -54,7 +54,7 @@ def call_guarded(argv: list):
 
 
 def run_subprocess(argv, stdout=subprocess.PIPE, preexec_fn=None, timeout=120):
-    proc = subprocess.run([sys.executable, os.path.join(CODE, "main.py"), *map(str, argv)],
+    proc = subprocess.run([*main_command(), *map(str, argv)],
                           stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                           timeout=timeout, preexec_fn=preexec_fn)
     return proc.returncode, proc.stdout or "", proc.stderr
