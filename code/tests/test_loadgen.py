@@ -75,11 +75,14 @@ class Timing(unittest.TestCase):
         """Against the times the server really wrote each event: perf_counter is the system's
         monotonic clock, the same in the server (this process) and loadgen (a subprocess)."""
         with FakeServer(paced(ttft=0.1, gap=0.02, tokens=10)) as server:
-            code, r, err = loadgen(server, "--concurrency", concurrency, "--requests", concurrency * 2,
+            # At least five requests, so the median error below is a median (of two it was the worse
+            # one, which one late wake-up on this shared machine could push over the bound).
+            requests = max(5, concurrency * 2)
+            code, r, err = loadgen(server, "--concurrency", concurrency, "--requests", requests,
                                    "--max-tokens", 10, "--detailed", "--no-size-prompts", own_process=True)
             log = server.log
         self.assertEqual(code, 0, err)
-        self.assertEqual(r["completed"], concurrency * 2)
+        self.assertEqual(r["completed"], requests)
         truth = {int(entry["prompt"].split()[0].split("-")[1]): entry for entry in log}
         ttft_error, tpot_error, itl_error = [], [], []
         for index, (start, ttft, itls) in enumerate(zip(r["start_times"], r["ttfts"], r["itls"])):
