@@ -3297,8 +3297,9 @@ def value_label(name: str, value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def check_spec(spec: RunSpec) -> None:
-    """Every rule that spans two settings, so the API refuses what the command line refuses."""
+def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
+    """Every rule that spans two settings, so the API refuses what the command line refuses.
+    `given`: the settings the user named (else the engine's defaults are blamed where they apply)."""
     default = RunSpec()
     if spec.engine and spec.engine not in ENGINES and not spec.profile:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
@@ -3364,11 +3365,13 @@ def check_spec(spec: RunSpec) -> None:
     if spec.batching == "static" and (spec.prefix_caching or spec.kv_layout == "slots"):
         on = [flag for flag, given in (("--prefix-caching off", spec.prefix_caching),
                                        ("--kv-layout paged", spec.kv_layout == "slots")) if given]
-        engine = f" (--engine {spec.engine} turns prefix caching on)" if spec.engine and spec.prefix_caching else ""
+        engine = f" (--engine {spec.engine} turns prefix caching on)" \
+            if spec.engine and spec.prefix_caching and "prefix_caching" not in given else ""
         raise UserError(f"--batching static runs its own padded batch, with no prefix cache and no slots{engine}: "
                         f"add {' and '.join(on)}")
     if spec.kv_layout == "slots" and spec.prefix_caching:
-        engine = f" (--engine {spec.engine} turns prefix caching on)" if spec.engine else ""
+        engine = f" (--engine {spec.engine} turns prefix caching on)" \
+            if spec.engine and "prefix_caching" not in given else ""
         raise UserError(f"--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot{engine}: "
                         f"add --prefix-caching off")
     if spec.replica_schedule and spec.data_parallel_size not in (1, spec.replica_schedule.most):
@@ -9693,7 +9696,7 @@ def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
     if getattr(args, "detailed", False):
         values["detailed"] = True
     spec = engine_defaults(replace(base or RunSpec(), **values), values)
-    check_spec(spec)
+    check_spec(spec, values)
     return spec
 
 

@@ -3,7 +3,7 @@ worked out on paper."""
 import json
 import unittest
 
-from helpers import FIXTURES, main, run_cli
+from helpers import FIXTURES, call_cli, main, run_cli
 
 H100, LLAMA = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
 
@@ -174,6 +174,15 @@ class SlotLayout(unittest.TestCase):
         self.assertEqual(e.scheduler.preemptions, 0)
         self.assertEqual(requests[4].queue_s, min(r.last_token_s for r in requests[:4]))
         self.assertEqual(e.stats.kv_reserved_peak, 4096)           # the whole cache, set aside up front
+
+    def test_the_refusal_blames_the_engine_only_where_its_default_turned_caching_on(self):
+        for extra, blamed in (((), True), (("--prefix-caching", "on"), False)):
+            for layout in (("--kv-layout", "slots"), ("--batching", "static")):
+                with self.subTest(extra=extra, layout=layout):
+                    code, out, err = call_cli("simulate", "--engine", "sglang", *layout, *extra, "--requests", "4")
+                    self.assertEqual(code, 2, err)
+                    self.assertIn("add --prefix-caching off", err)
+                    self.assertEqual("--engine sglang turns prefix caching on" in err, blamed, err)
 
     def test_the_paged_cache_of_the_same_size_runs_what_slots_reject(self):
         e = self.slots(kv_layout="paged")
