@@ -2658,7 +2658,9 @@ class EventEngine(Engine):
     statistics and the same bookkeeping as step(), in the same order, without scheduling anyone.
     In a plain step nobody is admitted, released or preempted, so what EngineStats.record_step
     reads of the scheduler stays put (the blocks in use move only when a decode crosses into a
-    block): the loop reads it once and adds the same terms, in the same order, to local sums."""
+    block): the loop reads it once and adds the same terms, in the same order, to local sums. A
+    scheduler whose used_blocks() or reserved_tokens() moved from step to step on its own (static
+    batching's does) must not be stepped here."""
 
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
@@ -3297,6 +3299,12 @@ def value_label(name: str, value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
+def engine_turned_caching_on(spec: RunSpec, given: Iterable[str]) -> bool:
+    """Whether --engine's defaults, not the user, turned prefix caching on."""
+    return bool(spec.engine) and "prefix_caching" not in given and \
+        bool((spec.profile or ENGINES[spec.engine]).defaults(spec.hardware).get("prefix_caching"))
+
+
 def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses.
     `given`: the settings the user named (else the engine's defaults are blamed where they apply)."""
@@ -3366,12 +3374,12 @@ def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
         on = [flag for flag, given in (("--prefix-caching off", spec.prefix_caching),
                                        ("--kv-layout paged", spec.kv_layout == "slots")) if given]
         engine = f" (--engine {spec.engine} turns prefix caching on)" \
-            if spec.engine and spec.prefix_caching and "prefix_caching" not in given else ""
+            if spec.prefix_caching and engine_turned_caching_on(spec, given) else ""
         raise UserError(f"--batching static runs its own padded batch, with no prefix cache and no slots{engine}: "
                         f"add {' and '.join(on)}")
     if spec.kv_layout == "slots" and spec.prefix_caching:
         engine = f" (--engine {spec.engine} turns prefix caching on)" \
-            if spec.engine and "prefix_caching" not in given else ""
+            if engine_turned_caching_on(spec, given) else ""
         raise UserError(f"--kv-layout slots models llama.cpp's fixed contexts, whose prompt cache is per slot{engine}: "
                         f"add --prefix-caching off")
     if spec.replica_schedule and spec.data_parallel_size not in (1, spec.replica_schedule.most):

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(CODE)
@@ -34,21 +35,24 @@ del _compiled, _f, marshal
 exec(_code, globals())
 """
 _compiled_dir = None
+_compiling = threading.Lock()      # test_docs asks from several threads at once
 
 
 def compiled_main() -> str:
-    """main.py's code object, marshalled in this test run's scratch directory, keyed by its source."""
+    """main.py's code object, marshalled in this test run's scratch directory, keyed by its source
+    (and loaded by this interpreter, sys.executable: marshal's format is per Python version)."""
     global _compiled_dir
     with open(MAIN, "rb") as f:
         source = f.read()
-    if _compiled_dir is None:
-        _compiled_dir = tempfile.mkdtemp(prefix="servesim-tests-")
-        atexit.register(shutil.rmtree, _compiled_dir, True)
-    path = os.path.join(_compiled_dir, hashlib.sha256(source).hexdigest()[:16] + ".code")
-    if not os.path.exists(path):
-        with open(path + ".tmp", "wb") as f:
-            marshal.dump(compile(source, MAIN, "exec", dont_inherit=True), f)
-        os.replace(path + ".tmp", path)
+    with _compiling:
+        if _compiled_dir is None:
+            _compiled_dir = tempfile.mkdtemp(prefix="servesim-tests-")
+            atexit.register(shutil.rmtree, _compiled_dir, True)
+        path = os.path.join(_compiled_dir, hashlib.sha256(source).hexdigest()[:16] + ".code")
+        if not os.path.exists(path):
+            with open(path + ".tmp", "wb") as f:
+                marshal.dump(compile(source, MAIN, "exec", dont_inherit=True), f)
+            os.replace(path + ".tmp", path)
     return path
 
 

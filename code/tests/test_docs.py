@@ -20,7 +20,9 @@ import concurrent.futures
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -116,17 +118,26 @@ def input_files(words):
 
 
 # `python3 code/main.py` in a shown command starts main.py as helpers.main_command() does: the
-# same code as __main__, compiled once for the whole test run instead of once a command.
-COMPILED_ONCE = ('python3() { if [ "$1" = code/main.py ]; then command python3 -c "$SERVESIM_START" '
+# same code as __main__, compiled once for the whole test run instead of once a command, by the
+# interpreter that compiled it (marshal's format is per Python version).
+COMPILED_ONCE = ('python3() { if [ "$1" = code/main.py ]; then "$SERVESIM_PYTHON" -c "$SERVESIM_START" '
                  '"$SERVESIM_COMPILED" "$@"; else command python3 "$@"; fi; }\n')
 
 
 def run_in(run, scratch):
-    """Run as a user does, in bash; stderr merged into stdout, in the order a terminal shows them."""
-    env = {**os.environ, "SERVESIM_START": START_COMPILED, "SERVESIM_COMPILED": compiled_main()}
-    proc = subprocess.run(["bash", "-c", COMPILED_ONCE + run], cwd=scratch, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300, env=env)
-    return proc.returncode, proc.stdout
+    """Run as a user does, in bash; stderr merged into stdout, in the order a terminal shows them.
+    In its own process group, so a command past its time is killed with everything it started."""
+    env = {**os.environ, "SERVESIM_START": START_COMPILED, "SERVESIM_COMPILED": compiled_main(),
+           "SERVESIM_PYTHON": sys.executable}
+    proc = subprocess.Popen(["bash", "-c", COMPILED_ONCE + run], cwd=scratch, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out
 
 
 def shared_run(command):
