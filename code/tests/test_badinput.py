@@ -463,8 +463,10 @@ class Interrupts(unittest.TestCase):
     SWEEP = ["sweep", "--requests", "20000", "--concurrency", "1,8,32,128,256", "--jobs", "1"]
 
     def interrupt(self, argv, signum, after=1.0, when=None):
-        """Start argv, send signum `after` seconds in (or once a stderr line contains `when`)."""
-        proc = subprocess.Popen([sys.executable, os.path.join(CODE, "main.py"), *argv], cwd=ROOT,
+        """Start argv, send signum `after` seconds in (or once a stderr line contains `when`: a
+        progress line says the run is under way however long the start took on a busy machine;
+        a signal before main() runs is test_hostile_limits' case)."""
+        proc = subprocess.Popen([*main_command(), *argv], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err, seen = [], [], threading.Event()
 
@@ -503,7 +505,7 @@ class Interrupts(unittest.TestCase):
         for signum in (signal.SIGINT, signal.SIGTERM):
             for extra in ([], ["--json"]):
                 with self.subTest(signal=signum.name, extra=extra):
-                    code, out, err = self.interrupt(self.SIMULATE + extra, signum)
+                    code, out, err = self.interrupt(self.SIMULATE + extra, signum, when="simulate:")
                     self.check(code, err, signum)
                     if extra and out.strip():
                         no_nan(out)            # nothing half-written: all of a report or none
@@ -511,7 +513,7 @@ class Interrupts(unittest.TestCase):
     def test_sweep_json_before_any_point_is_an_empty_list(self):
         for signum in (signal.SIGINT, signal.SIGTERM):
             with self.subTest(signal=signum.name):
-                code, out, err = self.interrupt(self.SWEEP + ["--json"], signum)
+                code, out, err = self.interrupt(self.SWEEP + ["--json"], signum, when="sweep:")
                 self.check(code, err, signum)
                 self.assertEqual(no_nan(out), [])
 
@@ -533,7 +535,8 @@ class Interrupts(unittest.TestCase):
         for argv in (self.SWEEP, self.SWEEP[:-2] + ["--jobs", "2", "--json"]):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 with self.subTest(argv=argv, signal=signum.name):
-                    code, out, err = self.interrupt(argv, signum)
+                    # Parallel points print nothing until one ends: a second in, they are running.
+                    code, out, err = self.interrupt(argv, signum, when="sweep:" if argv is self.SWEEP else None)
                     self.check(code, err, signum)
                     if "--json" in argv:
                         self.assertIsInstance(no_nan(out), list)
