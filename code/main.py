@@ -2685,11 +2685,9 @@ class EventEngine(Engine):
             crossing = phase.get(-steps % block_size, 0) if lazy else 0
             if crossing > free:
                 break                 # a decode needs a block and none is free: the step preempts
-            if crossing:
+            if crossing:      # blocks in use only grow here, so their peaks are taken once, after
                 s.owed += crossing
                 used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
-                stats.kv_peak = max(stats.kv_peak, used)
-                stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
             context = base + n * steps + n
             duration = step_seconds(n, context, n, context)
             # EngineStats.record_step, unrolled.

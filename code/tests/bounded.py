@@ -8,14 +8,12 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
-from helpers import CODE, FIXTURES, ROOT, main_command
+from helpers import FIXTURES, MAIN, ROOT, main_command
 
-MAIN = os.path.join(CODE, "main.py")
 README = os.path.join(ROOT, "README.md")
 VLLM_RUN = os.path.join(FIXTURES, "published-runs", "llmservingsim", "rtx4090-llama-3.1-8b")
 

@@ -34,21 +34,18 @@ with open(_compiled, "rb") as _f:
 del _compiled, _f, marshal
 exec(_code, globals())
 """
-_compiled_dir = None
+_COMPILED_DIR = tempfile.mkdtemp(prefix="servesim-tests-")
+atexit.register(shutil.rmtree, _COMPILED_DIR, True)
 _compiling = threading.Lock()      # test_docs asks from several threads at once
 
 
 def compiled_main() -> str:
     """main.py's code object, marshalled in this test run's scratch directory, keyed by its source
     (and loaded by this interpreter, sys.executable: marshal's format is per Python version)."""
-    global _compiled_dir
     with open(MAIN, "rb") as f:
         source = f.read()
     with _compiling:
-        if _compiled_dir is None:
-            _compiled_dir = tempfile.mkdtemp(prefix="servesim-tests-")
-            atexit.register(shutil.rmtree, _compiled_dir, True)
-        path = os.path.join(_compiled_dir, hashlib.sha256(source).hexdigest()[:16] + ".code")
+        path = os.path.join(_COMPILED_DIR, hashlib.sha256(source).hexdigest()[:16] + ".code")
         if not os.path.exists(path):
             with open(path + ".tmp", "wb") as f:
                 marshal.dump(compile(source, MAIN, "exec", dont_inherit=True), f)

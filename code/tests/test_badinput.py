@@ -8,14 +8,13 @@ import resource
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import unittest
 from unittest import mock
 
-from helpers import CODE, FIXTURES, ROOT, call_cli, main, main_command
+from helpers import FIXTURES, ROOT, call_cli, main, main_command
 
 PROGRESS = ("simulate:", "sweep:", "loadgen:")
 REPORT = os.path.join(FIXTURES, "llamacpp-c8.json")     # a loadgen --json report from llama.cpp
