@@ -1141,7 +1141,7 @@ class Engine:
 
     def next_event(self) -> float:
         """When this engine can next do something: now if it has work, else its next delivery."""
-        if self.has_work():
+        if self.scheduler.waiting or self.scheduler.running:      # has_work(), asked at every event
             return self.clock
         return self.inbox[0][0] if self.inbox else math.inf
 
@@ -2163,6 +2163,7 @@ class Replicas:
         # request's end sends another (open loop, no conversations), each may run on alone to the
         # next arrival: it is then where the interleaved clock would have put it.
         self.apart = apart and router is not None
+        self.due: Optional[Engine] = None      # what next_event() found comes next: an engine, or an arrival
 
     def deliver(self, at: float, request: Request, now: bool = False) -> None:
         if not self.router:
@@ -2176,15 +2177,21 @@ class Replicas:
         return self.router.next_event() if self.router else math.inf
 
     def next_event(self) -> float:
-        return min(self.arrival(), *(e.next_event() for e in self.engines))
+        """The earliest of the next arrival and every engine's next event; take_next() acts on the
+        one found here (an arrival first on a tie, then the first engine)."""
+        when, self.due = self.arrival(), None
+        for engine in self.engines:
+            at = engine.next_event()
+            if at < when:
+                when, self.due = at, engine
+        return when
 
     def take_next(self) -> Optional[bool]:
-        engine = min(self.engines, key=Engine.next_event)
-        if self.arrival() <= engine.next_event():
+        if self.due is None:
             self.router.route_next()
             return None
-        self.current = engine
-        return engine.take_next()
+        self.current = self.due
+        return self.due.take_next()
 
     def advance(self, until: float) -> None:
         """The engine that moved last goes on until an arrival or another engine may reach it."""
@@ -2662,14 +2669,22 @@ class EventEngine(Engine):
     scheduler whose used_blocks() or reserved_tokens() moved from step to step on its own (static
     batching's does) must not be stepped here."""
 
+    resume = (0, -1, -1)   # (plain steps left, at which step, with how many waiting) when `until` cut a run short
+
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
-        ended = len(s.done)
-        self.step()
-        # A request that ended may make a closed-loop client send its next one: not plain.
-        plain = s.plain_steps() if len(s.done) == ended else 0
-        if not plain:
-            return
+        plain, at_step, waiting = self.resume
+        resumed = plain and at_step == s.steps and waiting == len(s.waiting) and not (
+            s.lazy_blocks and s.phase.get(-s.steps % s.config.block_size, 0) > s.free_blocks())
+        if not resumed:
+            # Stepped on, or a request came in, since the run was cut short: its steps may not
+            # be plain any more. Take a step by the rule, and count the plain ones after it.
+            ended = len(s.done)
+            self.step()
+            # A request that ended may make a closed-loop client send its next one: not plain.
+            plain = s.plain_steps() if len(s.done) == ended else 0
+            if not plain:
+                return
         n, measured, block_size, lazy = s.cruising, s.cruising_measured, s.config.block_size, s.lazy_blocks
         clock, timeline, step_seconds, itl, phase = self.clock, self.timeline, cost.step_seconds, s.itl, s.phase
         step_ends = s.step_ends if s.detailed else None
@@ -2681,7 +2696,8 @@ class EventEngine(Engine):
         kv_block_seconds, running_seconds, kv_used_share = \
             stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share
         steps, last_end, sampled, base, taken = s.steps, s.last_end, s.sampled, s.cruise_base, 0
-        while plain > 0 and clock < until:
+        # A resumed run takes its first step whatever `until` says, as step() would have.
+        while plain > 0 and (clock < until or (resumed and not taken)):
             crossing = phase.get(-steps % block_size, 0) if lazy else 0
             if crossing > free:
                 break                 # a decode needs a block and none is free: the step preempts
@@ -2709,6 +2725,9 @@ class EventEngine(Engine):
                 self.snapshot(clock)
             plain -= 1
             taken += 1
+        # Cut short by `until` (another engine's event, an arrival) with plain steps left: the
+        # next advance goes on with them, unless something reached this engine in between.
+        self.resume = (plain, steps, waiting) if plain and clock >= until else (0, -1, -1)
         if taken:
             stats.steps += taken
             stats.scheduled_seqs += n * taken
@@ -3864,9 +3883,17 @@ def seeded(runs: list[dict]) -> dict:
             rank = lambda p: values[max(0, math.ceil(p / 100 * len(values)) - 1)]
             spread[key] = {"min": values[0], "max": values[-1],
                            **({"p10": rank(10), "p90": rank(90)} if len(values) >= 5 else {})}
-    merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs],
-                       "sustained": sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained")),
+    sustained = sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained"))
+    merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs], "sustained": sustained,
                        "spread": spread}
+    steady = merged.get("steady_state")
+    if isinstance(steady, dict) and steady.get("sustained") is not None and not steady.get("closed_loop"):
+        steady["seeds_sustained"], steady["seeds_count"] = sustained, len(runs)
+        whys = Counter(why for r in runs for why in (r.get("steady_state") or {}).get("overloaded_by", ()))
+        steady.pop("overloaded_by", None)
+        if not steady["sustained"]:
+            steady["overloaded_by"] = [f"in {len(runs) - sustained} of {len(runs)} seeds"] if sustained else \
+                [f"{why} (in {n} of {len(runs)} seeds)" if n < len(runs) else why for why, n in whys.items()] or None
     return merged
 
 
@@ -3882,6 +3909,18 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 
 MIN_WINDOW_REQUESTS = 10      # fewer sent inside the steady window: too few to tell a trend
+
+
+def window_floor(min_served: float) -> int:
+    """The fewest requests a steady window needs for a verdict. Its served rate counts the requests
+    that end inside it, so one more or fewer at each edge moves the rate by 2/N of the offered: below
+    N = 2 / (1 - min_served) (40 at 0.95) that edge alone is larger than the shortfall the rule
+    allows, and a run would be called overloaded, or not, by where its last request happened to end."""
+    return min(MAX_WINDOW_FLOOR, max(MIN_WINDOW_REQUESTS, math.ceil(2 / (1 - min_served) - 1e-9))) \
+        if min_served < 1 else MAX_WINDOW_FLOOR
+
+
+MAX_WINDOW_FLOOR = 400        # --min-served 1 (no shortfall at all) still judges a window this long
 
 
 def steady_window(requests: list, skip: float, min_served: float, max_growth: float, closed_loop: bool,
@@ -3907,10 +3946,11 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     start = max(sent[min(len(sent) - 1, math.ceil(skip * len(sent)))].sent_s, min(r.last_token_s for r in ended))
     end = sent[-1].sent_s
     window = [r for r in sent if start <= r.sent_s <= end]
-    if len(window) < MIN_WINDOW_REQUESTS or end <= start:
+    floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served)
+    if len(window) < floor or end <= start:
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
-                "closed_loop": closed_loop, "note": f"fewer than {MIN_WINDOW_REQUESTS} requests sent in a steady "
-                "window: too short a run to tell whether the server keeps up"}
+                "closed_loop": closed_loop, "note": f"{len(window)} requests sent in the steady window, fewer than "
+                f"the {floor} a verdict needs: too short a run to tell whether the server keeps up"}
     # Ends are counted in the window moved later by the median request's end-to-end latency, so
     # a request sent at its start is counted where it ends: counted in the window itself, the
     # requests in flight at its two edges would make the served rate swing by their number.
@@ -3921,9 +3961,17 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
              for r in window if r.error is None and r.first_token_s is not None]
     growth = slope(waits)
-    # What is offered and not served must queue: a shortfall in the served rate while the wait does
-    # not grow at all is the noise of counting ends in a window, not a server falling behind.
-    sustained = closed_loop or (growth <= max_growth and (served >= min_served * offered or growth <= 0))
+    # A request whose latency differs from the lag by d is counted on the wrong side of an edge if
+    # it was sent within d of it: about offered x (mean |latency - lag|) requests at each edge, so
+    # the served rate is uncertain by twice that share of the window's requests, and a shortfall
+    # within it is the noise of counting ends, not a server falling behind. So is one while the
+    # wait does not grow at all: what is offered and not served must queue.
+    edges = 2 * sum(abs(x - lag) for x in latencies) / len(latencies) / (end - start) if latencies else 0.0
+    least = min_served - edges
+    sustained = closed_loop or (growth <= max_growth and (served >= least * offered or growth <= 0))
+    why = [] if sustained else [
+        *([f"wait grows {growth:.3g} s per s > {max_growth:g}"] if growth > max_growth else []),
+        *([f"served {served / offered:.0%} < {least:.0%} of offered"] if served < least * offered and growth > 0 else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
@@ -3936,7 +3984,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # queue grows by the difference.
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
             "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
-            "wait_growth_s_per_s": growth, "sustained": sustained, "closed_loop": closed_loop, **together,
+            "wait_growth_s_per_s": growth, "least_served_share": least, "sustained": sustained,
+            "closed_loop": closed_loop, **({"overloaded_by": why} if why else {}), **together,
             **{k: metrics[k] for k in keep if k in metrics}}
 
 
@@ -4255,18 +4304,43 @@ class Probing:
     seeds: int = 1
     confidence: float = 1.0
 
+    def check(self, spec: RunSpec) -> None:
+        floor = window_floor(spec.min_served)
+        if self.sustained and self.steady_requests < floor:
+            raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "
+                            f"window needs for a verdict at --min-served {spec.min_served:g} (2 / (1 - min served): "
+                            f"one request more or fewer at each edge of the window is then within the shortfall "
+                            f"allowed); give --steady-requests {floor} or more")
+
     def requests(self, spec: RunSpec) -> int:
         """Requests a sustained probe sends: the steady window's, after the transient it skips."""
         return math.ceil(self.steady_requests / (1 - spec.steady_skip)) + 1
 
-    def probe(self, deployment: RunSpec, load: float) -> RunSpec:
+    def probe(self, deployment: RunSpec, load: float, count: Optional[int] = None) -> RunSpec:
         spec = sweep_point(deployment, at_load(deployment, self.by, load))
         if not self.sustained:
             return spec
-        count = self.requests(deployment)
+        count = count or self.requests(deployment)
         if spec.trace:
             return replace(spec, trace_repeats=-(-count // len(spec.trace.rows)), requests=count)
         return replace(spec, requests=count)
+
+    def longer(self, probe: RunSpec, result: dict) -> Optional[RunSpec]:
+        """The probe again with more requests, when its steady window held fewer than
+        steady_requests; None when it held enough (or it is a burst, or a closed loop, whose
+        window starts at the skip). The window starts at the first request's end, so the requests
+        sent before that are not in it: as many more are sent, and a tenth for the longer run's
+        slower first requests. At most MAX_PROBE_GROWTH times the usual length."""
+        steady = result.get("steady_state") or {}
+        held = steady.get("requests") or 0
+        if not self.sustained or self.by != "rate" or held >= self.steady_requests or steady.get("closed_loop"):
+            return None
+        count = math.ceil((probe.requests + self.steady_requests - held) * 1.1) if held else 2 * probe.requests
+        if count > MAX_PROBE_GROWTH * self.requests(probe) or count > MAX_REQUESTS:
+            return None
+        if probe.trace:
+            return replace(probe, trace_repeats=-(-count // len(probe.trace.rows)), requests=count)
+        return replace(probe, requests=count)
 
     def start(self, deployment: RunSpec) -> float:
         """Where the search starts: a guess at the capacity from the cost model alone, so that the
@@ -4314,8 +4388,8 @@ class Probing:
         if self.sustained and steady.get("sustained") is None:
             missed.append("too short a run to tell whether the server keeps up")
         elif self.sustained and not steady["sustained"]:
-            missed.append(f"overloaded: served {steady['served_rate'] / steady['offered_rate']:.0%} of the offered "
-                          f"{steady['offered_rate']:,.3g} req/s, queue grows {steady['queue_growth_rps']:,.3g} req/s")
+            missed.append(f"overloaded: {overload_reason(steady)}: offered {steady['offered_rate']:,.3g} req/s, served "
+                          f"{steady['served_rate']:,.3g}, queue grows {steady['queue_growth_rps']:,.3g} req/s")
         return missed
 
 
@@ -4351,19 +4425,39 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         probes: list[dict] = []
 
         def passes(load: float) -> bool:
-            probe = how.probe(deployment, load)
-            specs = [replace(probe, seed=probe.seed + i) for i in range(how.seeds)]
             need = math.ceil(how.confidence * how.seeds - 1e-9)
+
+            def settled(runs: list) -> Optional[int]:
+                """How many of the seeds, taken in order, settle the verdict, or None. The seeds
+                after those are not run, or (run by other processes) are left out: --jobs changes
+                nothing."""
+                passed = 0
+                for i, result in enumerate(runs, 1):
+                    passed += not how.misses(result)
+                    if passed >= need or i - passed > how.seeds - need:
+                        return i
+                return None
+
             try:
-                if mapper is map:     # one seed after another, stopping once the verdict cannot change
-                    runs = []
-                    for spec_ in specs:
-                        runs.append(run(spec_))
-                        passed = sum(not how.misses(r) for r in runs)
-                        if passed >= need or len(runs) - passed > how.seeds - need:
+                # The first seed sets the probe's length: longer, while its steady window holds
+                # fewer requests than asked for (its first requests ended late).
+                probe = how.probe(deployment, load)
+                runs = [run(probe)]
+                for _ in range(MAX_LENGTHENINGS):
+                    longer = how.longer(probe, runs[0])
+                    if longer is None:
+                        break
+                    probe = longer
+                    runs = [run(probe)]
+                rest = [replace(probe, seed=probe.seed + i) for i in range(1, how.seeds)]
+                if mapper is map:
+                    for spec_ in rest:
+                        if settled(runs):
                             break
-                else:
-                    runs = list(mapper(run, specs))
+                        runs.append(run(spec_))
+                elif rest and not settled(runs):
+                    runs += mapper(run, rest)
+                runs = runs[:settled(runs) or len(runs)]
             except CapacityError as e:
                 raise Unfit(str(e)) from None
             verdicts = [how.misses(r) for r in runs]
@@ -4371,6 +4465,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             result = runs[0] if len(runs) == 1 else seeded(runs)
             enough = passed >= need
             result["load"], result["seeds_passed"], result["seeds_run"] = load, passed, len(runs)
+            if how.sustained:
+                result["probe_requests"] = probe.requests        # longer than usual if its window fell short
             result["misses"] = [] if enough else next(m for m in verdicts if m) + \
                 ([f"{len(runs) - passed} of {len(runs)} seeds run miss"] if how.seeds > 1 else [])
             probes.append(result)
@@ -4399,6 +4495,10 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     except Unfit as e:
         return {**found, "probes": found.get("probes", []), "does_not_fit": str(e), "best": None}
     return found
+
+
+MAX_LENGTHENINGS = 4       # a probe whose steady window is short is run longer at most this often
+MAX_PROBE_GROWTH = 16      # ... and to at most this many times its usual requests
 
 
 class Unfit(Exception):
@@ -4729,7 +4829,8 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
         for how, probes in ((probing, item["probes"]), (replace(probing, sustained=False),
                                                          (item.get("burst") or {}).get("probes", []))):
             for probe in probes:
-                probe["rerun"] = simulate_command(how.probe(deployment, probe["load"]), sources) + seeds
+                probe["rerun"] = simulate_command(how.probe(deployment, probe["load"], probe.get("probe_requests")),
+                                                  sources) + seeds
     ranked = cheapest_first(found) if probing.target is not None else found
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
@@ -8570,7 +8671,18 @@ def load_verdict(result: dict) -> str:
         return "closed loop"
     if seeds and 0 < seeds["sustained"] < seeds["count"]:
         return f"sustained in {seeds['sustained']}/{seeds['count']} seeds"
-    return "sustained" if steady["sustained"] else f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
+    if steady["sustained"]:
+        return "sustained"
+    why = steady.get("overloaded_by") or []
+    if why and all(reason.startswith("wait") for reason in why):     # served enough; its wait grew
+        return f"overloaded (wait +{steady['wait_growth_s_per_s']:.2g} s/s)"
+    return f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
+
+
+def overload_reason(steady: dict) -> str:
+    """Which of the sustained rule's tests a window failed (a merged report of several seeds: how
+    many seeds failed)."""
+    return "; ".join(steady.get("overloaded_by") or ["the server does not keep up"])
 
 
 def steady_lines(steady: Optional[dict]) -> list[str]:
@@ -8585,10 +8697,15 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     elif steady["sustained"]:
         verdict = (f"{'sustained':<12}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
                    f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
+    elif 0 < steady.get("seeds_sustained", 0) < steady.get("seeds_count", 0):
+        verdict = (f"{'mixed':<12}sustained in {steady['seeds_sustained']} of {steady['seeds_count']} seeds, overloaded "
+                   f"in the rest; their mean, {where}: offered {steady['offered_rate']:,.2f} req/s, served "
+                   f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
     else:
         verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
                    f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
-                   f"s per s) in {where}: the server does not keep up, and its latencies grow with the run's length")
+                   f"s per s) in {where}: {overload_reason(steady)}; the server does not keep up, and its latencies "
+                   f"grow with the run's length")
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
                f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
                f"output tok/s")
@@ -9115,8 +9232,8 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
              + " must pass (seeds stop once the verdict is certain)") if probing.seeds > 1 else ""
     if not probing.sustained:
         return f"each probe: the workload once, passing if all its requests meet the slo{seeds}"
-    return (f"each probe: {probing.requests(spec):,} requests (--requests is not used), {probing.steady_requests:,} "
-            f"of them in a steady window after the first {spec.steady_skip:.0%}"
+    return (f"each probe: {probing.requests(spec):,} requests or more (--requests is not used), at least "
+            f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
             f"{spec.min_served:.0%} of offered, wait growing <= {spec.max_queue_growth:g} s per s){seeds}")
@@ -9923,6 +10040,7 @@ def cmd_plan(args) -> int:
     if args.plot:
         check_writable(args.plot, "--plot", args)
     probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    probing.check(spec)
     scaling = Scaling(args.window, args.min_replicas, args.max_replicas, args.scale_down_after, args.ahead, delay)
     report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
     where = f"{spec.hardware.name}" + (f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else "")
@@ -9951,6 +10069,12 @@ def cmd_search(args) -> int:
     slo = parse_slo(args.slo)
     given = listed(args, exclude=("rate", "concurrency"))
     axes, points = search_grid(given)
+    if args.target_rate and args.target_concurrency:
+        raise UserError("search --rate R ranks deployments at R requests/s and --concurrency N at N clients: give one")
+    asked = "rate" if args.target_rate else "concurrency" if args.target_concurrency else None
+    if asked and args.load != "rate" and args.load != asked:
+        raise UserError(f"--load {args.load} asks for the highest {args.load}, and --{asked} ranks every deployment at "
+                        f"one {asked}: drop one of them")
     by, target = ("rate", args.target_rate) if args.target_rate else \
         ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load, None)
     if args.rate_profile:
@@ -9962,6 +10086,7 @@ def cmd_search(args) -> int:
     spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
     spec = replace(spec, rate=None, concurrency=None)
     probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    probing.check(spec)
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
@@ -10471,8 +10596,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=CLIENTS, metavar="N", dest="target_concurrency",
                    help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
-                   help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el or "
-                        "queue; STAT is mean, p50, p90, p95 or p99; e.g. ttft_p95:500,tpot_p95:50 (required)")
+                   help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "
+                        "queue or ttfa (time to the first answer token); STAT is mean, p50, p90, p95 or p99; e.g. ttft_p95:500,tpot_p95:50 (required)")
     g.add_argument("--load", choices=("rate", "concurrency"), default="rate",
                    help="what the highest-load search varies (default: %(default)s)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
@@ -10483,8 +10608,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "output is the same as with 1 (default: the number of cores, %(default)s here)")
     g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
                    help="requests each probe sends inside its steady window: it sends N / (1 - --steady-skip) in "
-                        "all, whatever --requests says, so the answer does not move with run length "
-                        "(default: %(default)s)")
+                        "all, whatever --requests says, and more if its first requests end so late that the window "
+                        "(which starts at the first end) holds fewer, so the answer does not move with run length; "
+                        "at least 2 / (1 - --min-served), 40 at the default (default: %(default)s)")
     add_seed_args(g, search=True)
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "

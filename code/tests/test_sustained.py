@@ -52,6 +52,43 @@ class SteadyWindow(unittest.TestCase):
         self.assertIsNone(w["sustained"])
         self.assertIn("too short", w["note"])
 
+    def test_a_window_gets_a_verdict_only_where_one_request_at_each_edge_is_within_the_shortfall_allowed(self):
+        self.assertEqual(main.window_floor(0.95), 40)
+        self.assertEqual(main.window_floor(0.8), 10)
+        self.assertEqual(main.window_floor(1.0), main.MAX_WINDOW_FLOOR)
+        # 48 sent, 20% skipped: 38 in the window at 0.95, a verdict from 10 at 0.8.
+        requests = [measured(i, i * 0.5, 0.1) for i in range(48)]
+        self.assertIsNone(main.steady_window(requests, 0.2, 0.95, 0.05, False)["sustained"])
+        self.assertIn("fewer than the 40 a verdict needs", main.steady_window(requests, 0.2, 0.95, 0.05, False)["note"])
+        self.assertTrue(main.steady_window(requests, 0.2, 0.8, 0.05, False)["sustained"])
+
+    def test_a_shortfall_within_the_edges_uncertainty_is_not_an_overload(self):
+        # Latencies alternate 0.2 s and 4.2 s (median lag 4.2 s): requests sent near an edge end on the
+        # wrong side of it. The wait grows a little (+0.001 s per s), well under the bound.
+        requests = [measured(i, i * 0.5, 0.001 * i * 0.5, 0.2 if i % 2 else 4.2) for i in range(60)]
+        w = self.window(requests)
+        self.assertLess(w["served_rate"], 0.95 * w["offered_rate"])
+        self.assertGreater(w["wait_growth_s_per_s"], 0)
+        self.assertLess(w["least_served_share"], 0.95 * w["served_rate"] / w["offered_rate"] + 0.05)
+        self.assertTrue(w["sustained"], w)
+        # The same shortfall with every latency equal has no such uncertainty: overloaded, and it says why.
+        even = [measured(i, i * 0.5, 0.001 * i * 0.5, 1.0) for i in range(60) if i % 10 != 9 or i < 40]
+        w = self.window(even)
+        self.assertAlmostEqual(w["least_served_share"], 0.95, delta=0.01)
+
+    def test_an_overload_names_the_test_it_failed(self):
+        requests = [measured(i, i * 0.5, i * 0.5 * 0.06) for i in range(400)]    # wait grows 0.06 s per s
+        w = self.window(requests)
+        self.assertFalse(w["sustained"])
+        # Served 94% of offered, within what the window's edges leave uncertain (latencies spread
+        # over seconds): the wait is what failed, and the verdicts say so.
+        self.assertEqual(w["overloaded_by"], ["wait grows 0.06 s per s > 0.05"])
+        self.assertEqual(main.load_verdict({"steady_state": w}), "overloaded (wait +0.06 s/s)")
+        self.assertIn("overloaded: wait grows 0.06 s per s > 0.05", main.Probing(main.parse_slo("ttft_p95:1e9")).misses(
+            {"steady_state": w, "p95_ttft_ms": 1.0})[0])
+        served_short = {**w, "overloaded_by": [*w["overloaded_by"], "served 80% < 95% of offered"]}
+        self.assertEqual(main.load_verdict({"steady_state": served_short}), "overloaded (94% served)")
+
 
 class SimulatedVerdict(unittest.TestCase):
     def test_open_loop_at_twice_capacity_is_unsustained_and_at_half_it_is_sustained(self):
@@ -138,6 +175,27 @@ class SustainedSearch(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertEqual(main.json.loads(out)["steady_state"], probe["steady_state"])
 
+    def test_a_probe_whose_window_falls_short_is_run_longer_and_reruns_so(self):
+        # 60 req/s of 2,000-token outputs on an H100: the first request ends after most of the
+        # usual probe's sends, so the window starts late; the probe is lengthened until it holds 200.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:100000", "--rate", "60", "--output-tokens", "2000",
+                                  "--steady-requests", "200", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        probe = main.json.loads(out)["deployments"][0]["probes"][0]
+        self.assertGreater(probe["probe_requests"], 251)
+        self.assertGreaterEqual(probe["steady_state"]["requests"], 200)
+        self.assertIn(f"--requests {probe['probe_requests']} ", probe["rerun"] + " ")
+
+    def test_jobs_leave_out_the_seeds_one_process_would_not_run(self):
+        # Several processes run every seed at once; the report keeps those one process runs in turn.
+        probing = main.Probing(main.parse_slo("ttft_p95:1000"), seeds=5, steady_requests=200)
+        spec = main.RunSpec(prompt_tokens=main.TokenRange(256, 1024), output_tokens=main.TokenRange(64, 256))
+        everyone = lambda fn, items: [fn(item) for item in items]
+        one = main.search_point(spec, {}, probing=probing)
+        many = main.search_point(spec, {}, probing=probing, mapper=everyone)
+        self.assertEqual(one, many)
+        self.assertTrue(any(p["seeds_run"] < 5 for p in one["probes"]))
+
     def test_seeds_count_and_confidence_decide_a_probe(self):
         report = self.search("--seeds", "3")
         for probe in report["deployments"][0]["probes"]:
@@ -155,7 +213,9 @@ class SustainedSearch(unittest.TestCase):
 
     def test_bad_seeds_and_confidence_are_one_line(self):
         for extra in (("--seeds", "0"), ("--seeds", "5000"), ("--confidence", "0"), ("--confidence", "1.2"),
-                      ("--steady-requests", "3")):
+                      ("--steady-requests", "3"), ("--steady-requests", "39"), ("--steady-requests", "100",
+                                                                               "--min-served", "0.99"),
+                      ("--rate", "5", "--concurrency", "4"), ("--rate", "5", "--load", "concurrency")):
             with self.subTest(extra=extra):
                 code, _, err = call_cli(*self.ARGS, *extra)
                 self.assertEqual(code, 2)
@@ -198,6 +258,16 @@ class TraceRepeats(unittest.TestCase):
         code, out, _ = call_cli("simulate", "--seeds", "3", "--requests", "200")
         self.assertEqual(code, 0)
         self.assertRegex(out, r"kv cache    [\d,]+ blocks x 16 tokens ")
+
+    def test_seeds_that_disagree_on_keeping_up_say_so_not_their_mean(self):
+        kept = main.run(main.RunSpec(rate=10, requests=400))
+        over = main.run(main.RunSpec(rate=80, requests=2000, seed=8))
+        merged = main.seeded([kept, over])
+        self.assertFalse(merged["steady_state"]["sustained"])
+        self.assertEqual(merged["steady_state"]["overloaded_by"], ["in 1 of 2 seeds"])
+        line = main.steady_lines(merged["steady_state"])[0]
+        self.assertTrue(line.startswith("mixed       sustained in 1 of 2 seeds, overloaded in the rest"), line)
+        self.assertEqual(main.load_verdict(merged), "sustained in 1/2 seeds")
 
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
         trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
