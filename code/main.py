@@ -7480,10 +7480,12 @@ def calibrate(found: list[StepObservation], model: ModelSpec, base: Hardware,
     other moves nothing). It keeps the base preset's effective value, and is named in the result.
     Returns the hardware, each observation's error (predicted / measured - 1), and what was kept."""
     def hardware(params: list[float]) -> Hardware:
-        bandwidth, tflops, overhead = (float(f"{math.exp(v):.6g}") for v in params[:3])
+        # The simplex may wander far on data no figure fits (a 0.002 ms prefill): held within
+        # e^+-40 (and a per-sequence cost of 10^6 ms) it gets a huge error there and turns back.
+        bandwidth, tflops, overhead = (float(f"{math.exp(min(40.0, max(-40.0, v))):.6g}") for v in params[:3])
         # The base preset's other figures (memory, reserve, link, price, kernel floors) are kept.
         return replace(base, name=name, bandwidth_gbs=bandwidth, tflops=tflops, mbu=1.0, mfu=1.0,
-                       step_overhead_ms=overhead, seq_overhead_ms=float(f"{params[3] ** 2:.6g}"))
+                       step_overhead_ms=overhead, seq_overhead_ms=float(f"{min(1e3, abs(params[3])) ** 2:.6g}"))
 
     def errors(h: Hardware) -> list[float]:
         return [cost_model("roofline", h, model).step_seconds(o.tokens, o.context, o.seqs) / o.seconds - 1 for o in found]

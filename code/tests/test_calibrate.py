@@ -96,6 +96,27 @@ class Recovery(unittest.TestCase):
         self.assertIn("the best fit still misses", err)
         self.assertFalse(os.path.exists(out))
 
+    def test_a_prefill_no_roofline_can_price_is_a_miss_not_a_crash(self):
+        """A one-client run claiming a 0.002 ms prefill sent the fit's simplex to exp() overflow."""
+        reports = []
+        for clients, requests in ((1, 8), (4, 16), (8, 16)):
+            code, out, err = run_cli("simulate", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0",
+                                     "--prompt-tokens", "64", "--output-tokens", "32", "--concurrency", clients,
+                                     "--requests", requests, "--json")
+            self.assertEqual(code, 0, err)
+            reports.append(json.loads(out))
+        for tiny in (0.001, 0.002, 0.003):
+            paths = []
+            for i, report in enumerate(reports):
+                paths.append(os.path.join(self.tmp.name, f"r{i}.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump({**report, "median_ttft_ms": tiny} if i == 0 else report, f)
+            with self.subTest(ttft_ms=tiny):
+                code, _, err = run_cli("calibrate", *paths, "--out", os.path.join(self.tmp.name, "t.json"))
+                self.assertEqual(code, 1, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+                self.assertIn("the best fit still misses", err)
+
 
 ENGINE_SHAPE = ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--cost-model", "kernels",
                 "--prompt-tokens", "100", "--output-tokens", "400"]
