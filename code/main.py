@@ -5214,6 +5214,10 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         raise UserError(f"{kind} {name}: no requests in it (input_lens is "
                         f"{'empty' if columns['input_lens'] == [] else 'not a list'})")
     n = len(columns["input_lens"])
+    for k in ("output_lens", "ttfts", "itls"):     # without them no request has a length, a TTFT or an end
+        if columns[k] is None:
+            raise UserError(f"{kind} {name}: no {k} array; loadgen --detailed and vllm bench serve --save-detailed "
+                            f"save input_lens, output_lens, ttfts and itls")
     for k, values in columns.items():
         if values is not None and (not isinstance(values, list) or len(values) != n):
             raise UserError(f"{kind} {name}: {k} must be a list as long as input_lens ({n})")
@@ -5250,17 +5254,20 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     requests = []
     for i in range(n):
         error = (columns["errors"] or [""] * n)[i] or None
-        ttft = (columns["ttfts"] or [None] * n)[i]
+        ttft = columns["ttfts"][i]
         failed = bool(error) or ttft is None
         # A failed request may have sent nothing the server counted: 0 tokens is then its length.
         prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
-        output = count((columns["output_lens"] or [0] * n)[i], i, "output length", 0)
+        output = count(columns["output_lens"][i], i, "output length", 0 if failed else 1)
         sent = starts[i] - first_start
         if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
             continue
-        gaps = (columns["itls"] or [None] * n)[i]
-        gaps = [seconds(g, i, "gap between tokens") for g in gaps] if isinstance(gaps, list) else []
+        gaps = columns["itls"][i]
+        if not isinstance(gaps, list):
+            raise UserError(f"{kind} {name}: request {i}'s itls must be a list of seconds between tokens, got "
+                            f"{printable(str(gaps)[:40])!r}")
+        gaps = [seconds(g, i, "gap between tokens") for g in gaps]
         first = sent + seconds(ttft, i, "ttft")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
         answer = (report.get("ttfas") or [None] * n)[i] if isinstance(report.get("ttfas"), list) \
@@ -5268,6 +5275,10 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         if answer is not None:        # a reasoning model's first answer token, where the report times it
             requests[-1].answer_s = sent + max(seconds(answer, i, "ttfa"), first - sent)
             requests[-1].reasoning_tokens = 1
+    streamed = [r for r in requests if r.error is None and r.output_tokens > 1]
+    if streamed and not any(len(r.token_times or ()) > 1 for r in streamed):
+        notes.append("itls holds no gap for any request of two tokens or more: its tokens came in one piece, so its "
+                     "measured E2E is its TTFT and it has no measured TPOT")
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
     server = report.get("server")
@@ -5324,6 +5335,11 @@ def read_request_log(path: str) -> MeasuredRun:
         requests.append((len(requests), sent, first, last, prompt, output))
     if not requests:
         raise UserError(f"run {path}: no requests in it")
+    if not any(first is not None for _, _, first, _, _, _ in requests):
+        missing = [key for key in ("first_token_ts", "last_token_ts") if key not in row]
+        if missing:       # not a run whose requests all failed: a file without the columns
+            raise UserError(f"run {path}: no row has {' or '.join(missing)}; vLLM's per-request stats give "
+                            f"input_toks, output_toks, queued_ts, first_token_ts and last_token_ts")
     t0 = min(sends)
     ends = [last for _, _, _, last, _, _ in requests if last is not None]
     if max(sends + ends) - t0 > MAX_ARRIVAL_S:
@@ -7691,10 +7707,28 @@ def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
     return spec
 
 
+def measured_failures(measured: MeasuredRun) -> Optional[str]:
+    """How many of a run's measured requests failed, in a line (None: none did). A run none of whose
+    requests has its token times has nothing to compare: CapacityError, as a failed request is."""
+    failed = [r for r in measured.requests if r.error is not None]
+    if not failed:
+        return None
+    first = printable(str(failed[0].error)[:120])
+    if len(failed) == len(measured.requests):
+        raise CapacityError(f"run {measured.name}: every one of its {len(failed):,} measured requests failed or has no "
+                            f"token times (the first: {first}): nothing to compare")
+    return (f"{len(failed):,} of {len(measured.requests):,} measured requests failed (the first: {first}): the "
+            f"measured figures are of the rest")
+
+
 def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
     """A measured run beside its simulation: a title naming what was simulated, the rows of
     figures with their errors, and both reports."""
+    measured_failures(measured)
     simulated = simulate_measured(measured, spec, timeline=timeline)
+    if not simulated["completed"]:
+        raise CapacityError(f"none of the {simulated['failed']:,} simulated requests completed "
+                            f"({'; '.join(simulated['errors_by_kind'])}): check the settings against the server's")
     actual = summarize(measured.requests, slos=dict(spec.goodput))
     title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
              f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
@@ -7725,6 +7759,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
     measured, spec_args = dict(published.measured), dict(published.settings)
     if "replay" in published.load:
         log = read_request_log(os.path.join(published.folder, published.load["replay"], "requests.jsonl"))
+        measured_failures(log)
         spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)
@@ -10309,7 +10344,7 @@ def cmd_compare(args) -> int:
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
-    for note in measured.notes:
+    for note in measured.notes + [measured_failures(measured)] * bool(measured_failures(measured)):
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
     if simulated["failed"]:
         kinds = "; ".join(f"{n:,} x {kind}" for kind, n in simulated["errors_by_kind"].items())

@@ -209,6 +209,36 @@ class OtherReaders(Checks):
                 with self.subTest(command=argv[0]):
                     self.assert_one_line(run(*argv), mentions=["config"])
 
+    def test_a_report_without_the_arrays_a_comparison_needs(self):
+        # From a careless-user pass: without ttfts every request read as failed, and without itls
+        # every request ended at its first token (E2E = TTFT, throughput doubled), both in silence.
+        with tempfile.TemporaryDirectory() as tmp:
+            for key in ("ttfts", "itls", "output_lens"):
+                report = detailed_report(4)
+                del report[key]
+                path = write_json(os.path.join(tmp, f"no_{key}.json"), report)
+                with self.subTest(missing=key):
+                    self.assert_one_line(run("compare", path, *PRESETS), mentions=[f"no {key} array"])
+            path = write_json(os.path.join(tmp, "gap.json"), detailed_report(4, itls=[[0.01] * 4, 5, [], []]))
+            self.assert_one_line(run("compare", path, *PRESETS), mentions=["request 1's itls must be a list"])
+
+    def test_a_measured_run_whose_requests_all_failed_is_exit_1_and_some_failed_is_said(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "down.json"), detailed_report(4, errors=["connection refused"] * 4))
+            self.assert_one_line(run("compare", path, *PRESETS), code=1,
+                                 mentions=["every one of its 4 measured requests failed", "connection refused"])
+            path = write_json(os.path.join(tmp, "some.json"), detailed_report(4, errors=["", "HTTP 500", "", ""]))
+            r = run("compare", path, *PRESETS)
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("1 of 4 measured requests failed (the first: HTTP 500)", r.err)
+            log = os.path.join(tmp, "renamed")
+            os.mkdir(log)
+            with open(os.path.join(log, "requests.jsonl"), "w") as f:
+                for row in request_rows(4):
+                    row["first_token_time"] = row.pop("first_token_ts")
+                    f.write(json.dumps(row) + "\n")
+            self.assert_one_line(run("compare", log, *PRESETS), mentions=["no row has first_token_ts"])
+
     def test_a_bench_result_with_empty_arrays(self):
         # issue 20 finding 14: a bench result with empty arrays
         empty = {"input_lens": [], "output_lens": [], "ttfts": [], "itls": [], "start_times": [], "errors": []}

@@ -228,7 +228,9 @@ class Compare(unittest.TestCase):
                     ({"max_num_seqs": 4, "kv_tokens": 4096, "max_num_batched_tokens": 2048}, "4 slots, 4,096 KV tokens", 0),
                     ({"unknown": "no llama.cpp /props (HTTP 404)"}, "servesim's defaults stand in", 0),
                     ([4, 4096, 2048], "server.shape must be objects", 2),
-                    ({"max_num_seqs": 4, "kv_tokens": 64, "max_num_batched_tokens": 2048}, "simulated requests failed", 0)):
+                    # A cache smaller than one request: nothing simulated completes, and a comparison is exit 1.
+                    ({"max_num_seqs": 4, "kv_tokens": 64, "max_num_batched_tokens": 2048},
+                     "none of the 6 simulated requests completed", 1)):
                 with self.subTest(shape=shape):
                     with open(path, "w") as f:
                         json.dump({**report, "server": {"shape": shape}}, f)
