@@ -6653,7 +6653,9 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
         except ValueError:
             continue
         if math.isfinite(value) and abs(value) <= PROMETHEUS_LIMIT:
-            values[name] = values.get(name, 0.0) + value
+            # A counter or a count over several label sets (a data-parallel server's engines) adds
+            # up; a share of the KV cache does not: the fullest cache is the one that binds.
+            values[name] = max(values.get(name, 0.0), value) if name in KV_GAUGES else values.get(name, 0.0) + value
         elif ignored is not None:
             ignored[name if name in ignored or len(ignored) < 32 else "other names"] += 1
     return values
@@ -8377,7 +8379,15 @@ def mean_of(scrape: dict, histogram: str, scale: float = 1000) -> Optional[float
 
 
 def signals_from_scrape(text: str, name: str) -> Signals:
-    m = parse_prometheus(text)
+    left_out = Counter()
+    m = parse_prometheus(text, left_out)
+    for key in [k for k, v in m.items() if v < 0 or (k in KV_GAUGES and v > 1)]:
+        left_out[key] += 1            # no count, time or gauge of these is negative; a KV share is 0..1
+        del m[key]
+    if left_out:
+        sys.stderr.write(f"servesim: {name}: left out {sum(left_out.values()):,} sample(s) that are not a number in "
+                         f"range ({', '.join(sorted(printable(k[:60]) for k in left_out))}): the diagnosis does "
+                         f"without them\n")
     if any(k.startswith("vllm:") for k in m):
         queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),
@@ -8536,6 +8546,10 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     if sig.queue_ms is not None and sig.ttft_ms and sig.queue_ms > 0.5 * sig.ttft_ms:
         return REMEDIES["queue-bound"], [f"queue {sig.queue_ms:,.0f} ms of TTFT {sig.ttft_ms:,.0f} ms",
                                          "no single budget binds"]
+    if not sig.ttft_ms and ((sig.waiting or 0) > 0 or (sig.queue_ms or 0) > 0):
+        # No TTFT to weigh the queue against (not in the input, or unreadable): a queue is a queue.
+        return REMEDIES["queue-bound"], [f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms",
+                                         "no TTFT in this input", "no single budget binds"]
     return REMEDIES["healthy"], ["no preemptions, little queue"]
 
 

@@ -163,6 +163,33 @@ class Scrapes(unittest.TestCase):
                               'sglang:token_usage{model_name="m"} 0.1\n')
         self.assertEqual((e["server"], e["symptom"]), ("sglang", "healthy"))
 
+    DP_ENGINE = ('vllm:num_requests_running{{engine="{0}"}} 48\nvllm:num_requests_waiting{{engine="{0}"}} 12\n'
+                 'vllm:kv_cache_usage_perc{{engine="{0}"}} 0.62\nvllm:num_preemptions_total{{engine="{0}"}} 0\n'
+                 'vllm:time_to_first_token_seconds_sum{{engine="{0}"}} {1}\n'
+                 'vllm:time_to_first_token_seconds_count{{engine="{0}"}} 100\n'
+                 'vllm:request_queue_time_seconds_sum{{engine="{0}"}} 60\n'
+                 'vllm:request_queue_time_seconds_count{{engine="{0}"}} 100\n')
+
+    def test_a_data_parallel_scrape_is_read_per_engine_where_a_sum_means_nothing(self):
+        # Two engines' caches 62% full each were once a "KV peak 124%", and the verdict KV-bound.
+        e = self.explain_text(self.DP_ENGINE.format(0, 80) + self.DP_ENGINE.format(1, 80))
+        self.assertEqual(e["symptom"], "queue-bound")
+        self.assertIn("running up to 96", e["capacity"][0])               # counts add over the engines
+        self.assertNotIn("124%", json.dumps(e))
+
+    def test_an_unreadable_or_missing_ttft_is_named_and_the_queue_still_counts(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(self.DP_ENGINE.format(0, "NaN") + 'vllm:kv_cache_usage_perc{engine="1"} 62\n')
+        self.addCleanup(os.unlink, f.name)
+        code, out, err = run_cli("explain", f.name, "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("left out 2 sample(s) that are not a number in range", err)
+        self.assertIn("vllm:time_to_first_token_seconds_sum", err)
+        self.assertIn("vllm:kv_cache_usage_perc", err)
+        e = json.loads(out)[0]
+        self.assertEqual(e["symptom"], "queue-bound")             # 12 waiting, where "healthy" was printed
+        self.assertIn("no TTFT in this input", e["evidence"])
+
     def test_input_that_is_none_of_these_exits_2(self):
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write("hello world\n")
