@@ -4550,8 +4550,10 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
     if not spec.trace:
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
     sends = sorted(row[0] * spec.time_scale for row in repeated_rows(spec.trace.rows, spec.trace_repeats))
-    end = max(window_s, math.ceil(sends[-1] / window_s - 1e-9) * window_s)
-    edges = [i * window_s for i in range(round(end / window_s) + 1)]
+    # The trace ends a mean gap after its last send, not at a whole window: an 84 s trace counted
+    # over 15 minutes would be planned at a tenth of its load (and so would a last partial window).
+    end = sends[-1] + ((sends[-1] - sends[0]) / (len(sends) - 1) if len(sends) > 1 and sends[-1] > sends[0] else 1.0)
+    edges = [i * window_s for i in range(math.ceil(end / window_s - 1e-9))] + [end]
     counts = Counter(min(int(t // window_s), len(edges) - 2) for t in sends)
     return [(a, b, counts[i] / (b - a)) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
 
@@ -4629,7 +4631,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
               "one_replica_sustains": per_replica, "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
-              "gpus_per_replica": spec.gpus_per_replica}
+              "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica}
     for _ in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
         if not verify:
@@ -4649,6 +4651,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
     if verify:
         report["verified"] = verified
+    report["does_not_meet_slo"] = plan_misses(report)
     return report
 
 
@@ -9040,6 +9043,23 @@ def clock_text(seconds: float) -> str:
     return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
 
 
+def plan_misses(report: dict) -> Optional[str]:
+    """Why the plan's schedule does not meet the SLO (None: it does): windows no --max-replicas
+    meets, or windows the whole-period simulation finds missing for a reason other than replicas
+    still starting."""
+    if report["never_met"]:
+        n = len(report["never_met"])
+        return (f"{n} window{'s' * (n != 1)} need{'s' * (n == 1)} more than "
+                f"--max-replicas {report['max_replicas']}, from {clock_text(report['never_met'][0])}")
+    verified = report.get("verified") or {}
+    missed = [t for t in verified.get("windows_missing_the_slo", []) if t not in verified.get("of_them_scaling_up", [])]
+    if missed:
+        return (f"simulated whole, {len(missed)} window{'s' * (len(missed) != 1)} miss{'es' * (len(missed) == 1)} "
+                f"the slo with the replicas "
+                f"serving, from {clock_text(missed[0])}: raise --max-replicas, or check the windows' load")
+    return None
+
+
 def print_plan(report: dict, title: str, w) -> None:
     totals, slo = report["totals"], report["slo"]
     w(f"{title}\n")
@@ -9072,11 +9092,14 @@ def print_plan(report: dict, title: str, w) -> None:
     w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.1f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
-    if round(saved, 2) > 0:       # (a schedule that never scales saves nothing, not $-0.00)
+    if plan_misses(report):       # a saving against a fleet that misses too would be no saving
+        w("; no saving is claimed: the schedule misses the slo")
+    elif round(saved, 2) > 0:     # (a schedule that never scales saves nothing, not $-0.00)
         w(f"; the schedule saves ${saved:,.2f} ({saved / totals['peak_fleet_usd']:.0%})")
     w("\n")
     if report["never_met"]:
-        w(f"never met   {len(report['never_met'])} windows need more than --max-replicas, from "
+        w(f"never met   {len(report['never_met'])} window{'s' * (len(report['never_met']) != 1)} "
+          f"need{'s' * (len(report['never_met']) == 1)} more than --max-replicas, from "
           f"{clock_text(report['never_met'][0])}\n")
     verified = report.get("verified")
     if verified:
@@ -10096,7 +10119,8 @@ def cmd_plan(args) -> int:
     report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
     where = f"{spec.hardware.name}" + (f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else "")
     load = f"rate profile {spec.rate_profile.name}" if spec.rate_profile else f"trace {spec.trace.name}"
-    title = (f"plan {spec.model.name} on {where}  {load} in {len(report['windows'])} windows of "
+    title = (f"plan {spec.model.name} on {where}  {load} in {len(report['windows'])} "
+             f"window{'s' * (len(report['windows']) != 1)} of "
              f"{args.window / 60:g} min  slo {slo.text()}")
     if args.json:
         write_json(report)
@@ -10110,9 +10134,10 @@ def cmd_plan(args) -> int:
         write_text(out.getvalue())
     if args.plot:
         write_file(args.plot, plan_svg(report, title))
-    if report["never_met"]:
-        sys.stderr.write(f"servesim: {len(report['never_met'])} windows need more than --max-replicas "
-                         f"{args.max_replicas}\n")
+    missed = plan_misses(report)
+    if missed:
+        sys.stderr.write(f"servesim: the plan does not meet the slo: {missed}\n")
+        return 1
     return 0
 
 

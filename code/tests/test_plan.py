@@ -142,6 +142,29 @@ class Plans(unittest.TestCase):
         self.assertEqual([(a, b) for a, b, _ in windows], [(0, 400), (400, 800), (800, 1200)])
         self.assertEqual([load for _, _, load in windows], [1.0, (200 * 1 + 200 * 4) / 400, 4.0])
 
+    def test_a_trace_shorter_than_a_window_is_planned_at_its_own_load(self):
+        # 10 requests a second apart: 10 s of traffic, once counted over a 900 s window as 0.011 req/s.
+        trace = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(10)))
+        windows = main.plan_windows(main.RunSpec(trace=trace), 900.0)
+        self.assertEqual(windows, [(0.0, 10.0, 1.0)])
+        # A last window the trace covers in part is counted over the part it covers.
+        long = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(1000)))
+        windows = main.plan_windows(main.RunSpec(trace=long), 600.0)
+        self.assertEqual([(a, b) for a, b, _ in windows], [(0.0, 600.0), (600.0, 1000.0)])
+        self.assertEqual([load for _, _, load in windows], [1.0, 1.0])
+
+    def test_a_plan_that_misses_the_slo_exits_1_and_claims_no_saving(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,5\n600,60\n1200,5\n")
+            code, out, err = call_cli("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens",
+                                      "500", "--output-tokens", "100", "--slo", "ttft_p95:2000", "--window", "600",
+                                      "--steady-requests", "200", "--max-replicas", "4", "--no-verify")
+        self.assertEqual(code, 1, err)
+        self.assertIn("no saving is claimed: the schedule misses the slo", out)
+        self.assertNotIn("the schedule saves", out)
+        self.assertEqual(err.strip().splitlines()[-1],
+                         "servesim: the plan does not meet the slo: 1 window needs more than --max-replicas 4, from 00:10")
+
     def test_a_scale_down_waits_while_a_higher_need_is_recent(self):
         windows = [(i * 100.0, (i + 1) * 100.0, 0) for i in range(6)]
         needs = [1, 3, 1, 1, 1, 2]
