@@ -3447,11 +3447,16 @@ def flag_words(f, value) -> list[str]:
     return [flag, str(value)]
 
 
+# How the commands servesim prints start: main.py as it was started (`python3 code/main.py` from
+# the repository, `python3 ~/bin/main.py` elsewhere), so a printed rerun runs where it was printed.
+PROGRAM = "code/main.py"
+
+
 def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
     """The simulate command line that runs exactly this spec; `sources` maps a preset (the
     Hardware or ModelSpec itself, so two files that give one name stay apart) to the file it
     was read from."""
-    words, default = ["python3", "code/main.py", "simulate"], RunSpec()
+    words, default = ["python3", PROGRAM, "simulate"], RunSpec()
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
         if value == getattr(default, f.name) or f.name == "simulator" or \
@@ -4467,8 +4472,14 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             result["load"], result["seeds_passed"], result["seeds_run"] = load, passed, len(runs)
             if how.sustained:
                 result["probe_requests"] = probe.requests        # longer than usual if its window fell short
-            result["misses"] = [] if enough else next(m for m in verdicts if m) + \
-                ([f"{len(runs) - passed} of {len(runs)} seeds run miss"] if how.seeds > 1 else [])
+            if enough:
+                result["misses"] = []
+            elif how.seeds == 1:
+                result["misses"] = verdicts[0]
+            else:     # the columns are the seeds' mean: say whose figures the reasons are
+                seed, missed = next((r["config"]["seed"], m) for r, m in zip(runs, verdicts) if m)
+                result["misses"] = [f"seed {seed}: {missed[0]}", *missed[1:],
+                                    f"{len(runs) - passed} of {len(runs)} seeds run miss"]
             probes.append(result)
             if progress:
                 progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
@@ -4826,12 +4837,13 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
                   sources: Optional[dict] = None, stopped: bool = False) -> dict:
     """What a search found, as one report: each probe with the simulate command that reruns it,
     the deployments ranked cheapest first when they were all run at one load."""
-    seeds = f" --seeds {probing.seeds}" if probing.seeds > 1 else ""
     for item, settings in zip(found, points):
         deployment = sweep_point(spec, settings)
         for how, probes in ((probing, item["probes"]), (replace(probing, sustained=False),
                                                          (item.get("burst") or {}).get("probes", []))):
             for probe in probes:
+                # The seeds the probe ran (those that settled its verdict), so the rerun shows its figures.
+                seeds = f" --seeds {probe.get('seeds_run', 1)}" if probe.get("seeds_run", 1) > 1 else ""
                 probe["rerun"] = simulate_command(how.probe(deployment, probe["load"], probe.get("probe_requests")),
                                                   sources) + seeds
     ranked = cheapest_first(found) if probing.target is not None else found
@@ -9322,8 +9334,12 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
                    "requests" if item.get("alone") else "")]
     if high is None:
         return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
-    seeds = (f"; {item['best']['seeds_passed']} of {probing.seeds} seeds meet {probing.slo.text()}"
-             + (" and keep up" if probing.sustained else "") if probing.seeds > 1 else "")
+    best = item["best"]
+    need = math.ceil(probing.confidence * probing.seeds - 1e-9)
+    seeds = (f"; {best['seeds_passed']} of {best['seeds_run']} seeds run meet {probing.slo.text()}"
+             + (" and keep up" if probing.sustained else "")
+             + (f" ({need} of {probing.seeds} needed)" if best["seeds_run"] < probing.seeds else "")
+             if probing.seeds > 1 else "")
     return [f"{what}: {low:.4g} {unit} (missed at {high:.4g}){seeds}", f"  rerun it: {item['best']['rerun']}"]
 
 
@@ -10924,4 +10940,5 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
 
 
 if __name__ == "__main__":
+    PROGRAM = sys.argv[0] if sys.argv[0] and sys.argv[0] != "-c" else PROGRAM
     sys.exit(main(program=True))

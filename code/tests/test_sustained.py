@@ -2,7 +2,7 @@
 the growth of its wait, and the verdict; search's highest load is the highest sustained one."""
 import unittest
 
-from helpers import call_cli, main
+from helpers import MAIN, call_cli, main, run_cli
 
 H100 = main.HARDWARE["h100-sxm-80gb"]
 
@@ -186,6 +186,13 @@ class SustainedSearch(unittest.TestCase):
         self.assertGreaterEqual(probe["steady_state"]["requests"], 200)
         self.assertIn(f"--requests {probe['probe_requests']} ", probe["rerun"] + " ")
 
+    def test_the_rerun_starts_main_py_where_it_was_started_from(self):
+        # Started by its absolute path (as from another directory), the rerun names that path.
+        code, out, err = run_cli("search", "--slo", "ttft_p95:1000", "--rate", "5", "--steady-requests", "100",
+                                 "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"rerun it: python3 {MAIN} simulate --requests ", out)
+
     def test_jobs_leave_out_the_seeds_one_process_would_not_run(self):
         # Several processes run every seed at once; the report keeps those one process runs in turn.
         probing = main.Probing(main.parse_slo("ttft_p95:1000"), seeds=5, steady_requests=200)
@@ -203,6 +210,12 @@ class SustainedSearch(unittest.TestCase):
             self.assertEqual(probe["misses"] == [], probe["seeds_passed"] == probe["seeds_run"] == 3)
             if probe["misses"]:
                 self.assertEqual(probe["seeds_passed"], probe["seeds_run"] - 1)
+                self.assertRegex(probe["misses"][0], r"^seed \d+: ")     # the columns are a mean; this is one seed's
+            # The rerun runs the seeds the probe ran, so it prints the row's figures.
+            if probe["seeds_run"] > 1:
+                self.assertTrue(probe["rerun"].endswith(f" --seeds {probe['seeds_run']}"), probe["rerun"])
+            else:
+                self.assertNotIn("--seeds", probe["rerun"])
         lenient = self.search("--seeds", "3", "--confidence", "0.5")
         self.assertGreaterEqual(lenient["deployments"][0]["highest_load"], report["deployments"][0]["highest_load"])
 
