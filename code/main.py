@@ -3913,6 +3913,15 @@ def slope(points: list[tuple[float, float]]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread > 0 else 0.0
 
 
+def mean_residual(points: list[tuple[float, float]]) -> float:
+    """The mean distance of y from its least-squares line against x (0 for no points)."""
+    if not points:
+        return 0.0
+    b = slope(points)
+    mean_x, mean_y = sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points)
+    return sum(abs(y - mean_y - b * (x - mean_x)) for x, y in points) / len(points)
+
+
 MIN_WINDOW_REQUESTS = 10      # fewer sent inside the steady window: too few to tell a trend
 
 
@@ -3966,12 +3975,15 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
              for r in window if r.error is None and r.first_token_s is not None]
     growth = slope(waits)
-    # A request whose latency differs from the lag by d is counted on the wrong side of an edge if
-    # it was sent within d of it: about offered x (mean |latency - lag|) requests at each edge, so
-    # the served rate is uncertain by twice that share of the window's requests, and a shortfall
-    # within it is the noise of counting ends, not a server falling behind. So is one while the
-    # wait does not grow at all: what is offered and not served must queue.
-    edges = 2 * sum(abs(x - lag) for x in latencies) / len(latencies) / (end - start) if latencies else 0.0
+    # A request whose latency differs from the trend by d is counted on the wrong side of an edge
+    # if it was sent within d of it: about offered x (mean |latency - trend|) requests at each edge,
+    # so the served rate is uncertain by twice that share of the window's requests, and a shortfall
+    # within it is the noise of counting ends, not a server falling behind. (The trend, not the
+    # median: latencies that grow with the queue move every end alike, and the ends then come at
+    # the rate served.) So is a shortfall while the wait does not grow at all: what is offered and
+    # not served must queue.
+    timed = [(r.sent_s, r.last_token_s - r.sent_s) for r in window if r.error is None and r.last_token_s is not None]
+    edges = 2 * mean_residual(timed) / (end - start)
     least = min_served - edges
     sustained = closed_loop or (growth <= max_growth and (served >= least * offered or growth <= 0))
     why = [] if sustained else [
@@ -8748,7 +8760,7 @@ def load_verdict(result: dict) -> str:
 def overload_reason(steady: dict) -> str:
     """Which of the sustained rule's tests a window failed (a merged report of several seeds: how
     many seeds failed)."""
-    return "; ".join(steady.get("overloaded_by") or ["the server does not keep up"])
+    return "; ".join(steady.get("overloaded_by") or ["its verdict's reasons were not kept"])
 
 
 def steady_lines(steady: Optional[dict]) -> list[str]:
@@ -8770,8 +8782,8 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     else:
         verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
                    f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
-                   f"s per s) in {where}: {overload_reason(steady)}; the server does not keep up, and its latencies "
-                   f"grow with the run's length")
+                   f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}), and its "
+                   f"latencies grow with the run's length")
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
                f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
                f"output tok/s")

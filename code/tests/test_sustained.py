@@ -80,14 +80,13 @@ class SteadyWindow(unittest.TestCase):
         requests = [measured(i, i * 0.5, i * 0.5 * 0.06) for i in range(400)]    # wait grows 0.06 s per s
         w = self.window(requests)
         self.assertFalse(w["sustained"])
-        # Served 94% of offered, within what the window's edges leave uncertain (latencies spread
-        # over seconds): the wait is what failed, and the verdicts say so.
-        self.assertEqual(w["overloaded_by"], ["wait grows 0.06 s per s > 0.05"])
-        self.assertEqual(main.load_verdict({"steady_state": w}), "overloaded (wait +0.06 s/s)")
-        self.assertIn("overloaded: wait grows 0.06 s per s > 0.05", main.Probing(main.parse_slo("ttft_p95:1e9")).misses(
-            {"steady_state": w, "p95_ttft_ms": 1.0})[0])
-        served_short = {**w, "overloaded_by": [*w["overloaded_by"], "served 80% < 95% of offered"]}
-        self.assertEqual(main.load_verdict({"steady_state": served_short}), "overloaded (94% served)")
+        # Latencies that grow with the queue are a trend, not noise at the edges: served 94% fails too.
+        self.assertEqual(w["overloaded_by"], ["wait grows 0.06 s per s > 0.05", "served 94% < 95% of offered"])
+        self.assertEqual(main.load_verdict({"steady_state": w}), "overloaded (94% served)")
+        self.assertIn("overloaded: wait grows 0.06 s per s > 0.05; served 94% < 95% of offered",
+                      main.Probing(main.parse_slo("ttft_p95:1e9")).misses({"steady_state": w, "p95_ttft_ms": 1.0})[0])
+        only_wait = {**w, "overloaded_by": w["overloaded_by"][:1]}
+        self.assertEqual(main.load_verdict({"steady_state": only_wait}), "overloaded (wait +0.06 s/s)")
 
 
 class SimulatedVerdict(unittest.TestCase):
