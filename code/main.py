@@ -9334,7 +9334,8 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
-            f"{spec.min_served:.0%} of offered, wait growing <= {spec.max_queue_growth:g} s per s){seeds}")
+            f"{spec.min_served:.0%} of offered less its edges' uncertainty, wait growing <= "
+            f"{spec.max_queue_growth:g} s per s){seeds}")
 
 
 def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
