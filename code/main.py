@@ -2784,9 +2784,10 @@ def real(low: float, high: float, above_low: bool = True, what: str = "") -> Cal
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
+            percent = f" (a percent? write {value / 100:g})" if high == 1 and 1 < value <= 100 else ""
             raise argparse.ArgumentTypeError(f"must be {what or ('above' if above_low else 'at least')} {low:g} "
-                                             f"and at most {high:g}, got {text}" if not what else
-                                             f"must be {what}, got {text}")
+                                             f"and at most {high:g}, got {text}{percent}" if not what else
+                                             f"must be {what}, got {text}{percent}")
         return value
     parse.__name__ = "number"
     return parse
@@ -4239,6 +4240,9 @@ def parse_slo(text: str) -> Slo:
             bound = float(value)
         except ValueError:
             bound = math.nan
+        if metric in SLO_METRICS and stat in SLO_STATS and colon and math.isfinite(bound) and not 0 < bound < 1e10:
+            raise UserError(f"--slo {item.strip()!r}: the bound is milliseconds above 0 and below 10^10, "
+                            f"got {value.strip()}")
         if metric not in SLO_METRICS or stat not in SLO_STATS or not colon or not 0 < bound < 1e10:
             raise UserError(f"--slo {item.strip()!r}: expected METRIC_STAT:MS, METRIC one of {', '.join(SLO_METRICS)}, "
                             f"STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p95:500,tpot_p95:50")
@@ -4999,8 +5003,11 @@ def load_preset(kind: str, value: str, presets: dict, cls):
             "one device here; sweep and search take a comma-separated list of --hardware" if kind == "hardware" else
             "one model at a time; sweep and search vary server settings, not the model, so run each model on its own"))
     if not os.path.exists(value):
-        raise UserError(f"unknown {kind} {value!r}: use one of {', '.join(presets)} "
-                        f"or a path to a JSON file with the same fields (see: main.py presets)")
+        near = difflib.get_close_matches(value.lower(), list(presets), n=1, cutoff=0.5) or \
+            [name for name in presets if name.startswith(value.lower())][:1]
+        raise UserError(f"unknown {kind} {value!r}" + (f" (did you mean {near[0]}?)" if near else "") +
+                        f": use one of {', '.join(presets)} or a path to a JSON file with the same fields "
+                        f"(see: main.py presets)")
     where = f"{kind} file {value}"
     data = parse_json(read_text(value, f"{kind} file", limit=PRESET_BYTES), where,
                       "expected one entry of `main.py presets --json`")
@@ -5269,9 +5276,13 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         return int(value)
 
     def seconds(value, i: int, what: str, low: float = 0.0) -> float:
+        # A TTFT or a gap is held to a year, as the arrivals are (start times are absolute: 10^10 s).
+        high = 10**10 if low < 0 else MAX_ARRIVAL_S
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not low <= value <= 10**10:
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds, got {str(value)[:40]}")
+                or not low <= value <= high:
+            shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
+            bound = f"0 to a year ({high:,.0f})" if high == MAX_ARRIVAL_S else f"{low:g} to {high:g}"
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds from {bound}, got {shown}")
         return float(value)
 
     starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
@@ -5308,6 +5319,10 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                      "measured E2E is its TTFT and it has no measured TPOT")
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
+    # What ran: servesim's and loadgen's config name a preset, vllm bench serve its model_id.
+    for key, said in (("model_name", config.get("model") or report.get("model_id")), ("named_device", config.get("hardware"))):
+        if isinstance(said, str) and said.strip():
+            settings[key] = said.strip()
     server = report.get("server")
     shape = server.get("shape") if isinstance(server, dict) else None
     if server is not None and not isinstance(server, dict) or shape is not None and not isinstance(shape, dict):
@@ -5563,10 +5578,18 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
     return runs, skipped
 
 
+PUBLISHED_RUN_FIELDS = frozenset(("name", "engine", "engine_version", "hardware", "model", "settings", "load",
+                                  "measured", "inferred", "cite"))
+
+
 def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     if not isinstance(row, dict) or not isinstance(row.get("name"), str):
         raise UserError(f"{where}: expected an object with a name")
     where = f"{where} ({printable(row['name'][:80])})"
+    unknown = sorted(set(row) - PUBLISHED_RUN_FIELDS)
+    if unknown:       # a misspelt "inferred" would score a run as out of sample that is not
+        raise UserError(f"{where}: unknown field {printable(unknown[0][:40])!r}; a run has "
+                        f"{', '.join(sorted(PUBLISHED_RUN_FIELDS))}")
     engine = row.get("engine")
     for key in ("engine", "hardware", "model"):
         if row.get(key) is not None and not isinstance(row[key], str):
@@ -7705,18 +7728,19 @@ def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
     which was that deployment's."""
     found = measured.settings
     settings = {k: v for k, v in found.items() if k in SETTINGS and SETTINGS[k].metadata["recorded"]}
-    if "model" not in given:
-        name = KNOWN_MODELS.get(found.get("model_name", ""))
+    for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
+                                           ("hardware", KNOWN_DEVICES, HARDWARE, ("device_name", "named_device"))):
+        if kind in given:
+            continue
+        # A Hugging Face id or a device's name (meta.json, vllm bench), or a preset's own (a report's config).
+        said = next((found[key] for key in recorded if found.get(key)), "")
+        name = known.get(said.lower()) or (said if said in presets else None)
         if not name:
-            raise UserError(f"run {measured.name}: model {found.get('model_name') or 'not recorded'} has no preset; "
-                            f"pass --model (a preset or a JSON file)")
-        settings["model"] = MODELS[name]
+            what = "model" if kind == "model" else "device"
+            raise UserError(f"run {measured.name}: " + (f"{what} {printable(said[:80])!r} has no preset" if said else
+                            f"the run does not record its {what}") + f"; pass --{kind} (a preset or a JSON file)")
+        settings[kind] = presets[name]
     if "hardware" not in given:
-        name = KNOWN_DEVICES.get(found.get("device_name", ""))
-        if not name:
-            raise UserError(f"run {measured.name}: device {found.get('device_name') or 'not recorded'} has no preset; "
-                            f"pass --hardware (a preset or a JSON file)")
-        settings["hardware"] = HARDWARE[name]
         if found.get("device_bytes"):        # what the run's device reported
             settings["hardware"] = replace(settings["hardware"], memory_gib=found["device_bytes"] / GIB)
     changed = [k for k in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "block_size",

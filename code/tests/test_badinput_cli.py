@@ -99,6 +99,23 @@ class PresetMistakes(unittest.TestCase):
                 self.assertEqual(len(r.lines()), 1, r.err)
                 self.assertRegex(r.lines()[0], r"(?i)\b(lists?|search|sweep|one model)\b")
 
+    def test_a_near_miss_names_the_fix(self):
+        # From a careless-user pass (session 29): a short or mis-cased preset, a percent for a
+        # fraction, an SLO bound of 0 got the generic message.
+        for argv, said in ((("--hardware", "h100"), "did you mean h100-sxm-80gb?"),
+                           (("--hardware", "H100-SXM-80GB"), "did you mean h100-sxm-80gb?"),
+                           (("--model", "llama8b"), "did you mean llama-3.1-8b?"),
+                           (("--gpu-memory-utilization", "90"), "a percent? write 0.9"),
+                           (("--min-served", "95"), "a percent? write 0.95")):
+            with self.subTest(argv=argv):
+                r = run("simulate", "--requests", 5, *argv)
+                self.assertEqual(r.code, 2, r.seen())
+                self.assertEqual(len(r.lines()), 1, r.err)
+                self.assertIn(said, r.lines()[0])
+        r = run("search", "--slo", "ttft_p95:0")
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertIn("the bound is milliseconds above 0", r.err)
+
 
 class FirstHour(unittest.TestCase):
     """# issue 20 finding 26: defaults and labels a new user trips over."""

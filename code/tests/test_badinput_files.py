@@ -222,6 +222,24 @@ class OtherReaders(Checks):
             path = write_json(os.path.join(tmp, "gap.json"), detailed_report(4, itls=[[0.01] * 4, 5, [], []]))
             self.assert_one_line(run("compare", path, *PRESETS), mentions=["request 1's itls must be a list"])
 
+    def test_a_report_names_its_model_and_device_and_its_times_are_held_to_a_year(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # simulate's and loadgen's config name a preset; vllm bench serve names its model_id.
+            named = write_json(os.path.join(tmp, "named.json"),
+                               detailed_report(4, config={"model": "llama-3.1-8b", "hardware": "l4-24gb"}))
+            r = run("compare", named)
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("servesim l4-24gb / llama-3.1-8b", r.out)
+            bench = write_json(os.path.join(tmp, "bench.json"),
+                               {**detailed_report(4, config=None), "model_id": "meta-llama/Llama-3.1-8B-Instruct"})
+            r = run("compare", bench, "--hardware", "l4-24gb")
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("/ llama-3.1-8b", r.out)
+            self.assert_one_line(run("compare", write_json(os.path.join(tmp, "anon.json"), detailed_report(4)),
+                                     "--hardware", "l4-24gb"), mentions=["does not record its model", "--model"])
+            late = write_json(os.path.join(tmp, "late.json"), detailed_report(4, ttfts=[0.05, 1e9, 0.05, 0.05]))
+            self.assert_one_line(run("compare", late, *PRESETS), mentions=["request 1's ttft", "a year"])
+
     def test_a_measured_run_whose_requests_all_failed_is_exit_1_and_some_failed_is_said(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = write_json(os.path.join(tmp, "down.json"), detailed_report(4, errors=["connection refused"] * 4))

@@ -108,7 +108,9 @@ class Corpus(unittest.TestCase):
                                                                               "requests": 2_000_000}},
                 "a replay outside the source": {**closed_loop_run("h"), "load": {"replay": "/etc"}},
                 "every request fails": {**closed_loop_run("i"), "settings": {"max_tokens_in_flight": 50}},
-                "a name with escapes": {**closed_loop_run("j\x1b[31m\nred")}}
+                "a name with escapes": {**closed_loop_run("j\x1b[31m\nred")},
+                # A misspelt "inferred" once scored a run out of sample that read its own figures.
+                "a misspelt field": {**closed_loop_run("k"), "infered": ["kv_cache_dtype"]}}
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": list(rows.values()), "b": [closed_loop_run("fine")]})
             os.makedirs(os.path.join(tmp, "broken"))
@@ -122,7 +124,7 @@ class Corpus(unittest.TestCase):
         for said in ("engine must be a name", "model must be a name", "settings.engine is not a deployment setting",
                      "settings.cost_model is not", "settings.goodput is not", "load.warmpu is not a load field",
                      "load.requests must be a whole number from 1 to 20,000", "load.replay must name a folder",
-                     "simulated requests failed", "broken/runs.json"):
+                     "simulated requests failed", "broken/runs.json", "unknown field 'infered'"):
             self.assertIn(said, out)
         self.assertIn("  fine ", out)
 
