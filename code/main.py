@@ -10575,6 +10575,16 @@ def cmd_calibrate(args) -> int:
         knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
         summary = (f"calibrated {printable(fitted.name)} for {model.name}: {shown}, {fitted.step_overhead_ms:.2f} ms per step "
                    f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
+        beyond = [f"{what} {value:,.4g} is above {base.name}'s datasheet {peak:,.4g}"
+                  for what, value, peak in (("bandwidth", fitted.bandwidth_gbs, base.bandwidth_gbs),
+                                            ("TFLOPS", fitted.tflops, base.tflops)) if value > peak * 1.001]
+        # A fit can land anywhere that prices the steps, but no GPU runs past its datasheet. (The CPU
+        # preset's figures are a starting guess, not a datasheet: a fit is expected to move them.)
+        if beyond and base.kernel_floor_us > 0:
+            sys.stderr.write(f"servesim: the fit's {' and '.join(beyond)}: the runs' steps are priced faster than "
+                             f"{base.name} can run them. A closed loop's TPOT counts the prefills decoding requests "
+                             f"wait through, which the fit reads as decode steps; with prompts long against the "
+                             f"outputs, fit runs with longer outputs, or pass --hardware the device they ran on\n")
     if args.out:
         write_file(args.out, json.dumps(written, indent=2) + "\n")
     else:

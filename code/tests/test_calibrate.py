@@ -117,6 +117,23 @@ class Recovery(unittest.TestCase):
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
                 self.assertIn("the best fit still misses", err)
 
+    def test_a_fit_past_the_gpus_datasheet_is_said(self):
+        """Short outputs behind long prompts: TPOT holds prefills the fit reads as decode steps."""
+        reports = []
+        for clients, requests in ((1, 8), (8, 32), (64, 256)):
+            code, out, err = run_cli("simulate", "--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b",
+                                     "--concurrency", clients, "--requests", requests, "--prompt-tokens", "512",
+                                     "--output-tokens", "64", "--json")
+            self.assertEqual(code, 0, err)
+            reports.append(os.path.join(self.tmp.name, f"h{clients}.json"))
+            with open(reports[-1], "w") as f:
+                f.write(out)
+        code, _, err = run_cli("calibrate", *reports, "--hardware", "h100-sxm-80gb",
+                               "--out", os.path.join(self.tmp.name, "h.json"))
+        self.assertEqual(code, 0, err)
+        self.assertIn("is above h100-sxm-80gb's datasheet 3,350", err)
+        self.assertIn("TPOT counts the prefills", err)
+
 
 ENGINE_SHAPE = ["--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--cost-model", "kernels",
                 "--prompt-tokens", "100", "--output-tokens", "400"]
