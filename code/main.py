@@ -3895,11 +3895,13 @@ def seeded(runs: list[dict]) -> dict:
     steady = merged.get("steady_state")
     if isinstance(steady, dict) and steady.get("sustained") is not None and not steady.get("closed_loop"):
         steady["seeds_sustained"], steady["seeds_count"] = sustained, len(runs)
-        whys = Counter(why for r in runs for why in (r.get("steady_state") or {}).get("overloaded_by", ()))
+        # Each seed's reasons carry its own figures: counted by the test that failed.
+        tests = Counter(why.split()[0] for r in runs for why in (r.get("steady_state") or {}).get("overloaded_by", ()))
         steady.pop("overloaded_by", None)
         if not steady["sustained"]:
-            steady["overloaded_by"] = [f"in {len(runs) - sustained} of {len(runs)} seeds"] if sustained else \
-                [f"{why} (in {n} of {len(runs)} seeds)" if n < len(runs) else why for why, n in whys.items()] or None
+            named = {"wait": "the wait grows past the bound", "served": "it serves too little of what is offered"}
+            steady["overloaded_by"] = [f"{named.get(test, test)} in {n} of {len(runs)} seeds"
+                                       for test, n in tests.items()] or [f"in {len(runs) - sustained} of {len(runs)} seeds"]
     return merged
 
 
@@ -3948,8 +3950,11 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     fast the wait grew: the least-squares slope of each
     request's queue time (its TTFT where a client cannot see the queue) against its send time,
     in seconds of wait per second of run. Sustained: that slope <= max_growth, and served >=
-    min_served x offered unless the slope is not positive at all; a closed loop, which sends only
-    when a request ends, is sustained by construction. The metrics are those of the measured requests sent inside the window.
+    least_served_share x offered (min_served, less the uncertainty of counting ends at the
+    window's edges) unless the slope is not positive at all and nothing failed; a closed loop,
+    which sends only when a request ends, is sustained by construction. A window of fewer than
+    window_floor requests gets no verdict. The metrics are those of the measured requests sent
+    inside the window.
     `in_step` (a simulated closed loop: whether its clients can stay in step, see may_stay_in_step)
     adds clients_in_step: they could, and at least half the window's requests were sent at the same
     moment as another."""
@@ -3976,20 +3981,26 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
              for r in window if r.error is None and r.first_token_s is not None]
     growth = slope(waits)
-    # A request whose latency differs from the trend by d is counted on the wrong side of an edge
-    # if it was sent within d of it: about offered x (mean |latency - trend|) requests at each edge,
-    # so the served rate is uncertain by twice that share of the window's requests, and a shortfall
-    # within it is the noise of counting ends, not a server falling behind. (The trend, not the
-    # median: latencies that grow with the queue move every end alike, and the ends then come at
-    # the rate served.) So is a shortfall while the wait does not grow at all: what is offered and
-    # not served must queue.
+    # A request whose latency differs from the trend by d lands on the other side of an edge if it
+    # was sent within d of it: about offered x (mean |latency - trend|) requests can cross each edge,
+    # either way, so the count of ends is off by a sum of that many +-1s, whose spread over the two
+    # edges is sqrt(2 x offered x mean |latency - trend|). Two such spreads (as a share of the
+    # window's requests, at most 1 - min_served) come off the share to be served: a shortfall
+    # within them is the noise of counting ends, not a server falling behind. (The trend, not the
+    # median: latencies that grow with a queue move every end alike, and the ends then come at the
+    # rate served.) So is a shortfall while the wait does not grow at all: what is offered and not
+    # served must queue.
     timed = [(r.sent_s, r.last_token_s - r.sent_s) for r in window if r.error is None and r.last_token_s is not None]
-    edges = 2 * mean_residual(timed) / (end - start)
-    least = min_served - edges
-    sustained = closed_loop or (growth <= max_growth and (served >= least * offered or growth <= 0))
+    spread = math.sqrt(2 * offered * mean_residual(timed))
+    least = min_served - min(1 - min_served, 2 * spread / len(window))
+    # (Failed requests are not served, whatever the wait does: they are no queue to show it.)
+    failed = sum(1 for r in window if r.error is not None)
+    short = served < least * offered and (growth > 0 or failed)
+    sustained = closed_loop or (growth <= max_growth and not short)
     why = [] if sustained else [
         *([f"wait grows {growth:.3g} s per s > {max_growth:g}"] if growth > max_growth else []),
-        *([f"served {served / offered:.0%} < {least:.0%} of offered"] if served < least * offered and growth > 0 else [])]
+        *([f"served {served / offered:.1%} < {least:.1%} of offered"
+           + (f" ({failed:,} of the window's requests failed)" if failed else "")] if short else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
@@ -4005,6 +4016,12 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
             "wait_growth_s_per_s": growth, "least_served_share": least, "sustained": sustained,
             "closed_loop": closed_loop, **({"overloaded_by": why} if why else {}), **together,
             **{k: metrics[k] for k in keep if k in metrics}}
+
+
+def overload_reason(steady: dict) -> str:
+    """Which of the sustained rule's tests a window failed (a merged report of several seeds: how
+    many seeds failed)."""
+    return "; ".join(steady.get("overloaded_by") or ["its verdict's reasons were not kept"])
 
 
 def may_stay_in_step(spec: RunSpec) -> bool:
@@ -4326,7 +4343,7 @@ class Probing:
     confidence: float = 1.0
 
     def check(self, spec: RunSpec) -> None:
-        floor = window_floor(spec.min_served)
+        floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
         if self.sustained and self.steady_requests < floor:
             raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "
                             f"window needs for a verdict at --min-served {spec.min_served:g} (2 / (1 - min served): "
@@ -4581,7 +4598,9 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
     # over 15 minutes would be planned at a tenth of its load (and so would a last partial window).
     end = sends[-1] + ((sends[-1] - sends[0]) / (len(sends) - 1) if len(sends) > 1 and sends[-1] > sends[0] else 1.0)
     edges = [i * window_s for i in range(math.ceil(end / window_s - 1e-9))] + [end]
-    counts = Counter(min(int(t // window_s), len(edges) - 2) for t in sends)
+    if len(edges) > 2 and end - edges[-2] < window_s / 4:
+        del edges[-2]       # a sliver past the last whole window joins it, rather than be planned on a few requests
+    counts = Counter(min(bisect.bisect_right(edges, t) - 1, len(edges) - 2) for t in sends)
     return [(a, b, counts[i] / (b - a)) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
 
 
@@ -4680,6 +4699,31 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         report["verified"] = verified
     report["does_not_meet_slo"] = plan_misses(report)
     return report
+
+
+def clock_text(seconds: float) -> str:
+    """A time in the period as a clock: 09:15, or 1d 09:15 past the first day."""
+    days, rest = divmod(int(round(seconds)), 86400)
+    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
+
+
+def plan_misses(report: dict) -> Optional[str]:
+    """Why the plan's schedule does not meet the SLO (None: it does): windows no --max-replicas
+    meets, or windows the whole-period simulation finds missing for a reason other than replicas
+    still starting."""
+    if report["never_met"]:
+        n = len(report["never_met"])
+        return (f"{n} window{'s' * (n != 1)} need{'s' * (n == 1)} more than "
+                f"--max-replicas {report['max_replicas']}, from {clock_text(report['never_met'][0])}")
+    verified = report.get("verified") or {}
+    missed = [t for t in verified.get("windows_missing_the_slo", []) if t not in verified.get("of_them_scaling_up", [])]
+    if missed:
+        full = any(r["asked"] >= report["max_replicas"] for r in report["windows"] if r["start_s"] in missed)
+        return (f"simulated whole, {len(missed)} window{'s' * (len(missed) != 1)} miss{'es' * (len(missed) == 1)} "
+                f"the slo with the replicas serving, from {clock_text(missed[0])}: "
+                + ("raise --max-replicas" if full else f"the plan adds replicas after simulating at most "
+                   f"{MAX_REPAIRS} times, and ran out; raise the windows' replicas by hand, or shorten --window"))
+    return None
 
 
 def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[float]) -> ReplicaSchedule:
@@ -5296,7 +5340,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         failed = bool(error) or ttft is None
         # A failed request may have sent nothing the server counted: 0 tokens is then its length.
         prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
-        output = count(columns["output_lens"][i], i, "output length", 0 if failed else 1)
+        output = count(columns["output_lens"][i], i, "output length", 0)
         sent = starts[i] - first_start
         if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
@@ -8435,6 +8479,8 @@ def signals_from_scrape(text: str, name: str) -> Signals:
     for key in [k for k, v in m.items() if v < 0 or (k in KV_GAUGES and v > 1)]:
         left_out[key] += 1            # no count, time or gauge of these is negative; a KV share is 0..1
         del m[key]
+    for key in [k for k in left_out if not k.startswith(("vllm:", "llamacpp:", "sglang:"))]:
+        del left_out[key]             # another exporter's samples: explain reads none of them
     if left_out:
         sys.stderr.write(f"servesim: {name}: left out {sum(left_out.values()):,} sample(s) that are not a number in "
                          f"range ({', '.join(sorted(printable(k[:60]) for k in left_out))}): the diagnosis does "
@@ -8567,6 +8613,9 @@ IDLE = Remedy("idle", "no request running or waiting, no latency in the input", 
               "none", "changing knobs on an idle server")
 
 
+QUEUE_NOTICED_MS = 50       # a mean queue time a user notices, where there is no TTFT to weigh it against
+
+
 def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     """The first row of the decision table whose signs the numbers show, and the evidence."""
     if sig.scrape and not sig.running and not sig.waiting and sig.ttft_ms is None and sig.tpot_ms is None:
@@ -8597,8 +8646,10 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     if sig.queue_ms is not None and sig.ttft_ms and sig.queue_ms > 0.5 * sig.ttft_ms:
         return REMEDIES["queue-bound"], [f"queue {sig.queue_ms:,.0f} ms of TTFT {sig.ttft_ms:,.0f} ms",
                                          "no single budget binds"]
-    if not sig.ttft_ms and ((sig.waiting or 0) > 0 or (sig.queue_ms or 0) > 0):
-        # No TTFT to weigh the queue against (not in the input, or unreadable): a queue is a queue.
+    queued = (sig.waiting or 0) >= max(1.0, 0.1 * (sig.running or 0)) or (sig.queue_ms or 0) >= QUEUE_NOTICED_MS
+    if not sig.ttft_ms and queued:
+        # No TTFT to weigh the queue against (not in the input, or unreadable): a queue a tenth of
+        # the batch, or one a user notices, is a queue.
         return REMEDIES["queue-bound"], [f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms",
                                          "no TTFT in this input", "no single budget binds"]
     return REMEDIES["healthy"], ["no preemptions, little queue"]
@@ -8776,15 +8827,9 @@ def load_verdict(result: dict) -> str:
     if steady["sustained"]:
         return "sustained"
     why = steady.get("overloaded_by") or []
-    if why and all(reason.startswith("wait") for reason in why):     # served enough; its wait grew
+    if why and all(reason.startswith(("wait", "the wait")) for reason in why):     # served enough; its wait grew
         return f"overloaded (wait +{steady['wait_growth_s_per_s']:.2g} s/s)"
     return f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
-
-
-def overload_reason(steady: dict) -> str:
-    """Which of the sustained rule's tests a window failed (a merged report of several seeds: how
-    many seeds failed)."""
-    return "; ".join(steady.get("overloaded_by") or ["its verdict's reasons were not kept"])
 
 
 def steady_lines(steady: Optional[dict]) -> list[str]:
@@ -9083,29 +9128,6 @@ def print_validation(report: dict, w) -> None:
           + f" (KERNEL_SCALE holds {scale['in_use']:.2f})\n")
     for reason in report["skipped"]:
         w(f"skipped: {reason}\n")
-
-
-def clock_text(seconds: float) -> str:
-    """A time in the period as a clock: 09:15, or 1d 09:15 past the first day."""
-    days, rest = divmod(int(round(seconds)), 86400)
-    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
-
-
-def plan_misses(report: dict) -> Optional[str]:
-    """Why the plan's schedule does not meet the SLO (None: it does): windows no --max-replicas
-    meets, or windows the whole-period simulation finds missing for a reason other than replicas
-    still starting."""
-    if report["never_met"]:
-        n = len(report["never_met"])
-        return (f"{n} window{'s' * (n != 1)} need{'s' * (n == 1)} more than "
-                f"--max-replicas {report['max_replicas']}, from {clock_text(report['never_met'][0])}")
-    verified = report.get("verified") or {}
-    missed = [t for t in verified.get("windows_missing_the_slo", []) if t not in verified.get("of_them_scaling_up", [])]
-    if missed:
-        return (f"simulated whole, {len(missed)} window{'s' * (len(missed) != 1)} miss{'es' * (len(missed) == 1)} "
-                f"the slo with the replicas "
-                f"serving, from {clock_text(missed[0])}: raise --max-replicas, or check the windows' load")
-    return None
 
 
 def print_plan(report: dict, title: str, w) -> None:
@@ -10577,10 +10599,11 @@ def cmd_calibrate(args) -> int:
                    f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
         beyond = [f"{what} {value:,.4g} is above {base.name}'s datasheet {peak:,.4g}"
                   for what, value, peak in (("bandwidth", fitted.bandwidth_gbs, base.bandwidth_gbs),
-                                            ("TFLOPS", fitted.tflops, base.tflops)) if value > peak * 1.001]
+                                            ("TFLOPS", fitted.tflops, max(base.tflops, base.fp8_tflops or 0)))
+                  if value > peak * 1.001]
         # A fit can land anywhere that prices the steps, but no GPU runs past its datasheet. (The CPU
         # preset's figures are a starting guess, not a datasheet: a fit is expected to move them.)
-        if beyond and base.kernel_floor_us > 0:
+        if beyond and (base.kernel_floor_us > 0 or base.fp8_tflops):
             sys.stderr.write(f"servesim: the fit's {' and '.join(beyond)}: the runs' steps are priced faster than "
                              f"{base.name} can run them. A closed loop's TPOT counts the prefills decoding requests "
                              f"wait through, which the fit reads as decode steps; with prompts long against the "

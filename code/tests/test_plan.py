@@ -152,6 +152,9 @@ class Plans(unittest.TestCase):
         windows = main.plan_windows(main.RunSpec(trace=long), 600.0)
         self.assertEqual([(a, b) for a, b, _ in windows], [(0.0, 600.0), (600.0, 1000.0)])
         self.assertEqual([load for _, _, load in windows], [1.0, 1.0])
+        # A sliver past the last whole window (10 s of 600) joins it rather than be planned on its own.
+        sliver = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(610)))
+        self.assertEqual(main.plan_windows(main.RunSpec(trace=sliver), 600.0), [(0.0, 610.0, 1.0)])
 
     def test_a_plan_that_misses_the_slo_exits_1_and_claims_no_saving(self):
         with tempfile.TemporaryDirectory() as tmp:
