@@ -5445,6 +5445,11 @@ def read_request_log(path: str) -> MeasuredRun:
     series = os.path.join(folder, "timeseries.csv")
     if os.path.exists(series):
         run_.timeline = read_timeline(series)
+        kv = max((t.get("kv_cache_pct", 0) for t in run_.timeline), default=0)
+        if 0 < kv <= 1:
+            run_.notes.append(f"timeseries.csv's kv_cache_pct never passes {kv:g}: it reads as a percent, so a "
+                              f"fraction (vLLM's vllm:kv_cache_usage_perc gauge is 0 to 1) is 100 times too small; "
+                              f"multiply the column by 100")
     return run_
 
 
@@ -5525,6 +5530,9 @@ def read_timeline(path: str) -> list[dict]:
             if not (math.isfinite(v) and 0 <= v <= (100 if k == "kv_cache_pct" else 1e15)):
                 raise UserError(f"timeseries {path} line {number}: {k} is {v:g}; expected a finite number from 0 "
                                 f"to {'100 (a percent)' if k == 'kv_cache_pct' else '10^15'}")
+        if rows and "t" in values and "t" in rows[-1] and values["t"] <= rows[-1]["t"]:
+            raise UserError(f"timeseries {path} line {number}: t is {values['t']:g}, not after the line before's "
+                            f"{rows[-1]['t']:g}; the seconds must run in order, one row each")
         rows.append(values)
     return rows
 
@@ -7746,8 +7754,12 @@ def compared_rows(measured: dict, simulated: dict, timeline: list = ()) -> dict:
     engine = simulated.get("engine") or {}
     server = measured.get("server") or {}
     if timeline:
-        rows["mean running"] = (sum(t.get("running", 0) for t in timeline) / len(timeline), engine.get("mean_running"))
-        rows["peak waiting"] = (max(t.get("waiting", 0) for t in timeline), engine.get("peak_waiting"))
+        # A column the file does not have is not a measured 0.
+        logs = lambda key: all(key in t for t in timeline)
+        rows["mean running"] = (sum(t["running"] for t in timeline) / len(timeline) if logs("running") else None,
+                                engine.get("mean_running"))
+        rows["peak waiting"] = (max(t["waiting"] for t in timeline) if logs("waiting") else None,
+                                engine.get("peak_waiting"))
         logged = max(t.get("kv_cache_pct", 0) for t in timeline)
         rows["peak kv use %"] = (logged or None, 100 * engine.get("kv_peak", 0))    # all zeros: not logged
     elif server.get("server"):

@@ -486,6 +486,26 @@ class MoreReaders(Checks):
             self.assertNotRegex(r.out, r"(?i)\b(nan|inf)\b", f"nan or inf printed: {r.seen()}")
             self.assert_one_line(r, mentions=["timeseries"])
 
+    def test_timeseries_csv_out_of_order_missing_a_column_or_in_fractions(self):
+        # From a careless-user pass (session 29): rows out of order were accepted, a column the file
+        # lacks was compared as a measured 0, and a 0-1 kv_cache_pct read as 1% in silence.
+        def compare(series):
+            with tempfile.TemporaryDirectory() as tmp:
+                run_dir = os.path.join(tmp, "run")
+                os.mkdir(run_dir)
+                jsonl(os.path.join(run_dir, "requests.jsonl"), request_rows())
+                write(os.path.join(run_dir, "timeseries.csv"), series)
+                return run("compare", run_dir, *PRESETS)
+        header = "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+        self.assert_one_line(compare(header + "2.0,1,1,1,1,50\n1.0,1,1,1,1,50\n"),
+                             mentions=["line 3: t is 1, not after the line before's 2"])
+        r = compare("t,prompt_throughput,gen_throughput,running\n1.0,1,1,3\n2.0,1,1,4\n")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertRegex(r.out, r"peak waiting\s+-\s")
+        r = compare(header + "1.0,1,1,1,1,0.4\n2.0,1,1,1,1,0.62\n")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertIn("kv_cache_pct never passes 0.62: it reads as a percent", r.err)
+
     def test_explain_a_loadgen_report_with_edited_timings_or_server_figures(self):
         # new (issue 20 follow-up N2): explain tracebacks (KeyError, TypeError, ValueError) on a
         # hand-edited loadgen report: timings percentiles missing or not numbers, server peaks not numbers
