@@ -5744,6 +5744,10 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     extras = [row[4] if len(row) > 4 else {} for row in rows]
     reasoning = tuple(extra.get("reasoning", 0) for extra in extras)
     parents, delays = sessions_of(path, extras, notes, strict=fmt == "servesim")
+    for i, parent in enumerate(parents):
+        if parent >= 0 and rows[i][1] < rows[parent][1] + rows[parent][2]:
+            notes["{:,} turns are shorter than their parent's prompt and reply (a turn's prompt_tokens is its whole "
+                  "context); each is sent as itself, without the history"] += 1
     return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(note.format(count) for note, count in notes.items()),
                  reasoning if any(reasoning) else (), parents, delays)
 
@@ -5946,6 +5950,7 @@ def jsonl_rows(path: str, data: Optional[bytes], max_line: int = TRACE_LINE_BYTE
 def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
     """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
     prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
+    lengths: dict[str, tuple[int, str]] = {}      # prefix name -> its length, and where it was first given
     for where, row in jsonl_rows(path, data):
         unknown = set(row) - set(TRACE_FIELDS)
         if unknown:
@@ -5961,6 +5966,12 @@ def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> I
         if prefix_tokens and "prefix" not in row:
             raise UserError(f"{where}: prefix_tokens needs a prefix name, the shared system prompt's id")
         prefix = ((row["prefix"], prefix_tokens),) if row.get("prefix") and prefix_tokens else ()
+        if prefix:
+            first = lengths.setdefault(row["prefix"], (prefix_tokens, where))
+            if first[0] != prefix_tokens:
+                raise UserError(f"{where}: prefix {printable(row['prefix'][:40])!r} is {prefix_tokens:,} tokens here "
+                                f"and {first[0]:,} at {first[1]}; a shared system prompt has one length (name the "
+                                f"other prompt differently)")
         extra = {}
         if "reasoning_tokens" in row:
             extra["reasoning"] = trace_number(where, row, "reasoning_tokens", 0, 10**8)

@@ -639,7 +639,11 @@ class Sessions(unittest.TestCase):
                  ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": "x"},
                    {"arrival": 1, "prompt_tokens": 9, "output_tokens": 2, "id": "x"}], "id 'x' names more than one row"),
                  ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "delay": 3}], "add the parent's id"),
-                 ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": ["x"]}], "field 'id' must be")]
+                 ([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": ["x"]}], "field 'id' must be"),
+                 # One system prompt's name with two lengths: which is it?
+                 ([{"arrival": 0, "prompt_tokens": 90, "output_tokens": 2, "prefix": "s", "prefix_tokens": 50},
+                   {"arrival": 1, "prompt_tokens": 90, "output_tokens": 2, "prefix": "s", "prefix_tokens": 80}],
+                  "prefix 's' is 80 tokens here and 50 at")]
         with tempfile.TemporaryDirectory() as folder:
             for rows, words in cases:
                 code, _, err = call_cli("simulate", "--trace", self.write(folder, rows))
@@ -657,8 +661,10 @@ class Sessions(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertEqual([len(b["messages"]) for b in server.bodies], [1, 1])
             done = []
-            main.run(main.RunSpec(trace=main.read_trace(path), prefix_caching=True), requests_out=done)
+            trace = main.read_trace(path)
+            main.run(main.RunSpec(trace=trace, prefix_caching=True), requests_out=done)
         self.assertEqual(sorted(done, key=lambda r: r.id)[1].cached_tokens, 0)
+        self.assertIn("1 turns are shorter than their parent's prompt and reply", " ".join(trace.notes))   # not silent
 
     def test_loadgen_sends_each_turn_with_the_servers_own_replies_after_the_delay(self):
         rows = [{"arrival": 0, "prompt_tokens": 30, "output_tokens": 3, "id": "a"},
