@@ -8785,6 +8785,9 @@ INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardwar
 def check_writable(path: str, flag: str, args=None) -> None:
     """Before the work: a file we are asked to write must have a directory to go in, and must not
     be a file the command reads (writing it would destroy the input)."""
+    if flag == "--plot" and os.path.splitext(path)[1].lower() in (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".webp"):
+        raise UserError(f"{flag} {path}: servesim draws SVG, which a {os.path.splitext(path)[1]} name would mislabel; "
+                        f"name the file .svg (a browser shows it; rsvg-convert or inkscape turn it into a PNG)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise UserError(f"{flag} {path}: the directory {directory} does not exist")

@@ -115,6 +115,11 @@ class PresetMistakes(unittest.TestCase):
         r = run("search", "--slo", "ttft_p95:0")
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("the bound is milliseconds above 0", r.err)
+        with tempfile.TemporaryDirectory() as tmp:       # an SVG in a .png was written without a word
+            r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, "run.png"))
+            self.assertEqual(r.code, 2, r.seen())
+            self.assertIn("servesim draws SVG", r.err)
+            self.assertEqual(os.listdir(tmp), [])
 
 
 class FirstHour(unittest.TestCase):
