@@ -4343,6 +4343,9 @@ class Probing:
     confidence: float = 1.0
 
     def check(self, spec: RunSpec) -> None:
+        if self.confidence < 1 and self.seeds == 1:
+            raise UserError(f"--confidence {self.confidence:g} is the share of --seeds that must pass, and there is "
+                            f"one seed: give --seeds N (say 5), or drop --confidence")
         floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
         if self.sustained and self.steady_requests < floor:
             raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "

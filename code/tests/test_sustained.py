@@ -239,7 +239,8 @@ class SustainedSearch(unittest.TestCase):
         for extra in (("--seeds", "0"), ("--seeds", "5000"), ("--confidence", "0"), ("--confidence", "1.2"),
                       ("--steady-requests", "3"), ("--steady-requests", "39"), ("--steady-requests", "100",
                                                                                "--min-served", "0.99"),
-                      ("--rate", "5", "--concurrency", "4"), ("--rate", "5", "--load", "concurrency")):
+                      ("--rate", "5", "--concurrency", "4"), ("--rate", "5", "--load", "concurrency"),
+                      ("--confidence", "0.5")):
             with self.subTest(extra=extra):
                 code, _, err = call_cli(*self.ARGS, *extra)
                 self.assertEqual(code, 2)
