@@ -3901,7 +3901,8 @@ def seeded(runs: list[dict]) -> dict:
         if not steady["sustained"]:
             named = {"wait": "the wait grows past the bound", "served": "it serves too little of what is offered"}
             steady["overloaded_by"] = [f"{named.get(test, test)} in {n} of {len(runs)} seeds"
-                                       for test, n in tests.items()] or [f"in {len(runs) - sustained} of {len(runs)} seeds"]
+                                       for test, n in tests.items()] \
+                or [f"in {len(runs) - sustained} of {len(runs)} seeds"]
     return merged
 
 
@@ -5329,7 +5330,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                 or not low <= value <= high:
             shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
             bound = f"0 to a year ({high:,.0f})" if high == MAX_ARRIVAL_S else f"{low:g} to {high:g}"
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds from {bound}, got {shown}")
+            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds from {bound}, "
+                            f"got {shown}")
         return float(value)
 
     starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
@@ -5367,7 +5369,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
     # What ran: servesim's and loadgen's config name a preset, vllm bench serve its model_id.
-    for key, said in (("model_name", config.get("model") or report.get("model_id")), ("named_device", config.get("hardware"))):
+    for key, said in (("model_name", config.get("model") or report.get("model_id")),
+                      ("named_device", config.get("hardware"))):
         if isinstance(said, str) and said.strip():
             settings[key] = said.strip()
     server = report.get("server")
@@ -8676,8 +8679,8 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     if not sig.ttft_ms and queued:
         # No TTFT to weigh the queue against (not in the input, or unreadable): a queue a tenth of
         # the batch, or one a user notices, is a queue.
-        return REMEDIES["queue-bound"], [f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms",
-                                         "no TTFT in this input", "no single budget binds"]
+        queue = f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms"
+        return REMEDIES["queue-bound"], [queue, "no TTFT in this input", "no single budget binds"]
     return REMEDIES["healthy"], ["no preemptions, little queue"]
 
 
@@ -8874,8 +8877,8 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
         verdict = (f"{'sustained':<12}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
                    f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
     elif 0 < steady.get("seeds_sustained", 0) < steady.get("seeds_count", 0):
-        verdict = (f"{'mixed':<12}sustained in {steady['seeds_sustained']} of {steady['seeds_count']} seeds, overloaded "
-                   f"in the rest; their mean, {where}: offered {steady['offered_rate']:,.2f} req/s, served "
+        verdict = (f"{'mixed':<12}sustained in {steady['seeds_sustained']} of {steady['seeds_count']} seeds, "
+                   f"overloaded in the rest; their mean, {where}: offered {steady['offered_rate']:,.2f} req/s, served "
                    f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
     else:
         verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
@@ -10482,11 +10485,23 @@ def cmd_compare(args) -> int:
     if args.timeline:
         check_writable(args.timeline, "--timeline", args)
     measured = read_run(args.run)
-    spec = recorded_spec(measured, with_engine_profile(settings_from_args(RunSpec, args)))
-    compared = compare_run(measured, spec, timeline=bool(args.timeline))
+    given = with_engine_profile(settings_from_args(RunSpec, args))
+    spec = recorded_spec(measured, given)
+    # A block count the run recorded (meta.json, a vLLM server's cache gauge) is the run's, not a flag's.
+    blocks = spec.num_gpu_blocks if "num_gpu_blocks" not in given and "num_gpu_blocks" in measured.settings else None
+    recorded = lambda text: text.replace(f"--num-gpu-blocks {blocks:,} leaves", f"the run's recorded {blocks:,} KV "
+                                         f"blocks leave", 1) if blocks else text
+    try:
+        compared = compare_run(measured, spec, timeline=bool(args.timeline))
+    except CapacityError as e:
+        if blocks and "from --num-gpu-blocks" in str(e):    # a measured run ran: its files contradict the device
+            raise UserError(f"run {measured.name}: its recorded {blocks:,} KV blocks cannot have run on "
+                            f"{spec.hardware.name} ({e}); check the run's files, or pass --hardware the device it "
+                            f"ran on") from None
+        raise
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
-        sys.stderr.write(f"servesim: {simulated['config']['kv_plan_note']}\n")
+        sys.stderr.write(f"servesim: {recorded(simulated['config']['kv_plan_note'])}\n")
     for note in measured.notes + [measured_failures(measured)] * bool(measured_failures(measured)):
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
     if simulated["failed"]:
@@ -10788,7 +10803,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "
-                        "queue or ttfa (time to the first answer token); STAT is mean, p50, p90, p95 or p99; e.g. ttft_p95:500,tpot_p95:50 (required)")
+                        "queue or ttfa (time to the first answer token); STAT is mean, p50, p90, p95 or p99; "
+                        "e.g. ttft_p95:500,tpot_p95:50 (required)")
     g.add_argument("--load", choices=("rate", "concurrency"), default="rate",
                    help="what the highest-load search varies (default: %(default)s)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",

@@ -382,6 +382,15 @@ class MetaJson(Checks):
             with self.subTest(what):
                 self.assert_one_line(self.compare(edit), mentions=[field])
 
+    def test_a_recorded_block_count_is_the_runs_not_a_flags(self):
+        # From a careless-user pass (session 29): a block count meta.json recorded, too big for the
+        # device, was blamed on --num-gpu-blocks (never given), exit 1; and its note named the flag.
+        r = self.compare(lambda meta: meta["kv_cache"].__setitem__("num_gpu_blocks", 10**9))
+        self.assert_one_line(r, mentions=["its recorded 1,000,000,000 KV blocks cannot have run on rtx-4090-24gb"])
+        r = self.compare(lambda meta: None)
+        self.assertIn("the run's recorded 2,588 KV blocks leave", r.err)
+        self.assertNotIn("--num-gpu-blocks 2,588", r.err)
+
     def test_enable_prefix_caching_the_string_false_does_not_turn_caching_on(self):
         # issue 20 finding 15: enable_prefix_caching "false" turns caching on
         r = self.compare(lambda meta: meta["kv_cache"].__setitem__("enable_prefix_caching", "false"))
