@@ -7564,10 +7564,17 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
             raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
+    if measured is not None and measured > clients:
+        raise UserError(f"{name}: server.mean_batch_per_decode {measured:g} is more sequences than its "
+                        f"{clients} clients could send at once; the report is not of one closed-loop run")
+    if prompt < 1:
+        raise UserError(f"{name}: total_input_tokens {report['total_input_tokens']} over {done} requests; every "
+                        f"request sends at least one prompt token")
     # (Never more than the requests there were: 64 clients sending 16 requests run 16 at most.)
     batch = measured or min(clients, seqs or clients, done)
     context = batch * (prompt + output / 2)
-    found = [StepObservation(f"{name} tpot at batch {batch:.2g}", report["median_tpot_ms"] / 1000,
+    shown = f"{batch:.2g}" if batch < 100 else f"{batch:.0f}"
+    found = [StepObservation(f"{name} tpot at batch {shown}", report["median_tpot_ms"] / 1000,
                              batch, context, batch, context)]
     if clients == 1 and report.get("median_ttft_ms"):
         found.append(StepObservation(f"{name} ttft of a {prompt:.0f}-token prefill",

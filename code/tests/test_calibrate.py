@@ -333,6 +333,23 @@ class BadReports(unittest.TestCase):
             self.assertEqual(run_cli("calibrate", junk, one)[0], 2)
             self.assertEqual(run_cli("calibrate", os.path.join(tmp, "missing.json"))[0], 2)
 
+    def test_a_report_no_closed_loop_could_have_made_is_bad_input_not_a_failed_fit(self):
+        # From a careless-user pass (session 29): these were exit 1, "the best fit still misses".
+        with tempfile.TemporaryDirectory() as tmp:
+            report = json.loads(run_cli("simulate", "--concurrency", 4, "--requests", 16, "--json")[1])
+            for edit, said in ((lambda r: r.setdefault("server", {}).update(mean_batch_per_decode=1e9),
+                                "more sequences than its 4 clients"),
+                               (lambda r: r.update(total_input_tokens=0), "at least one prompt token")):
+                bad = json.loads(json.dumps(report))
+                edit(bad)
+                path = os.path.join(tmp, "bad.json")
+                with open(path, "w") as f:
+                    json.dump(bad, f)
+                with self.subTest(said=said):
+                    code, _, err = run_cli("calibrate", path)
+                    self.assertEqual(code, 2, err)
+                    self.assertIn(said, err)
+
 
 if __name__ == "__main__":
     unittest.main()
