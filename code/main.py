@@ -2821,7 +2821,11 @@ def list_of(kind: Callable) -> Callable:
         if any(not part.strip() for part in parts):
             raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
                                              f"like 1,8,32")
-        return [kind(part.strip()) for part in parts]
+        values = [kind(part.strip()) for part in parts]
+        twice = next((part.strip() for i, part in enumerate(parts) if values[i] in values[:i]), None)
+        if twice is not None:        # a sweep or search would run the same point twice, and print it twice
+            raise argparse.ArgumentTypeError(f"{twice} is given twice in {text!r}; give each value once")
+        return values
     parse.__name__ = f"comma-separated {kind.__name__}s"
     return parse
 

@@ -115,6 +115,9 @@ class PresetMistakes(unittest.TestCase):
         r = run("search", "--slo", "ttft_p95:0")
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("the bound is milliseconds above 0", r.err)
+        r = run("sweep", "--rate", "10,10", "--requests", 5)          # the same point ran, and printed, twice
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertIn("10 is given twice in '10,10'", r.err)
         with tempfile.TemporaryDirectory() as tmp:       # an SVG in a .png was written without a word
             r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, "run.png"))
             self.assertEqual(r.code, 2, r.seen())
