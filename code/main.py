@@ -7568,8 +7568,10 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
             raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
-    if measured is not None and measured > clients:
-        raise UserError(f"{name}: server.mean_batch_per_decode {measured:g} is more sequences than its "
+    # (A server's own mean, a float, can sit at or a hair over the clients: a real llama.cpp at 4
+    # clients read 4 and failed a strict test. Half as many again is not that: it is another run.)
+    if measured is not None and measured > 1.5 * clients:
+        raise UserError(f"{name}: server.mean_batch_per_decode {measured:.4g} is more sequences than its "
                         f"{clients} clients could send at once; the report is not of one closed-loop run")
     if prompt < 1:
         raise UserError(f"{name}: total_input_tokens {report['total_input_tokens']} over {done} requests; every "
