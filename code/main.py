@@ -3979,7 +3979,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # Ends are counted in the window moved later by the median request's end-to-end latency, so
     # a request sent at its start is counted where it ends: counted in the window itself, the
     # requests in flight at its two edges would make the served rate swing by their number.
-    latencies = sorted(r.last_token_s - r.sent_s for r in window if r.error is None and r.last_token_s is not None)
+    timed = [(r.sent_s, r.last_token_s - r.sent_s) for r in window if r.error is None and r.last_token_s is not None]
+    latencies = sorted(latency for _, latency in timed)
     lag = latencies[len(latencies) // 2] if latencies else 0.0
     offered = (len(window) - 1) / (end - start)
     served = sum(1 for r in ended if start + lag <= r.last_token_s < end + lag) / (end - start)
@@ -3995,7 +3996,6 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # median: latencies that grow with a queue move every end alike, and the ends then come at the
     # rate served.) So is a shortfall while the wait does not grow at all: what is offered and not
     # served must queue.
-    timed = [(r.sent_s, r.last_token_s - r.sent_s) for r in window if r.error is None and r.last_token_s is not None]
     spread = math.sqrt(2 * offered * mean_residual(timed))
     least = min_served - min(1 - min_served, 2 * spread / len(window))
     # (Failed requests are not served, whatever the wait does: they are no queue to show it.)
@@ -4366,7 +4366,11 @@ class Probing:
         spec = sweep_point(deployment, at_load(deployment, self.by, load))
         if not self.sustained:
             return spec
-        count = count or self.requests(deployment)
+        return self.sized(spec, count or self.requests(deployment))
+
+    @staticmethod
+    def sized(spec: RunSpec, count: int) -> RunSpec:
+        """The run with `count` requests: a trace repeated end to end as often as they take."""
         if spec.trace:
             return replace(spec, trace_repeats=-(-count // len(spec.trace.rows)), requests=count)
         return replace(spec, requests=count)
@@ -4384,9 +4388,7 @@ class Probing:
         count = math.ceil((probe.requests + self.steady_requests - held) * 1.1) if held else 2 * probe.requests
         if count > MAX_PROBE_GROWTH * self.requests(probe) or count > MAX_REQUESTS:
             return None
-        if probe.trace:
-            return replace(probe, trace_repeats=-(-count // len(probe.trace.rows)), requests=count)
-        return replace(probe, requests=count)
+        return self.sized(probe, count)
 
     def start(self, deployment: RunSpec) -> float:
         """Where the search starts: a guess at the capacity from the cost model alone, so that the
@@ -5413,10 +5415,11 @@ def read_request_log(path: str) -> MeasuredRun:
     """vLLM's per-request stats as JSONL (input_toks, output_toks, queued_ts, first_token_ts,
     last_token_ts), with the engine's settings from meta.json and its per-second stats from
     timeseries.csv beside it, as published runs record them."""
-    requests, sends = [], []
+    requests, sends, columns = [], [], set()
     for where, row in read_jsonl(path, "run", text_lines(path, "run", TRACE_LINE_BYTES)):
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object")
+        columns.update(row)
         prompt = trace_number(where, row, "input_toks", 0, 10**8)
         output = trace_number(where, row, "output_toks", 0, 10**8)
         sent = trace_number(where, row, "queued_ts", 0, 1e11, whole_number=False)     # seconds, engine clock
@@ -5432,7 +5435,7 @@ def read_request_log(path: str) -> MeasuredRun:
     if not requests:
         raise UserError(f"run {path}: no requests in it")
     if not any(first is not None for _, _, first, _, _, _ in requests):
-        missing = [key for key in ("first_token_ts", "last_token_ts") if key not in row]
+        missing = [key for key in ("first_token_ts", "last_token_ts") if key not in columns]
         if missing:       # not a run whose requests all failed: a file without the columns
             raise UserError(f"run {path}: no row has {' or '.join(missing)}; vLLM's per-request stats give "
                             f"input_toks, output_toks, queued_ts, first_token_ts and last_token_ts")
@@ -10515,7 +10518,8 @@ def cmd_compare(args) -> int:
     simulated = compared["servesim"]
     if simulated["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {recorded(simulated['config']['kv_plan_note'])}\n")
-    for note in measured.notes + [measured_failures(measured)] * bool(measured_failures(measured)):
+    failures = measured_failures(measured)
+    for note in measured.notes + ([failures] if failures else []):
         sys.stderr.write(f"servesim: {measured.name}: {note}\n")
     if simulated["failed"]:
         kinds = "; ".join(f"{n:,} x {kind}" for kind, n in simulated["errors_by_kind"].items())

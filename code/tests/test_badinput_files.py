@@ -481,30 +481,28 @@ class Merge(Checks):
 class MoreReaders(Checks):
     """Found while writing the tests above; not in issue 20's list (same family as findings 6, 14)."""
 
-    def test_timeseries_csv_with_nan_or_inf_is_refused_not_printed_as_nan(self):
-        # new (issue 20 follow-up N1): timeseries.csv accepts nan/inf (float() reads them), and
-        # compare prints "mean running nan +nan%" and "peak kv use % inf -100.0%" with exit 0
+    @staticmethod
+    def compare_with_series(series):
+        """compare on a run of request_rows() with this timeseries.csv beside it."""
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = os.path.join(tmp, "run")
             os.mkdir(run_dir)
             jsonl(os.path.join(run_dir, "requests.jsonl"), request_rows())
-            write(os.path.join(run_dir, "timeseries.csv"),
-                  "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
-                  "1.0,nan,inf,nan,-inf,1e999\n2.0,1,1,1,1,1\n")
-            r = run("compare", run_dir, *PRESETS)
-            self.assertNotRegex(r.out, r"(?i)\b(nan|inf)\b", f"nan or inf printed: {r.seen()}")
-            self.assert_one_line(r, mentions=["timeseries"])
+            write(os.path.join(run_dir, "timeseries.csv"), series)
+            return run("compare", run_dir, *PRESETS)
+
+    def test_timeseries_csv_with_nan_or_inf_is_refused_not_printed_as_nan(self):
+        # new (issue 20 follow-up N1): timeseries.csv accepts nan/inf (float() reads them), and
+        # compare prints "mean running nan +nan%" and "peak kv use % inf -100.0%" with exit 0
+        r = self.compare_with_series("t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
+                                     "1.0,nan,inf,nan,-inf,1e999\n2.0,1,1,1,1,1\n")
+        self.assertNotRegex(r.out, r"(?i)\b(nan|inf)\b", f"nan or inf printed: {r.seen()}")
+        self.assert_one_line(r, mentions=["timeseries"])
 
     def test_timeseries_csv_out_of_order_missing_a_column_or_in_fractions(self):
         # From a careless-user pass (session 29): rows out of order were accepted, a column the file
         # lacks was compared as a measured 0, and a 0-1 kv_cache_pct read as 1% in silence.
-        def compare(series):
-            with tempfile.TemporaryDirectory() as tmp:
-                run_dir = os.path.join(tmp, "run")
-                os.mkdir(run_dir)
-                jsonl(os.path.join(run_dir, "requests.jsonl"), request_rows())
-                write(os.path.join(run_dir, "timeseries.csv"), series)
-                return run("compare", run_dir, *PRESETS)
+        compare = self.compare_with_series
         header = "t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct\n"
         self.assert_one_line(compare(header + "2.0,1,1,1,1,50\n1.0,1,1,1,1,50\n"),
                              mentions=["line 3: t is 1, not after the line before's 2"])
