@@ -124,6 +124,73 @@ class Bisection(unittest.TestCase):
             self.assertLessEqual(high - low, 0.02 * low + 1e-12, seed)
 
 
+class GuidedBisection(unittest.TestCase):
+    """A guess at where the answer changes (what search makes of its probes' margins and served
+    rates) saves probes when it is good and costs a bounded number when it is bad; the answer
+    keeps its meaning either way."""
+
+    def test_a_good_guess_closes_the_bracket_in_two_probes(self):
+        plain, guided = [], []
+        self.assertIsNotNone(main.highest_passing(lambda x: plain.append(x) or x <= 7.3, 1.0, 0.05)[0])
+        low, high = main.highest_passing(lambda x: guided.append(x) or x <= 7.3, 1.0, 0.05,
+                                         guess=lambda low, high: 7.3)
+        self.assertTrue(low <= 7.3 < high and high - low <= 0.05 * low, (low, high))
+        self.assertEqual(guided[:4], [1.0, 2.0, 4.0, 8.0])          # doubling takes no guess
+        self.assertEqual(len(guided), 6, guided)                     # at the guess, then closing
+        self.assertGreater(len(plain), len(guided) + 1, plain)
+
+    def test_a_guess_when_halving_is_tried_before_half(self):
+        probes = []
+        low, high = main.highest_passing(lambda x: probes.append(x) or x <= 0.62, 1.0, 0.05,
+                                         guess=lambda low, high: 0.61)
+        self.assertEqual(probes[:2], [1.0, 0.61])
+        self.assertTrue(low <= 0.62 < high and high - low <= 0.05 * low, (low, high, probes))
+
+    def test_any_guess_on_any_curve_returns_a_true_boundary_at_bounded_cost(self):
+        for seed in range(300):
+            rng = random.Random(seed)
+            flips = sorted(rng.uniform(0.01, 200) for _ in range(rng.randint(1, 9)))
+            passes = lambda x: sum(x > f for f in flips) % 2 == 0      # passes below the first flip
+            start, tolerance = rng.choice([0.5, 1.0, 30.0]), rng.choice([0.02, 0.05, 0.2])
+            plain = []
+            main.highest_passing(lambda x: plain.append(x) or passes(x), start, tolerance)
+            probes = []
+            guess = lambda low, high: rng.choice([None, rng.uniform(0, 300), flips[0], high * 0.999,
+                                                  (low or 0) * 1.001])
+            low, high = main.highest_passing(lambda x: probes.append(x) or passes(x), start, tolerance, guess=guess)
+            self.assertEqual(len(probes), len(set(probes)), seed)        # no load tried twice
+            self.assertLessEqual(len(probes), 3 * len(plain) + 2, seed)
+            # Loads read well: a few significant digits, not a float's seventeen.
+            self.assertTrue(all(len(f"{x:.15g}".replace(".", "").strip("0")) <= 6 for x in probes), (seed, probes))
+            if low is None or high is None:
+                continue
+            self.assertTrue(passes(low), seed)
+            self.assertFalse(passes(high), seed)
+            self.assertLessEqual(high - low, tolerance * low + 1e-12, seed)
+
+    def test_search_guesses_from_the_bound_missed_first_and_from_what_an_overload_served(self):
+        probing = main.Probing(main.parse_slo("ttft_p95:2000,tpot_p95:100"))
+        ln = __import__("math").log
+        # TTFT crosses its bound at 1.54 req/s, TPOT at 1.28: the first to be missed decides.
+        below, above = [ln(415 / 2000), ln(91.4 / 100)], [ln(2857 / 2000), ln(109.3 / 100)]
+        self.assertAlmostEqual(probing.boundary(0.85, below, 1.7, above, {}), 1.277, places=2)
+        # A server that could not keep up served 3.6 req/s: no more than that is sustained.
+        overloaded = {"sustained": False, "served_rate": 3.6}
+        self.assertEqual(probing.boundary(None, None, 6.2, above, overloaded), 3.6)
+        tpot = 0.85 + 5.35 * -below[1] / (above[1] - below[1])
+        self.assertAlmostEqual(probing.boundary(0.85, below, 6.2, above, overloaded), min(3.6, tpot))
+        self.assertLess(tpot, 3.6)
+        # Nothing to go on: no probe passed and it kept up, or a figure is missing.
+        self.assertIsNone(probing.boundary(None, None, 6.2, above, {"sustained": True, "served_rate": 6.2}))
+        self.assertIsNone(probing.boundary(0.85, None, 1.7, above, {}))
+        # Each bound on the worst of a probe's seeds.
+        runs = [{"p95_ttft_ms": 500.0, "p95_tpot_ms": 120.0, "failed": 0},
+                {"p95_ttft_ms": 2500.0, "p95_tpot_ms": 90.0, "failed": 0}]
+        margins = probing.margins([dict(r, steady_state=None) for r in runs])
+        self.assertAlmostEqual(margins[0], ln(2500 / 2000))
+        self.assertAlmostEqual(margins[1], ln(120 / 100))
+
+
 class Cost(unittest.TestCase):
     def test_price_counts_every_gpu_and_a_million_tokens_at_the_throughput(self):
         spec = main.RunSpec(tensor_parallel_size=2, data_parallel_size=3)
