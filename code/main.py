@@ -556,22 +556,23 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         # In reverse, as vLLM does: a sequence's tail is evicted before the prefix it shares.
         freed = blocks[::-1]
-        if self.holders and not self.holders.keys().isdisjoint(blocks):
-            freed = [block for block in freed if self.let_go(block)]
+        holders = self.holders
+        if holders and not holders.keys().isdisjoint(blocks):
+            # One holder lets go of each; a block still held by another stays in use.
+            last = []
+            for block in freed:
+                held = holders.get(block)
+                if held is None:
+                    last.append(block)
+                elif held > 1:
+                    holders[block] = held - 1
+                    self.extra_holds -= 1
+                else:
+                    del holders[block]
+                    last.append(block)
+            freed = last
         self.in_use -= len(freed)
         self.free += freed
-
-    def let_go(self, block: int) -> bool:
-        """One holder lets go of `block`; whether that was the last one."""
-        holders = self.holders.get(block)
-        if holders is None:
-            return True
-        if holders > 1:
-            self.holders[block] = holders - 1
-            self.extra_holds -= 1
-            return False
-        del self.holders[block]
-        return True
 
     def free_order(self) -> list[int]:
         """The released blocks on the free list, least recently used first (for tests)."""
@@ -622,16 +623,18 @@ class BlockPool:
     def cached_prefix(self, request, block_size: int) -> list[int]:
         """The blocks, cached now, that hold the request's leading full blocks. Its last token
         is always computed: the model needs its logits to sample."""
-        full = (request.length - 1) // block_size
-        return self.lookup(block_key(request, i, block_size) for i in range(full))
+        return self.lookup(block_keys(request, 0, (request.length - 1) // block_size, block_size))
 
     def key_filled(self, request, tokens: int, block_size: int) -> None:
         """Key the blocks a request fills up to `tokens` (this step's included), where it was not
         keyed yet."""
         full = tokens // block_size
-        for index in range(request.registered, full):
-            self.register(request.blocks[index], block_key(request, index, block_size))
-        request.registered = max(request.registered, full)
+        if full > request.registered:
+            register, blocks = self.register, request.blocks
+            for index, key in enumerate(block_keys(request, request.registered, full, block_size),
+                                        request.registered):
+                register(blocks[index], key)
+            request.registered = full
 
     def count_lookup(self, request, cached: int) -> None:
         """A request's first admission: its prompt tokens looked up, `cached` of them found."""
@@ -650,6 +653,18 @@ def block_key(request, index: int, block_size: int) -> tuple:
     if run == len(request.content_ends):
         return (request.id, index)
     return (request.content_chain[run], end)
+
+
+def block_keys(request, start: int, stop: int, block_size: int) -> Iterator[tuple]:
+    """block_key for blocks start..stop-1, walking the runs once instead of searching them for
+    each block (a 1,000-token system prompt is 63 blocks of one run)."""
+    ends, chain = request.content_ends, request.content_chain
+    run = bisect.bisect_left(ends, (start + 1) * block_size)
+    for index in range(start, stop):
+        end = (index + 1) * block_size
+        while run < len(ends) and ends[run] < end:
+            run += 1
+        yield (chain[run], end) if run < len(ends) else (request.id, index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2465,14 +2480,22 @@ def expected_accepted_length(k: int, a: float) -> float:
 # ---------------------------------------------------------------------------------------------
 
 class EventScheduler(Scheduler):
-    """In most steps most running requests are plain decodes: one token, no new block, not their
-    last token, nothing else changes for them. Such a decode *cruises*: it advances with a shared
-    step counter and costs nothing per step. It is handled on its own again at its wake step (its
-    next block boundary, or the step of its last token), when it is released, or when the budget
-    runs out before the end of the running list, where every request goes through the per-step
-    rule itself. Without prefix caching no block has a key, so which block a decode gets cannot be
-    seen: cruising decodes then take the blocks they grew into when they wake, the free count
-    already having subtracted them, and wake only to finish."""
+    """In most steps most running requests are plain decodes: one token, not their last, nothing
+    else changes for them. Such a decode *cruises*: it advances with a shared step counter and
+    costs nothing per step. It is handled on its own again at its wake step (the step of its last
+    token, or of a reasoning model's first answer token), when it is released, or when the budget
+    or the blocks run out before the end of the running list, where every request goes through
+    the per-step rule itself.
+
+    A cruising decode that grows into a block owes it: the free count subtracts it at once, and
+    the decode takes it when it wakes. Without prefix caching no block has a key, so which block a
+    decode gets cannot be seen. With it, the blocks owed are taken off the free list in one go
+    before anything else reads or changes it (a lookup, an allocation): the same least recently
+    used blocks, with the same contents evicted, as one at a time at each crossing. A decode keys
+    the blocks it filled when it wakes, and nobody could have found them sooner: a block a decode
+    fills holds its own answer, which only its conversation's next turn (sent once it has ended)
+    or the request itself (recomputing after a preemption) looks up. Keys make the order of releases seen, so there a decode at
+    its last token is handled in the step's batch, released in running order with the others."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -2489,6 +2512,7 @@ class EventScheduler(Scheduler):
         self.finishing: list[Request] = []   # cruising decodes whose last token is this step's
         self.lazy_blocks = not self.config.prefix_caching
         self.owed = 0                        # blocks cruising decodes grew into and have not taken
+        self.prepaid: list[int] = []         # ... taken off the free list for them (prefix caching)
         self.phase: dict[int, int] = {}      # cruising decodes by (computed - steps) % block_size
 
     def schedule(self, now: float) -> Batch:
@@ -2509,7 +2533,7 @@ class EventScheduler(Scheduler):
                 if self.active or len(woken) > 1 else woken
         # Every cruising decode takes one token, and (lazily) a block when it crosses into one.
         budget = self.token_budget() - self.cruising
-        crossing = self.phase.get(-self.steps % self.config.block_size, 0) if self.lazy_blocks else 0
+        crossing = self.phase.get(-self.steps % self.config.block_size, 0)
         free = self.free_blocks() - crossing
         last = self.running[-1] if self.running else None
         plan = []
@@ -2529,6 +2553,7 @@ class EventScheduler(Scheduler):
         context = self.cruise_base + n * self.steps + n     # each reads its KV plus its new token
         batch = Batch([], n, context, n, n, n, context)
         self.owed += crossing
+        self.pay()
         for request, tokens, need in plan:
             self.grow(request, tokens, need)
             batch.add(request, tokens)
@@ -2546,6 +2571,7 @@ class EventScheduler(Scheduler):
         return self.active
 
     def handle_each(self) -> None:
+        self.pay()
         for request in self.running:
             if request.cruise_from >= 0:
                 self.settle(request)
@@ -2586,8 +2612,6 @@ class EventScheduler(Scheduler):
         if request.remaining != 1 or request.last_token_s != now:
             return None               # still prefilling, or not served this step
         plain = request.output_tokens - request.generated - 1     # steps before its last token
-        if not self.lazy_blocks:
-            plain = min(plain, -request.computed % self.config.block_size)   # ... or its next block
         if request.answer_s is None:
             plain = min(plain, request.reasoning_tokens - request.generated)  # ... or its first answer token
         return self.steps + plain if plain > 0 else None
@@ -2598,9 +2622,8 @@ class EventScheduler(Scheduler):
         self.cruising += 1
         self.cruising_measured += request.measured
         self.cruise_base += base
-        if self.lazy_blocks:
-            phase = base % self.config.block_size
-            self.phase[phase] = self.phase.get(phase, 0) + 1
+        phase = base % self.config.block_size
+        self.phase[phase] = self.phase.get(phase, 0) + 1
         if wake not in self.wake:
             heapq.heappush(self.wake_steps, wake)
         self.wake[wake].append((request, self.steps))
@@ -2622,14 +2645,28 @@ class EventScheduler(Scheduler):
                 request.answer_s = self.last_end     # a decode wakes for its first answer token, unless it is its last
             if request.token_times is not None:
                 request.token_times.extend(self.step_ends[self.steps - advanced:self.steps])
-        if self.lazy_blocks:
-            self.phase[base % self.config.block_size] -= 1
-            need = self.blocks_for(request.computed) - len(request.blocks)
-            if need:
-                request.blocks.extend(self.pool.allocate(need))
-                self.owed -= need
-        else:
+        self.phase[base % self.config.block_size] -= 1
+        need = self.blocks_for(request.computed) - len(request.blocks)
+        if need and self.lazy_blocks:
+            request.blocks.extend(self.pool.allocate(need))
+            self.owed -= need
+        elif need:
+            self.pay()
+            request.blocks.extend(self.prepaid[-need:])
+            del self.prepaid[-need:]
+        if not self.lazy_blocks:
             self.pool.key_filled(request, request.computed, self.config.block_size)   # filled while cruising
+
+    def pay(self) -> None:
+        """With prefix caching, take the blocks cruising decodes owe off the free list now, as the
+        rule took each at its crossing, before the list is read or changed."""
+        if self.owed and not self.lazy_blocks:
+            self.prepaid += self.pool.allocate(self.owed)
+            self.owed = 0
+
+    def cache_hits(self, request: Request) -> list[int]:
+        self.pay()       # a router looks between steps: what the rule would have evicted is gone
+        return super().cache_hits(request)
 
     def start(self, request: Request, hits: list[int], start: int, now: float) -> None:
         super().start(request, hits, start, now)
@@ -2675,7 +2712,7 @@ class EventEngine(Engine):
         s, stats, cost = self.scheduler, self.stats, self.cost
         plain, at_step, waiting = self.resume
         resumed = plain and at_step == s.steps and waiting == len(s.waiting) and not (
-            s.lazy_blocks and s.phase.get(-s.steps % s.config.block_size, 0) > s.free_blocks())
+            s.phase.get(-s.steps % s.config.block_size, 0) > s.free_blocks())
         if not resumed:
             # Stepped on, or a request came in, since the run was cut short: its steps may not
             # be plain any more. Take a step by the rule, and count the plain ones after it.
@@ -2685,7 +2722,7 @@ class EventEngine(Engine):
             plain = s.plain_steps() if len(s.done) == ended else 0
             if not plain:
                 return
-        n, measured, block_size, lazy = s.cruising, s.cruising_measured, s.config.block_size, s.lazy_blocks
+        n, measured, block_size = s.cruising, s.cruising_measured, s.config.block_size
         clock, timeline, step_seconds, itl, phase = self.clock, self.timeline, cost.step_seconds, s.itl, s.phase
         step_ends = s.step_ends if s.detailed else None
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
@@ -2698,7 +2735,7 @@ class EventEngine(Engine):
         steps, last_end, sampled, base, taken = s.steps, s.last_end, s.sampled, s.cruise_base, 0
         # A resumed run takes its first step whatever `until` says, as step() would have.
         while plain > 0 and (clock < until or (resumed and not taken)):
-            crossing = phase.get(-steps % block_size, 0) if lazy else 0
+            crossing = phase.get(-steps % block_size, 0)
             if crossing > free:
                 break                 # a decode needs a block and none is free: the step preempts
             if crossing:      # blocks in use only grow here, so their peaks are taken once, after

@@ -130,6 +130,20 @@ class ContentAddressedPrefixes(unittest.TestCase):
         self.assertEqual([main.block_key(a, i, 16) for i in range(4)], [main.block_key(b, i, 16) for i in range(4)])
         self.assertNotEqual(main.block_key(a, 4, 16), main.block_key(b, 4, 16))      # past the prompt: their own
 
+    def test_keys_walked_in_order_are_the_keys_one_by_one(self):
+        # block_keys (the pool's walk over a run of blocks) against block_key (the rule), on runs
+        # that end inside blocks, on block edges, and blocks past every run.
+        rng = random.Random(5)
+        for case in range(300):
+            runs = tuple((f"run-{i}", rng.choice([1, 3, 16, 17, 32, rng.randint(1, 100)])) for i in range(rng.randint(0, 5)))
+            content = sum(tokens for _, tokens in runs)
+            request = main.Request(case, content + rng.randint(0, 40), 5, content=runs)
+            size = rng.choice([1, 2, 16])
+            stop = request.total // size + 1
+            start = rng.randint(0, stop)
+            self.assertEqual(list(main.block_keys(request, start, stop, size)),
+                             [main.block_key(request, i, size) for i in range(start, stop)], (case, runs, size, start))
+
 
 class Conversations(unittest.TestCase):
     def test_each_turn_carries_the_history_and_hits_more_of_it(self):
