@@ -471,6 +471,22 @@ class Roofline:
         overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
         return overhead / 1000 + max(self.times(tokens, context_tokens))
 
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        """step_seconds(seqs, context, seqs, context), a step of `seqs` decodes, as a function
+        of the context alone: the event engine prices its plain steps with it. The same
+        arithmetic in the same order, with what the batch fixes worked out once, so the same
+        seconds to the last bit; a subclass that prices steps its own way is called as it is."""
+        if type(self).step_seconds is not Roofline.step_seconds or type(self).times is not Roofline.times:
+            return lambda context: self.step_seconds(seqs, context, seqs, context)
+        overhead = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000
+        compute = self.flops_per_token * seqs / self.flops_per_second
+        weights, kv, bandwidth = self.weights_read(seqs), self.kv_bytes_per_token, self.bytes_per_second
+
+        def price(context: float) -> float:
+            memory = (weights + context * kv) / bandwidth
+            return overhead + (memory if memory > compute else compute)
+        return price
+
     def critical_batch(self) -> float:
         """Tokens per step at which the arithmetic takes as long as reading the weights."""
         compute_per_token, weight_read = self.times(1, 0)
@@ -2102,6 +2118,10 @@ class Parallel:
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
 
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        inner, communication = self.inner.decode_pricing(seqs), self.communication_seconds(seqs)
+        return lambda context: inner(context) + communication
+
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         return self.inner.times(tokens, context_tokens)
 
@@ -2301,6 +2321,10 @@ class ExpertParallel:
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
 
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        inner, communication = self.inner.decode_pricing(seqs), self.communication_seconds(seqs)
+        return lambda context: inner(context) + communication
+
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         return self.inner.times(tokens, context_tokens)
 
@@ -2403,6 +2427,9 @@ class Pipeline:
         m = self.micro_batches(seqs)
         share = self.stage.step_seconds(tokens / m, context_tokens / m, seqs / m, pairs / m)
         return self.pp * share + self.handoff_seconds(tokens / m)
+
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        return lambda context: self.step_seconds(seqs, context, seqs, context)
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute, memory = self.stage.times(tokens, context_tokens)
@@ -2723,7 +2750,7 @@ class EventEngine(Engine):
             if not plain:
                 return
         n, measured, block_size = s.cruising, s.cruising_measured, s.config.block_size
-        clock, timeline, step_seconds, itl, phase = self.clock, self.timeline, cost.step_seconds, s.itl, s.phase
+        clock, timeline, price, itl, phase = self.clock, self.timeline, cost.decode_pricing(n), s.itl, s.phase
         step_ends = s.step_ends if s.detailed else None
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
         running, waiting = len(s.running), len(s.waiting)
@@ -2742,7 +2769,7 @@ class EventEngine(Engine):
                 s.owed += crossing
                 used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
             context = base + n * steps + n
-            duration = step_seconds(n, context, n, context)
+            duration = price(context)
             # EngineStats.record_step, unrolled.
             kv_block_seconds += used * duration
             running_seconds += running * duration

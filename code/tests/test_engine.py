@@ -227,3 +227,27 @@ class NoEvictSumsOncePerChange(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PlainStepsPricedAsTheRulePricesThem(unittest.TestCase):
+    def test_a_decode_steps_price_from_the_context_alone_is_step_seconds_to_the_last_bit(self):
+        """The event engine prices a run of plain steps with decode_pricing(n), worked out once
+        for the batch; it must give step_seconds(n, context, n, context) exactly, for every cost
+        model and every way a step is split over GPUs."""
+        rng = random.Random(SEED)
+        for case in range(60):
+            spec = random_spec(rng)
+            if rng.random() < 0.5:
+                spec = main.replace(spec, cost_model=rng.choice(["roofline", "kernels"]))
+            if rng.random() < 0.2:
+                spec = main.replace(spec, model=main.MODELS["llama-3.1-70b"], pipeline_parallel_size=2,
+                                    hardware=main.HARDWARE["h100-sxm-80gb"], enable_expert_parallel=False)
+            try:
+                _, cost = main.device_plan(spec, spec.hardware)
+            except (main.UserError, main.CapacityError):
+                continue
+            for n in (1, 2, 7, 64, 300):
+                price = cost.decode_pricing(n)
+                for context in (n, 17 * n, rng.randint(n, 10**6), 3 * 10**6):
+                    with self.subTest(case=case, cost=type(cost).__name__, n=n, context=context):
+                        self.assertEqual(price(context).hex(), float(cost.step_seconds(n, context, n, context)).hex())
