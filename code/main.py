@@ -4340,8 +4340,8 @@ def parse_slo(text: str) -> Slo:
 
 def tidy(x: float, within: float) -> float:
     """x in as few significant digits as keep it within `within` of itself: a load a rerun
-    command shows."""
-    return next(t for t in (float(f"{x:.{d}g}") for d in range(1, 18)) if abs(t - x) <= within)
+    command shows. Seventeen digits are x itself."""
+    return next((t for t in (float(f"{x:.{d}g}") for d in range(1, 17)) if abs(t - x) <= within), x)
 
 
 def highest_passing(passes: Callable[[float], bool], start: float, tolerance: float, integer: bool = False,
@@ -4349,18 +4349,19 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
                     guess: Optional[Callable[[Optional[float], float], Optional[float]]] = None
                     ) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
-    until the answer changes, then bisect until the two are within `tolerance` of each other
-    (relative; 1 apart for whole numbers). Every load at or below the first passed and every one
+    until the answer changes, then narrow the bracket until the two are within `tolerance` of
+    each other (relative; 1 apart for whole numbers). Every load at or below the first passed and every one
     at or above the second failed; on a curve that is not monotone, that is one boundary of
     several, not necessarily the highest. (None, x): even the lowest load failed; (x, None):
     `highest` passed.
 
     `guess(low or None, high)`, when given, is where the probes so far say the answer changes.
-    A rate search then probes there instead of at the middle (while halving, instead of at half),
-    and at a guess within the tolerance of either end, at the load that closes the bracket if the
-    guess is right. After two guesses in a row that did not halve the bracket comes a plain
-    bisection, so a poor guesser costs at most three times bisection's probes; the answer means the
-    same either way."""
+    A search of real numbers then narrows the bracket there instead of at the middle, and at a
+    guess within half the tolerance of either end, at half the tolerance from it: a right guess
+    closes the bracket with the next probe, tighter than bisection ends. While halving, a guess
+    above half is tried first, once (if it misses, halving goes on below it). Two guesses in a
+    row that did not halve the bracket are followed by a bisection, so it halves at least once
+    every three probes; the answer means the same either way."""
     guess = None if integer else guess
     step = (lambda x: x * 2) if passes(start) else (lambda x: x / 2)
     low, high = (start, None) if step(1) > 1 else (None, start)
@@ -4368,7 +4369,7 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
     while True:
         x = step(high if low is None else low)
         hint = guess(None, high) if low is None and guess and not guided else None
-        guided = hint is not None and x < hint and hint * (1 + tolerance) < high
+        guided = hint is not None and math.isfinite(hint) and x < hint and hint * (1 + tolerance) < high
         if guided:
             x = tidy(hint, tolerance * hint / 100)
         if integer:
@@ -4387,12 +4388,13 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
     while (high - low > 1) if integer else (high - low > tolerance * low):
         x = (low + high) // 2 if integer else (low + high) / 2
         hint = guess(low, high) if guess and slow < 2 else None
-        if hint is not None:
-            # Just inside the tolerance, so that a right guess leaves the two within it.
-            up, down = low * (1 + 0.98 * tolerance), high / (1 + 0.98 * tolerance)
+        if hint is not None and math.isfinite(hint):
+            # Half the tolerance from an end: a right guess leaves the two that close to each
+            # other, where bisection ends anywhere from half the tolerance to all of it.
+            up, down = low * (1 + tolerance / 2), high / (1 + tolerance / 2)
             x = min(max(hint, up), down) if up < down else x
         if not integer:
-            x = tidy(x, tolerance * low / 100)
+            x = tidy(x, tolerance * low / 100)      # 1% of the tolerance: it stays where it was put
         width = high - low
         if passes(x):
             low = x
@@ -4441,6 +4443,7 @@ class Probing:
     steady_requests: int = 1000
     seeds: int = 1
     confidence: float = 1.0
+    guided: bool = True        # narrow where the probes point (False: bisect, as bench compares)
 
     def check(self, spec: RunSpec) -> None:
         if self.confidence < 1 and self.seeds == 1:
@@ -4526,13 +4529,14 @@ class Probing:
 
     def margins(self, runs: list[dict]) -> Optional[list[float]]:
         """Each SLO bound's margin on the worst of the runs (a probe's seeds): log(figure / bound),
-        above 0 where the bound is missed; None where a figure is missing."""
+        above 0 where the bound is missed; None where a figure is missing. A figure under a
+        hundredth of its bound counts as that: a queue of 0 ms says the bound is far, not where."""
         worst = []
         for _, key, bound in self.slo.bounds:
             values = [self.figures(r).get(key) for r in runs]
             if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
                 return None
-            worst.append(math.log(max(max(values), 1e-9) / bound))
+            worst.append(math.log(max(max(values), bound / 100) / bound))
         return worst
 
     def boundary(self, low: Optional[float], below: Optional[list[float]], high: float,
@@ -4543,7 +4547,8 @@ class Probing:
         so at most its served rate; and where the first bound it missed crosses its margin 0, on
         the straight line between the two probes."""
         served = steady.get("served_rate")
-        guesses = [served] if self.sustained and steady.get("sustained") is False and served else []
+        overloaded = self.sustained and steady.get("sustained") is False
+        guesses = [served] if overloaded and isinstance(served, (int, float)) and 0 < served < math.inf else []
         if low is not None and below is not None and above is not None:
             guesses += [low + (high - low) * -b / (a - b) for b, a in zip(below, above) if b <= 0 < a]
         return min(guesses, default=None)
@@ -4660,7 +4665,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 return how.boundary(low, margins.get(low), high, margins[high], steady)
 
             low, high = highest_passing(passes, how.start(deployment), how.tolerance,
-                                        integer=how.by == "concurrency", lowest=how.lowest(deployment), guess=guess)
+                                        integer=how.by == "concurrency", lowest=how.lowest(deployment),
+                                        guess=guess if how.guided else None)
         except Alone:
             return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
                     "alone": True}

@@ -137,7 +137,16 @@ class GuidedBisection(unittest.TestCase):
         self.assertTrue(low <= 7.3 < high and high - low <= 0.05 * low, (low, high))
         self.assertEqual(guided[:4], [1.0, 2.0, 4.0, 8.0])          # doubling takes no guess
         self.assertEqual(len(guided), 6, guided)                     # at the guess, then closing
+        self.assertLessEqual(high - low, 0.025 * low + 1e-12)         # half the tolerance: tighter than bisection
         self.assertGreater(len(plain), len(guided) + 1, plain)
+
+    def test_a_guess_that_is_not_a_number_is_no_guess(self):
+        nan = float("nan")
+        for guess in (nan, float("inf"), -1.0, 0.0):
+            low, high = main.highest_passing(lambda x: x <= 7.3, 1.0, 0.05, guess=lambda low, high: guess)
+            self.assertTrue(low <= 7.3 < high and high - low <= 0.05 * low, (guess, low, high))
+        self.assertEqual(main.tidy(nan, 0.01) != main.tidy(nan, 0.01), True)       # NaN stays NaN, no error
+        self.assertEqual(main.tidy(12.345678, 0.0), 12.345678)
 
     def test_a_guess_when_halving_is_tried_before_half(self):
         probes = []
@@ -171,6 +180,9 @@ class GuidedBisection(unittest.TestCase):
     def test_search_guesses_from_the_bound_missed_first_and_from_what_an_overload_served(self):
         probing = main.Probing(main.parse_slo("ttft_p95:2000,tpot_p95:100"))
         ln = __import__("math").log
+        # A figure of 0 counts as a hundredth of its bound, not as minus infinity.
+        self.assertAlmostEqual(probing.margins([{"p95_ttft_ms": 0.0, "p95_tpot_ms": 50.0, "failed": 0,
+                                                 "steady_state": None}])[0], ln(0.01))
         # TTFT crosses its bound at 1.54 req/s, TPOT at 1.28: the first to be missed decides.
         below, above = [ln(415 / 2000), ln(91.4 / 100)], [ln(2857 / 2000), ln(109.3 / 100)]
         self.assertAlmostEqual(probing.boundary(0.85, below, 1.7, above, {}), 1.277, places=2)
