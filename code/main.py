@@ -9589,7 +9589,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
                 + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
     unit = "req/s" if by == "rate" else "clients"
     load = (f"at {target:g} {unit}" if target is not None else
-            f"highest {by} within {probing.tolerance:.0%}" if by == "rate" else "highest concurrency")
+            f"highest {by} within {100 * probing.tolerance:.3g}%" if by == "rate" else "highest concurrency")
     where = "" if "hardware" in axes else f" on {spec.hardware.name}"
     settings = settings_line(spec, axes)
     lines = [f"search {spec.model.name}{where}  {workload}  {load}  slo {slo.text()}" + (f"  {settings}" if settings else ""),
