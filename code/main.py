@@ -4073,7 +4073,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
-            *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa") for stat in ("mean", "median", "p90", "p95", "p99")))
+            *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa", "queue")
+              for stat in ("mean", "median", "p90", "p95", "p99")))
     together = {}
     if in_step is not None:
         sends = Counter(r.sent_s for r in window)

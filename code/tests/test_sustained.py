@@ -113,6 +113,16 @@ class SimulatedVerdict(unittest.TestCase):
         self.assertTrue(under["sustained"])
         self.assertLess(abs(under["wait_growth_s_per_s"]), 0.01)
 
+    def test_every_bound_a_probe_checks_but_itl_is_the_windows(self):
+        # A burst of a server filling up sits before the window: its queue must not decide a
+        # queue bound any more than its TTFT decides a TTFT bound.
+        result = main.run(main.RunSpec(rate=30, requests=600))
+        probing = main.Probing(main.parse_slo("queue_p95:1,ttft_p95:1,tpot_p95:1,e2el_p95:1"))
+        figures = probing.figures(result)
+        for key in ("p95_queue_ms", "p95_ttft_ms", "p95_tpot_ms", "p95_e2el_ms"):
+            self.assertEqual(figures[key], result["steady_state"][key], key)
+        self.assertNotEqual(result["steady_state"]["p95_queue_ms"], result["p95_queue_ms"])
+
     def test_an_overloaded_run_prints_one_clear_line(self):
         code, out, _ = call_cli("simulate", "--rate", "80", "--requests", "2000")
         self.assertEqual(code, 0)
