@@ -1761,6 +1761,34 @@ class KernelCost(Roofline):
         cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
         return max(gpu, cpu) if self.engine.overlap else gpu + cpu
 
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        """As Roofline's: step_seconds(seqs, context, seqs, context) with what the batch fixes
+        (its graph, tiles, weight read and CPU cost) worked out once, the same arithmetic in the
+        same order."""
+        if type(self).step_seconds is not KernelCost.step_seconds:
+            return lambda context: self.step_seconds(seqs, context, seqs, context)
+        rows, floor = seqs, self.eager_floor
+        if self.graphs and seqs <= self.graphs[-1]:
+            captured = self.graphs[bisect.bisect_left(self.graphs, seqs)]
+            if self.engine.pad_to_graph or captured == seqs:
+                rows, floor = captured, self.graphed_floor
+        tile = self.tile
+        tiles, head_tiles = -(-rows // tile) * tile, -(-seqs // tile) * tile
+        gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
+                   / self.gemm_flops_per_second, self.weights_read(seqs) / self.stream_bytes_per_second)
+        fixed = floor + gemm
+        pair_flops, pair_rate = self.attention_flops_per_pair, self.attention_flops_per_second
+        kv, bandwidth = self.kv_bytes_per_token, self.stream_bytes_per_second
+        calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
+        scale, experts, overlap = self.engine.kernel_scale, self.experts_fixed, self.engine.overlap
+        cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
+
+        def price(context: float) -> float:
+            attention = max(pair_flops * context / pair_rate, context * kv / bandwidth)
+            gpu = calibrated + (fixed + attention) * scale + experts
+            return max(gpu, cpu) if overlap else gpu + cpu
+        return price
+
 
 COST_MODELS = {"roofline": Roofline, "kernels": KernelCost}
 DEFAULT_COST_MODEL = "roofline"
