@@ -4339,7 +4339,9 @@ class Slo:
         missed = [f"{name} {number(result[key])} > {bound:g}" for name, key, bound in self.bounds
                   if result[key] is None or result[key] > bound]
         if result["failed"]:
-            missed.append(f"{result['failed']:,} requests failed")
+            why = first_failure(result)
+            missed.append(f"{result['failed']:,} request{'s' * (result['failed'] != 1)} failed"
+                          + (f" ({why})" if why else ""))
         return missed
 
     def text(self) -> str:
@@ -4573,11 +4575,18 @@ class Probing:
         """Where the answer likely changes, from the margins of the probe that passed at the
         highest load, `low` (None: none yet), and the one that missed at the lowest, `high`, and
         the steady window of the second: a server that could not keep up served about all it can,
-        so at most its served rate; and where the first bound it missed crosses its margin 0, on
-        the straight line between the two probes."""
-        served = steady.get("served_rate")
+        so at most its served rate (or what its wait's growth says it served, if less); and where
+        the first bound it missed crosses its margin 0, on the straight line between the two
+        probes."""
         overloaded = self.sustained and steady.get("sustained") is False
-        guesses = [served] if overloaded and isinstance(served, (int, float)) and 0 < served < math.inf else []
+        # Ends counted over a short window can bunch (a batch finishing together) and read above
+        # what was offered; a wait growing g s per s says offered / (1 + g) was served.
+        growth, offered = steady.get("wait_growth_s_per_s"), steady.get("offered_rate")
+        served = [steady.get("served_rate")]
+        if isinstance(growth, (int, float)) and growth > 0 and isinstance(offered, (int, float)):
+            served.append(offered / (1 + growth))
+        served = [x for x in served if isinstance(x, (int, float)) and 0 < x < math.inf]
+        guesses = [min(served)] if overloaded and served else []
         if low is not None and below is not None and above is not None:
             guesses += [low + (high - low) * -b / (a - b) for b, a in zip(below, above) if b <= 0 < a]
         return min(guesses, default=None)
@@ -4662,6 +4671,9 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 runs = runs[:settled(runs) or len(runs)]
             except CapacityError as e:
                 raise Unfit(str(e)) from None
+            rejected = never_served(runs[0])
+            if rejected:
+                raise Unfit(f"a request no load can serve: {rejected}; raise that limit or leave such requests out")
             margins[load] = how.margins(runs)
             verdicts = [how.misses(r) for r in runs]
             passed = sum(not missed for missed in verdicts)
@@ -4717,6 +4729,13 @@ MAX_PROBE_GROWTH = 16      # ... and to at most this many times its usual reques
 
 class Unfit(Exception):
     """A deployment whose model does not fit, inside a search (not an error of the whole search)."""
+
+
+def never_served(result: dict) -> Optional[str]:
+    """The first failure of a request the deployment rejects outright (Scheduler.rejection: too
+    long for its context, its token budget or its cache), which no lower load would serve."""
+    return next((first for kind, first in (result.get("first_error_by_kind") or {}).items()
+                 if kind.startswith(("longer than", "larger than"))), None)
 
 
 class Alone(Exception):

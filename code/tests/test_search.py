@@ -192,6 +192,10 @@ class GuidedBisection(unittest.TestCase):
         tpot = 0.85 + 5.35 * -below[1] / (above[1] - below[1])
         self.assertAlmostEqual(probing.boundary(0.85, below, 6.2, above, overloaded), min(3.6, tpot))
         self.assertLess(tpot, 3.6)
+        # Ends counted over a short window can bunch and read above what was offered: the wait's
+        # growth says what was served.
+        bunched = {"sustained": False, "served_rate": 187.0, "offered_rate": 125.0, "wait_growth_s_per_s": 0.611}
+        self.assertAlmostEqual(probing.boundary(None, None, 124.0, above, bunched), 125.0 / 1.611)
         # Nothing to go on: no probe passed and it kept up, or a figure is missing.
         self.assertIsNone(probing.boundary(None, None, 6.2, above, {"sustained": True, "served_rate": 6.2}))
         self.assertIsNone(probing.boundary(0.85, None, 1.7, above, {}))
@@ -282,6 +286,22 @@ class Search(unittest.TestCase):
             code, _, err = call_cli("search", "--slo", bad)
             self.assertEqual(code, 2, bad)
             self.assertIn("--slo", err)
+
+    def test_a_request_no_load_can_serve_ends_the_search_on_its_first_probe(self):
+        # Halving the rate cannot serve a prompt longer than the context: one probe, the cause
+        # named, and exit 1 as simulate gives.
+        code, out, err = call_cli("search", "--prompt-tokens", "140000", "--output-tokens", "10",
+                                  "--slo", "ttft_p95:1000", "--steady-requests", "40", "--json")
+        self.assertEqual(code, 1, err)
+        found = json.loads(out)["results"][0] if "results" in json.loads(out) else json.loads(out)
+        self.assertIn("longer than --max-model-len", json.dumps(found))
+        self.assertIn("no load can serve", err)
+
+    def test_a_miss_by_failed_requests_names_their_reason(self):
+        slo = main.parse_slo("ttft_p95:1000")
+        result = {"p95_ttft_ms": 10.0, "failed": 1, "first_error_by_kind": {"timeout": "timeout: after 600 s"}}
+        self.assertEqual(slo.misses(result), ["1 request failed (timeout: after 600 s)"])
+        self.assertEqual(slo.misses({**result, "failed": 3}), ["3 requests failed (timeout: after 600 s)"])
 
     def test_jobs_do_not_change_the_answer(self):
         args = ["search", "--hardware", "l4-24gb,a100-sxm-80gb", "--rate", "3", "--requests", "200",
