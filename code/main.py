@@ -4329,6 +4329,14 @@ def answer_figures(result: dict) -> dict:
 SLO_STATS = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
+def over(value: Optional[float], bound: float) -> str:
+    """A figure above its bound, in enough decimals to show it is (25.03 > 25, not 25.0 > 25)."""
+    digits = 1
+    while value is not None and digits < 6 and round(value, digits) <= bound:
+        digits += 1
+    return number(value, digits)
+
+
 @dataclass(frozen=True)
 class Slo:
     bounds: tuple       # ((name, result key, ms), ...), e.g. ("ttft_p95", "p95_ttft_ms", 500.0)
@@ -4336,7 +4344,7 @@ class Slo:
     def misses(self, result: dict) -> list[str]:
         """The bounds a run misses, each as 'ttft_p95 612.3 > 500'; a failed request misses too."""
         result = answer_figures(result)
-        missed = [f"{name} {number(result[key])} > {bound:g}" for name, key, bound in self.bounds
+        missed = [f"{name} {over(result[key], bound)} > {bound:g}" for name, key, bound in self.bounds
                   if result[key] is None or result[key] > bound]
         if result["failed"]:
             why = first_failure(result)
@@ -4381,7 +4389,7 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
                     ) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
     until the answer changes, then narrow the bracket until the two are within `tolerance` of
-    each other (relative; 1 apart for whole numbers). Every load at or below the first passed and every one
+    each other (relative; whole numbers also stop 1 apart). Every load at or below the first passed and every one
     at or above the second failed; on a curve that is not monotone, that is one boundary of
     several, not necessarily the highest. (None, x): even the lowest load failed; (x, None):
     `highest` passed.
@@ -4416,7 +4424,7 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
             if low is not None:
                 break
     slow = 0      # guided probes in a row that did not halve the bracket
-    while (high - low > 1) if integer else (high - low > tolerance * low):
+    while high - low > (max(1, tolerance * low) if integer else tolerance * low):
         x = (low + high) // 2 if integer else (low + high) / 2
         hint = guess(low, high) if guess and slow < 2 else None
         if hint is not None and math.isfinite(hint):
@@ -4690,6 +4698,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 seed, missed = next((r["config"]["seed"], m) for r, m in zip(runs, verdicts) if m)
                 result["misses"] = [f"seed {seed}: {missed[0]}", *missed[1:],
                                     f"{len(runs) - passed} of {len(runs)} seeds run miss"]
+                result["missed_seed"] = seed
             probes.append(result)
             if progress:
                 progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
@@ -5093,8 +5102,10 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
             for probe in probes:
                 # The seeds the probe ran (those that settled its verdict), so the rerun shows its figures.
                 seeds = f" --seeds {probe.get('seeds_run', 1)}" if probe.get("seeds_run", 1) > 1 else ""
-                probe["rerun"] = simulate_command(how.probe(deployment, probe["load"], probe.get("probe_requests")),
-                                                  sources) + seeds
+                ran = how.probe(deployment, probe["load"], probe.get("probe_requests"))
+                probe["rerun"] = simulate_command(ran, sources) + seeds
+                if probe.get("missed_seed") is not None:     # its figures are the mean; the miss is this seed's
+                    probe["rerun_missed_seed"] = simulate_command(replace(ran, seed=probe["missed_seed"]), sources)
     ranked = cheapest_first(found) if probing.target is not None else found
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
@@ -9080,9 +9091,9 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
                    f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
                    f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}), and its "
                    f"latencies grow with the run's length")
-    figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} "
-               f"ms  tpot p50 {number(steady.get('median_tpot_ms'))} ms  {number(steady.get('output_throughput'))} "
-               f"output tok/s")
+    figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p95 {number(steady.get('p95_ttft_ms'))} "
+               f"p99 {number(steady.get('p99_ttft_ms'))} ms  tpot p50 {number(steady.get('median_tpot_ms'))} "
+               f"p95 {number(steady.get('p95_tpot_ms'))} ms  {number(steady.get('output_throughput'))} output tok/s")
     in_step = [f"{'':<12}clients in step: with fixed lengths, requests that end together are sent again together "
                f"and prefilled together, round after round; real clients drift apart and spread the prefills (so does "
                f"a range A-B for --prompt-tokens or --output-tokens)"] if steady.get("clients_in_step") else []
@@ -9626,7 +9637,10 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
              + (" and keep up" if probing.sustained else "")
              + (f" ({need} of {probing.seeds} needed)" if best["seeds_run"] < probing.seeds else "")
              if probing.seeds > 1 else "")
-    return [f"{what}: {low:.4g} {unit} (missed at {high:.4g}){seeds}", f"  rerun it: {item['best']['rerun']}"]
+    missed = next((p for p in item["probes"] if p["load"] == high and p.get("rerun_missed_seed")), None)
+    return [f"{what}: {low:.4g} {unit} (missed at {high:.4g}){seeds}", f"  rerun it: {item['best']['rerun']}",
+            *([f"  the miss at {high:.4g}, seed {missed['missed_seed']} alone: {missed['rerun_missed_seed']}"]
+              if missed else [])]
 
 
 def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: list[dict], probing: Probing,

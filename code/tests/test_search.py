@@ -95,9 +95,12 @@ class Bisection(unittest.TestCase):
         self.assertLessEqual(high - low, 0.05 * low)
         self.assertEqual(probes[:4], [1.0, 2.0, 4.0, 8.0])      # doubling, then bisecting
 
-    def test_whole_numbers_end_one_apart(self):
+    def test_whole_numbers_end_within_the_tolerance_or_one_apart(self):
         self.assertEqual(main.highest_passing(lambda n: n <= 37, 1, 0.05, integer=True), (37, 38))
         self.assertEqual(main.highest_passing(lambda n: n <= 0, 1, 0.05, integer=True), (None, 1))
+        low, high = main.highest_passing(lambda n: n <= 241, 1, 0.05, integer=True)
+        self.assertTrue(low <= 241 < high and high - low <= 0.05 * low, (low, high))
+        self.assertGreater(high - low, 1)            # 240 and 248 are within 5%: no probe more
 
     def test_starting_above_the_answer_halves_down(self):
         low, high = main.highest_passing(lambda x: x <= 0.3, 1.0, 0.01)
@@ -293,9 +296,15 @@ class Search(unittest.TestCase):
         code, out, err = call_cli("search", "--prompt-tokens", "140000", "--output-tokens", "10",
                                   "--slo", "ttft_p95:1000", "--steady-requests", "40", "--json")
         self.assertEqual(code, 1, err)
-        found = json.loads(out)["results"][0] if "results" in json.loads(out) else json.loads(out)
-        self.assertIn("longer than --max-model-len", json.dumps(found))
+        found = json.loads(out)["deployments"][0]
+        self.assertEqual(len(found["probes"]), 0)        # refused at its first probe, none kept
+        self.assertIn("longer than --max-model-len", found["does_not_fit"])
         self.assertIn("no load can serve", err)
+
+    def test_a_figure_just_over_its_bound_shows_that_it_is(self):
+        slo = main.parse_slo("tpot_p95:25,ttft_p95:1000")
+        self.assertEqual(slo.misses({"p95_tpot_ms": 25.0312, "p95_ttft_ms": 1234.56, "failed": 0}),
+                         ["tpot_p95 25.03 > 25", "ttft_p95 1,234.6 > 1000"])
 
     def test_a_miss_by_failed_requests_names_their_reason(self):
         slo = main.parse_slo("ttft_p95:1000")

@@ -232,6 +232,14 @@ class SustainedSearch(unittest.TestCase):
             if probe["misses"]:
                 self.assertEqual(probe["seeds_passed"], probe["seeds_run"] - 1)
                 self.assertRegex(probe["misses"][0], r"^seed \d+: ")     # the columns are a mean; this is one seed's
+            if probe["misses"] and probe["seeds_run"] > 1:
+                # ... and that seed alone, rerun, shows the figure the miss quotes.
+                seed = int(probe["misses"][0].split()[1].rstrip(":"))
+                self.assertEqual(probe["missed_seed"], seed)
+                code, out, err = call_cli(*probe["rerun_missed_seed"].split()[2:], "--json")
+                self.assertIn(f"--seed {seed}", probe["rerun_missed_seed"])
+                alone = main.Probing(main.parse_slo("ttft_p95:2000")).misses(main.json.loads(out))
+                self.assertEqual(alone[0], probe["misses"][0].split(": ", 1)[1], probe)
             # The rerun runs the seeds the probe ran, so it prints the row's figures.
             if probe["seeds_run"] > 1:
                 self.assertTrue(probe["rerun"].endswith(f" --seeds {probe['seeds_run']}"), probe["rerun"])
