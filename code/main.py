@@ -2549,8 +2549,9 @@ class EventScheduler(Scheduler):
     used blocks, with the same contents evicted, as one at a time at each crossing. A decode keys
     the blocks it filled when it wakes, and nobody could have found them sooner: a block a decode
     fills holds its own answer, which only its conversation's next turn (sent once it has ended)
-    or the request itself (recomputing after a preemption) looks up. Keys make the order of releases seen, so there a decode at
-    its last token is handled in the step's batch, released in running order with the others."""
+    or the request itself (recomputing after a preemption) looks up. Keys make the order of
+    releases seen, so there a decode at its last token is handled in the step's batch, released
+    in running order with the others."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -4389,10 +4390,10 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
                     ) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
     until the answer changes, then narrow the bracket until the two are within `tolerance` of
-    each other (relative; whole numbers also stop 1 apart). Every load at or below the first passed and every one
-    at or above the second failed; on a curve that is not monotone, that is one boundary of
-    several, not necessarily the highest. (None, x): even the lowest load failed; (x, None):
-    `highest` passed.
+    each other (relative; whole numbers also stop 1 apart). Every load at or below the first
+    passed and every one at or above the second failed; on a curve that is not monotone, that is
+    one boundary of several, not necessarily the highest. (None, x): even the lowest load failed;
+    (x, None): `highest` passed.
 
     `guess(low or None, high)`, when given, is where the probes so far say the answer changes.
     A search of real numbers then narrows the bracket there instead of at the middle, and at a
@@ -9091,9 +9092,10 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
                    f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
                    f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}), and its "
                    f"latencies grow with the run's length")
-    figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} p95 {number(steady.get('p95_ttft_ms'))} "
-               f"p99 {number(steady.get('p99_ttft_ms'))} ms  tpot p50 {number(steady.get('median_tpot_ms'))} "
-               f"p95 {number(steady.get('p95_tpot_ms'))} ms  {number(steady.get('output_throughput'))} output tok/s")
+    figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} "
+               f"p95 {number(steady.get('p95_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} ms  "
+               f"tpot p50 {number(steady.get('median_tpot_ms'))} p95 {number(steady.get('p95_tpot_ms'))} ms  "
+               f"{number(steady.get('output_throughput'))} output tok/s")
     in_step = [f"{'':<12}clients in step: with fixed lengths, requests that end together are sent again together "
                f"and prefilled together, round after round; real clients drift apart and spread the prefills (so does "
                f"a range A-B for --prompt-tokens or --output-tokens)"] if steady.get("clients_in_step") else []

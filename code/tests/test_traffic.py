@@ -135,7 +135,8 @@ class ContentAddressedPrefixes(unittest.TestCase):
         # that end inside blocks, on block edges, and blocks past every run.
         rng = random.Random(5)
         for case in range(300):
-            runs = tuple((f"run-{i}", rng.choice([1, 3, 16, 17, 32, rng.randint(1, 100)])) for i in range(rng.randint(0, 5)))
+            runs = tuple((f"run-{i}", rng.choice([1, 3, 16, 17, 32, rng.randint(1, 100)]))
+                         for i in range(rng.randint(0, 5)))
             content = sum(tokens for _, tokens in runs)
             request = main.Request(case, content + rng.randint(0, 40), 5, content=runs)
             size = rng.choice([1, 2, 16])
