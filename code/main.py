@@ -438,6 +438,11 @@ def gemm_tflops(hardware: Hardware, quantization: Optional[str]) -> float:
 # needs, and does two FLOPs per weight per token; whichever is slower sets the time.
 # ---------------------------------------------------------------------------------------------
 
+def priced_by_rule(cost, seqs: int) -> Callable[[float], float]:
+    """A cost model's decode_pricing where nothing is worked out ahead: step_seconds itself."""
+    return lambda context: cost.step_seconds(seqs, context, seqs, context)
+
+
 class Roofline:
     """The lesson's cost of one step: compute is two FLOPs per weight per token at the achieved
     share of peak; memory is every weight plus the KV the attention reads, at the achieved share
@@ -468,8 +473,10 @@ class Roofline:
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         """`pairs` (attention's query-key pairs) is what a finer model prices; the roofline leaves
         attention's arithmetic out."""
-        overhead = self.step_overhead_ms + seqs * self.seq_overhead_ms
-        return overhead / 1000 + max(self.times(tokens, context_tokens))
+        return self.overhead_seconds(seqs) + max(self.times(tokens, context_tokens))
+
+    def overhead_seconds(self, seqs: float) -> float:
+        return (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
         """step_seconds(seqs, context, seqs, context), a step of `seqs` decodes, as a function
@@ -477,9 +484,8 @@ class Roofline:
         arithmetic in the same order, with what the batch fixes worked out once, so the same
         seconds to the last bit; a subclass that prices steps its own way is called as it is."""
         if type(self).step_seconds is not Roofline.step_seconds or type(self).times is not Roofline.times:
-            return lambda context: self.step_seconds(seqs, context, seqs, context)
-        overhead = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000
-        compute = self.flops_per_token * seqs / self.flops_per_second
+            return priced_by_rule(self, seqs)
+        overhead, (compute, _) = self.overhead_seconds(seqs), self.times(seqs, 0)
         weights, kv, bandwidth = self.weights_read(seqs), self.kv_bytes_per_token, self.bytes_per_second
 
         def price(context: float) -> float:
@@ -1743,6 +1749,11 @@ class KernelCost(Roofline):
         return compute, memory
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        return self.priced(self.fixed_seconds(tokens, seqs), pairs, context_tokens)
+
+    def fixed_seconds(self, tokens: float, seqs: float) -> tuple[float, float, float]:
+        """What a step's batch fixes, whatever its context: (its kernel floor and GEMMs, in the
+        CUDA graph and tiles they run in; a CPU server's calibrated cost; the engine's CPU time)."""
         rows, floor = tokens, self.eager_floor
         if tokens == seqs and self.graphs and tokens <= self.graphs[-1]:      # a decode step in a CUDA graph
             captured = self.graphs[bisect.bisect_left(self.graphs, tokens)]
@@ -1753,41 +1764,26 @@ class KernelCost(Roofline):
         head_tiles = -(-seqs // tile) * tile
         gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
                    / self.gemm_flops_per_second, self.weights_read(tokens) / self.stream_bytes_per_second)
+        calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
+        cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
+        return floor + gemm, calibrated, cpu
+
+    def priced(self, fixed: tuple[float, float, float], pairs: float, context_tokens: float) -> float:
+        """A step's seconds: what its batch fixes, plus its attention over the context."""
+        kernels, calibrated, cpu = fixed
         attention = max(self.attention_flops_per_pair * pairs / self.attention_flops_per_second,
                         context_tokens * self.kv_bytes_per_token / self.stream_bytes_per_second)
-        calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
         # Real kernels run slower than this ideal by one factor, fitted on published runs (KERNEL_SCALE).
-        gpu = calibrated + (floor + gemm + attention) * self.engine.kernel_scale + self.experts_fixed
-        cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
+        gpu = calibrated + (kernels + attention) * self.engine.kernel_scale + self.experts_fixed
         return max(gpu, cpu) if self.engine.overlap else gpu + cpu
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
-        """As Roofline's: step_seconds(seqs, context, seqs, context) with what the batch fixes
-        (its graph, tiles, weight read and CPU cost) worked out once, the same arithmetic in the
-        same order."""
+        """As Roofline's: what the batch fixes worked out once (fixed_seconds), the rest priced
+        by the same method step_seconds prices it with."""
         if type(self).step_seconds is not KernelCost.step_seconds:
-            return lambda context: self.step_seconds(seqs, context, seqs, context)
-        rows, floor = seqs, self.eager_floor
-        if self.graphs and seqs <= self.graphs[-1]:
-            captured = self.graphs[bisect.bisect_left(self.graphs, seqs)]
-            if self.engine.pad_to_graph or captured == seqs:
-                rows, floor = captured, self.graphed_floor
-        tile = self.tile
-        tiles, head_tiles = -(-rows // tile) * tile, -(-seqs // tile) * tile
-        gemm = max((self.linear_flops_per_token * tiles + self.lm_head_flops_per_seq * head_tiles)
-                   / self.gemm_flops_per_second, self.weights_read(seqs) / self.stream_bytes_per_second)
-        fixed = floor + gemm
-        pair_flops, pair_rate = self.attention_flops_per_pair, self.attention_flops_per_second
-        kv, bandwidth = self.kv_bytes_per_token, self.stream_bytes_per_second
-        calibrated = (self.step_overhead_ms + seqs * self.seq_overhead_ms) / 1000 if self.on_cpu else 0.0
-        scale, experts, overlap = self.engine.kernel_scale, self.experts_fixed, self.engine.overlap
-        cpu = (self.engine.step_cpu_ms + seqs * self.engine.seq_cpu_ms) / 1000
-
-        def price(context: float) -> float:
-            attention = max(pair_flops * context / pair_rate, context * kv / bandwidth)
-            gpu = calibrated + (fixed + attention) * scale + experts
-            return max(gpu, cpu) if overlap else gpu + cpu
-        return price
+            return priced_by_rule(self, seqs)
+        fixed, priced = self.fixed_seconds(seqs, seqs), self.priced
+        return lambda context: priced(fixed, context, context)
 
 
 COST_MODELS = {"roofline": Roofline, "kernels": KernelCost}
@@ -2457,7 +2453,7 @@ class Pipeline:
         return self.pp * share + self.handoff_seconds(tokens / m)
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
-        return lambda context: self.step_seconds(seqs, context, seqs, context)
+        return priced_by_rule(self, seqs)
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
         compute, memory = self.stage.times(tokens, context_tokens)
@@ -4571,9 +4567,9 @@ class Probing:
         """Each SLO bound's margin on the worst of the runs (a probe's seeds): log(figure / bound),
         above 0 where the bound is missed; None where a figure is missing. A figure under a
         hundredth of its bound counts as that: a queue of 0 ms says the bound is far, not where."""
-        worst = []
+        worst, figures = [], [self.figures(r) for r in runs]
         for _, key, bound in self.slo.bounds:
-            values = [self.figures(r).get(key) for r in runs]
+            values = [f.get(key) for f in figures]
             if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
                 return None
             worst.append(math.log(max(max(values), bound / 100) / bound))
@@ -11020,8 +11016,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load", choices=("rate", "concurrency"), default="rate",
                    help="what the highest-load search varies (default: %(default)s)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
-                   help="stop bisecting a rate when the highest pass and lowest miss are within this share of each "
-                        "other (default: %(default)s)")
+                   help="stop narrowing when the highest pass and lowest miss are within this share of each "
+                        "other (clients: or 1 apart) (default: %(default)s)")
     g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="search deployments (or, with fewer deployments, each probe's seeds) in N processes; the "
                         "output is the same as with 1 (default: the number of cores, %(default)s here)")
