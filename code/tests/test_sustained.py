@@ -75,6 +75,21 @@ class SteadyWindow(unittest.TestCase):
         even = self.window([measured(i, i * 0.5, 0.001 * i * 0.5, 1.0) for i in range(60)])
         self.assertAlmostEqual(even["least_served_share"], 0.95, places=6)
 
+    def test_a_server_that_fell_behind_never_reads_as_serving_more_than_was_offered(self):
+        # Ten sends a second; the wait grows 0.2 s per s. Only the first 40 requests end while load is
+        # offered; the rest end in one burst after the last send (a drain, with no new prefills), and
+        # the ends the rule counts, a median latency after the window, are that burst.
+        requests = []
+        for i in range(200):
+            r = measured(i, i * 0.1, 0.2 * i * 0.1)
+            r.last_token_s = r.sent_s + 6 if i < 40 else 24 + 0.01 * i
+            requests.append(r)
+        w = self.window(requests)
+        self.assertEqual(w["overloaded_on"], ["wait"])
+        self.assertAlmostEqual(w["wait_growth_s_per_s"], 0.2, places=6)
+        self.assertAlmostEqual(w["served_rate"], w["offered_rate"] / 1.2, places=6)     # what the wait's growth says
+        self.assertAlmostEqual(w["served_rate"] + w["queue_growth_rps"], w["offered_rate"], places=6)
+
     def test_the_edges_never_excuse_more_than_the_shortfall_allowed(self):
         # Latencies spread over minutes in a short window: the uncertainty is capped at 1 - min served,
         # so the bound stays at 0.90 and a window a third of whose requests were never served fails.
@@ -97,7 +112,8 @@ class SteadyWindow(unittest.TestCase):
         self.assertEqual(main.load_verdict({"steady_state": w}), "overloaded (94% served)")
         self.assertIn("overloaded: wait grows 0.06 s per s > 0.05; served 94.0% < 95.0% of offered",
                       main.Probing(main.parse_slo("ttft_p95:1e9")).misses({"steady_state": w, "p95_ttft_ms": 1.0})[0])
-        only_wait = {**w, "overloaded_by": w["overloaded_by"][:1]}
+        self.assertEqual(w["overloaded_on"], ["wait", "served"])
+        only_wait = {**w, "overloaded_on": ["wait"]}
         self.assertEqual(main.load_verdict({"steady_state": only_wait}), "overloaded (wait +0.06 s/s)")
 
 
@@ -201,7 +217,8 @@ class SustainedSearch(unittest.TestCase):
         # usual probe's sends, so the window starts late; the probe is lengthened until it holds 200.
         code, out, err = call_cli("search", "--slo", "ttft_p95:100000", "--rate", "60", "--output-tokens", "2000",
                                   "--steady-requests", "200", "--json", "--jobs", "1")
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, 1, err)             # it misses: the search has no answer
+        self.assertEqual(err.strip().splitlines()[-1], "servesim: no deployment meets the slo at 60 req/s")
         probe = main.json.loads(out)["deployments"][0]["probes"][0]
         self.assertGreater(probe["probe_requests"], 251)
         self.assertGreaterEqual(probe["steady_state"]["requests"], 200)
@@ -268,7 +285,8 @@ class SustainedSearch(unittest.TestCase):
         # 70,000 requests at the lowest rates would span years; a probe's size is the search's own.
         code, out, err = call_cli("search", "--slo", "ttft_p95:0.001", "--requests", "70000",
                                   "--output-tokens", "8", "--jobs", "1")
-        self.assertEqual(code, 0, err)
+        self.assertEqual(code, 1, err)             # no answer: exit 1, one line on stderr
+        self.assertEqual(err.strip().splitlines(), ["servesim: no deployment meets the slo at any load tried"])
         self.assertIn("the slo is missed even at", out)
 
 
