@@ -821,6 +821,7 @@ class Batch:
 # grow with the number of steps (every step's duration differs), counts per microsecond with the
 # spread of step times only. Percentiles print to 0.1 ms.
 ITL_DIGITS = 6
+ITL_SAME = 0.49 * 10 ** -ITL_DIGITS  # a gap this close to a rounded one rounds to it
 
 
 def size_of(request: Request) -> str:
@@ -2785,6 +2786,10 @@ class EventEngine(Engine):
         kv_block_seconds, running_seconds, kv_used_share = \
             stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share
         steps, last_end, sampled, base, taken = s.steps, s.last_end, s.sampled, s.cruise_base, 0
+        # Gaps are counted as they round to ITL_DIGITS, a run of equal ones at a time: a gap
+        # within 0.49 of the last digit of the last one rounded rounds as it did (the difference
+        # of two close floats is exact, and a float holds the rounded value to far better than 0.01).
+        gap_shown, low, high, repeats = 0.0, math.nan, math.nan, 0
         # A resumed run takes its first step whatever `until` says, as step() would have.
         while plain > 0 and (clock < until or (resumed and not taken)):
             crossing = phase.get(-steps % block_size, 0)
@@ -2802,8 +2807,13 @@ class EventEngine(Engine):
             # EventScheduler.update with nobody handled on their own.
             clock += duration
             if measured:
-                gap = round(clock - last_end, ITL_DIGITS)
-                itl[gap] = itl.get(gap, 0) + measured
+                gap = clock - last_end
+                if not low < gap < high:
+                    if repeats:
+                        itl[gap_shown] = itl.get(gap_shown, 0) + repeats
+                    gap_shown, repeats = round(gap, ITL_DIGITS), 0
+                    low, high = gap_shown - ITL_SAME, gap_shown + ITL_SAME
+                repeats += measured
                 sampled += measured
             steps += 1
             last_end = clock
@@ -2814,6 +2824,8 @@ class EventEngine(Engine):
                 self.snapshot(clock)
             plain -= 1
             taken += 1
+        if repeats:
+            itl[gap_shown] = itl.get(gap_shown, 0) + repeats
         # Cut short by `until` (another engine's event, an arrival) with plain steps left: the
         # next advance goes on with them, unless something reached this engine in between.
         self.resume = (plain, steps, waiting) if plain and clock >= until else (0, -1, -1)
