@@ -3995,8 +3995,14 @@ def seeded(runs: list[dict]) -> dict:
             spread[key] = {"min": values[0], "max": values[-1],
                            **({"p10": rank(10), "p90": rank(90)} if len(values) >= 5 else {})}
     sustained = sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained"))
+    # A seed too short for a verdict has no window figures to average: the window is the mean of
+    # the seeds that have one, and says how many had none.
+    judged = [r["steady_state"] for r in runs if (r.get("steady_state") or {}).get("sustained") is not None]
+    unjudged = len(runs) - len(judged)
+    if judged and unjudged:
+        merged["steady_state"] = {**mean_report(judged), "seeds_too_short": unjudged}
     merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs], "sustained": sustained,
-                       "spread": spread}
+                       **({"too_short": unjudged} if unjudged else {}), "spread": spread}
     steady = merged.get("steady_state")
     if isinstance(steady, dict) and steady.get("sustained") is not None and not steady.get("closed_loop"):
         steady["seeds_sustained"], steady["seeds_count"] = sustained, len(runs)
@@ -4009,7 +4015,7 @@ def seeded(runs: list[dict]) -> dict:
             steady["overloaded_on"] = sorted(tests, key=list(named).index)
             steady["overloaded_by"] = [f"{named[test]} in {tests[test]} of {len(runs)} seeds"
                                        for test in steady["overloaded_on"]] \
-                or [f"in {len(runs) - sustained} of {len(runs)} seeds"]
+                or [f"in {len(judged) - sustained} of {len(runs)} seeds"]
     return merged
 
 
@@ -4076,7 +4082,12 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     end = sent[-1].sent_s
     window = [r for r in sent if start <= r.sent_s <= end]
     floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served)
-    if len(window) < floor or end <= start:
+    if end <= start:        # no request ended while load was offered: the run is one burst
+        return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None,
+                "closed_loop": closed_loop, "note": f"all {len(sent):,} requests were sent before the first one ended "
+                f"({start - t0:,.1f} s in): one burst, with no steady window to tell whether the server keeps up; "
+                f"send more requests, or at a lower rate, for a verdict"}
+    if len(window) < floor:
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
                 "closed_loop": closed_loop, "note": f"{len(window)} requests sent in the steady window, fewer than "
                 f"the {floor} a verdict needs: too short a run to tell whether the server keeps up"}
@@ -4104,22 +4115,25 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     least = min_served - min(1 - min_served, 2 * spread / len(window))
     # (Failed requests are not served, whatever the wait does: they are no queue to show it.)
     failed = sum(1 for r in window if r.error is not None)
-    short = served < least * offered and (growth > 0 or failed)
-    tests = [*(["wait"] if growth > max_growth else []), *(["served"] if short else [])]
+    tests = ["wait"] if growth > max_growth else []
+    # The ends counted reach past the last send, into the drain: running batches finishing
+    # without new prefills, faster than the server kept up while load was offered. That steadies
+    # the count: one stopped at the last send reads the ordinary swings of a queue near capacity
+    # as a shortfall (it called Poisson runs at 85-90% of capacity overloaded that runs 50 times
+    # longer call sustained). But as the rate of a server that fell behind, the drain can read
+    # above what was offered, and a short window's count can catch a lull between bunches of
+    # ends. Where the wait grows past its bound, offered / (1 + g) is what the server served (the
+    # queue grew by the rest), less the requests that failed: that is the figure reported and
+    # judged.
+    if tests:
+        served = offered / (1 + growth) * (1 - failed / len(window))
+    if served < least * offered and (growth > 0 or failed):
+        tests.append("served")
     sustained = closed_loop or not tests
     why = [] if sustained else [
         *([f"wait grows {growth:.3g} s per s > {max_growth:g}"] if "wait" in tests else []),
         *([f"served {served / offered:.1%} < {least:.1%} of offered"
-           + (f" ({failed:,} of the window's requests failed)" if failed else "")] if short else [])]
-    # The ends counted reach past the last send, into the drain: running batches finishing
-    # without new prefills, faster than the server kept up while load was offered. That is the
-    # count the rule is judged on: one stopped at the last send reads the ordinary swings of a
-    # queue near capacity as a shortfall (it called Poisson runs at 85-90% of capacity overloaded
-    # that runs 50 times longer call sustained). As the rate of a server that fell behind, though,
-    # it can read above what was offered. There, a wait
-    # growing g s per s says offered / (1 + g) was served, and the queue grew by the rest.
-    if not sustained and growth > 0:
-        served = min(served, offered / (1 + growth))
+           + (f" ({failed:,} of the window's requests failed)" if failed else "")] if "served" in tests else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
     metrics = summarize(measured, None, slos)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
@@ -9079,7 +9093,7 @@ def load_verdict(result: dict) -> str:
     """The steady window's verdict in a few words, for a table cell."""
     steady, seeds = result.get("steady_state"), result.get("seeds")
     if not steady or steady.get("sustained") is None:
-        return "too short"
+        return "one burst" if steady and steady["end_s"] <= steady["start_s"] else "too short"
     if steady["closed_loop"]:
         return "closed loop"
     if seeds and 0 < seeds["sustained"] < seeds["count"]:
@@ -9096,21 +9110,26 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
     if not steady:
         return []
     where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {steady['requests']:,.0f} requests sent"
+    too_short = f", too short to tell in {steady['seeds_too_short']}" if steady.get("seeds_too_short") else ""
+    unjudged = f"; too short to tell in {steady['seeds_too_short']} of {steady['seeds_count']} seeds" if too_short else ""
     if steady["sustained"] is None:
-        return [f"{'steady':<12}{where}: {steady['note']}"]
+        return [f"{'steady':<12}" + (f"{where}: " if steady["end_s"] > steady["start_s"] else "") + steady["note"]]
     if steady["closed_loop"]:
         verdict = f"{'steady':<12}{where} (a closed loop sends only when a request ends: sustained by construction)"
     elif steady["sustained"]:
-        verdict = (f"{'sustained':<12}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
+        seeds = f"in {steady['seeds_sustained']} of {steady['seeds_count']} seeds{too_short}; their mean, " \
+            if too_short else ""
+        verdict = (f"{'sustained':<12}{seeds}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
                    f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
     elif 0 < steady.get("seeds_sustained", 0) < steady.get("seeds_count", 0):
+        over = steady["seeds_count"] - steady["seeds_sustained"] - steady.get("seeds_too_short", 0)
         verdict = (f"{'mixed':<12}sustained in {steady['seeds_sustained']} of {steady['seeds_count']} seeds, "
-                   f"overloaded in the rest; their mean, {where}: offered {steady['offered_rate']:,.2f} req/s, served "
-                   f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
+                   f"overloaded in {over}{too_short}; their mean, {where}: offered {steady['offered_rate']:,.2f} "
+                   f"req/s, served {steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
     else:
         verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
                    f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
-                   f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}), and its "
+                   f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}{unjudged}), and its "
                    f"latencies grow with the run's length")
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} "
                f"p95 {number(steady.get('p95_ttft_ms'))} p99 {number(steady.get('p99_ttft_ms'))} ms  "
@@ -9494,6 +9513,8 @@ def flatten(result: dict, prefix: str = "") -> dict:
             flat.update(flatten(value, f"{prefix}{key}."))
         elif not isinstance(value, list):
             flat[f"{prefix}{key}"] = value
+        elif value and all(isinstance(item, str) for item in value):    # reasons, names: one cell
+            flat[f"{prefix}{key}"] = "; ".join(value)
     return flat
 
 
@@ -10554,8 +10575,6 @@ def cmd_search(args) -> int:
         except CapacityError as e:        # unreachable, or not an LLM server: the search's answer stands
             report["confirm"] = {"url": redact_url(args.confirm), "problem": str(e)}
             confirmed = Stopped(1, f"--confirm: {e}; the search's answer stands")
-    elif args.confirm and not stopped:
-        sys.stderr.write("servesim: nothing met the slo, so --confirm has no load to send\n")
     if args.json:
         write_json(report)
     elif args.csv:
@@ -10578,8 +10597,17 @@ def cmd_search(args) -> int:
     if confirmed:
         raise confirmed
     unfit = [item for item in ranked if item.get("does_not_fit")]
-    if unfit:
-        sys.stderr.write(f"servesim: {len(unfit)} of {len(ranked)} deployments do not fit ({unfit[0]['does_not_fit']})\n")
+    # One line for what the search could not answer: what does not fit, and whether anything met the slo.
+    lines = [f"{len(unfit)} of {len(ranked)} deployments do not fit ({unfit[0]['does_not_fit']})"
+             if len(ranked) > 1 else f"the deployment does not fit ({unfit[0]['does_not_fit']})"] if unfit else []
+    if not chosen and len(unfit) < len(ranked):    # the question had no answer: no load, or not this one
+        absorbed = [item["burst"]["best"]["load"] for item in ranked if (item.get("burst") or {}).get("best")]
+        lines.append("no deployment meets the slo " + (f"at {target:g} {'req/s' if by == 'rate' else 'clients'}"
+                     if target is not None else "at a sustained load" if absorbed else "at any load tried")
+                     + (f" (played once, the trace meets it up to {max(absorbed):.4g} req/s)" if absorbed else "")
+                     + ("; --confirm has no load to send" if args.confirm else ""))
+    if lines:
+        sys.stderr.write(f"servesim: {'; '.join(lines)}\n")
     if report.get("confirm"):
         measured = report["confirm"]["measured"]
         if measured["failed"]:
@@ -10587,9 +10615,6 @@ def cmd_search(args) -> int:
             sys.stderr.write(f"servesim: {measured['failed']:,} of {measured['completed'] + measured['failed']:,} "
                              f"confirm requests failed ({kinds})\n")
             return 1
-    if not chosen and len(unfit) < len(ranked):     # the question had no answer: no load, or not this one
-        sys.stderr.write(f"servesim: no deployment meets the slo "
-                         f"{f'at {target:g} ' + ('req/s' if by == 'rate' else 'clients') if target is not None else 'at any load tried'}\n")
     return 0 if chosen else 1
 
 

@@ -135,10 +135,10 @@ class DeadWorkers(unittest.TestCase):
     """# issue 20 finding 7: a --jobs worker killed (by the OOM killer) leaves the pool waiting
     forever; Ctrl-C then reports 0 points. Point order 1,64: the slow point (1 client) first, so
     the fast point's result waits behind it; the worker running the slow one is SIGKILLed."""
-    SWEEP = ["sweep", "--requests", "8000", "--concurrency", "1,64", "--jobs", "2"]
+    SWEEP = ["sweep", "--requests", "24000", "--concurrency", "1,64", "--jobs", "2"]
 
     def start_until_one_worker_is_idle(self, args):
-        """Start the sweep; wait until one worker has gone idle (concurrency 64 done, ~1 s) while
+        """Start the sweep; wait until one worker has gone idle (concurrency 64 done, ~2 s) while
         the other still runs concurrency 1 (~7 s); the busy worker's pid."""
         t0 = time.monotonic()
         proc, out_f, err_f = start([*self.SWEEP, *args])

@@ -52,6 +52,20 @@ class SteadyWindow(unittest.TestCase):
         self.assertIsNone(w["sustained"])
         self.assertIn("too short", w["note"])
 
+    def test_csv_keeps_an_overloads_reasons_in_one_cell(self):
+        w = self.window([measured(i, i * 0.5, i * 0.5 * 0.06) for i in range(400)])
+        flat = main.flatten({"steady_state": w, "requests": [{"id": 1}]})
+        self.assertEqual(flat["steady_state.overloaded_on"], "wait; served")
+        self.assertEqual(flat["steady_state.overloaded_by"], "; ".join(w["overloaded_by"]))
+        self.assertNotIn("requests", flat)            # per-request rows are not one cell
+
+    def test_a_run_sent_whole_before_its_first_end_is_one_burst_not_a_reversed_window(self):
+        w = self.window([measured(i, i * 0.01, i * 0.5, 30.0) for i in range(100)])   # sent in 1 s, first end at 30 s
+        self.assertIsNone(w["sustained"])
+        self.assertIn("all 100 requests were sent before the first one ended (30.0 s in): one burst", w["note"])
+        self.assertEqual(main.load_verdict({"steady_state": w}), "one burst")
+        self.assertEqual(main.steady_lines(w), [f"{'steady':<12}{w['note']}"])
+
     def test_a_window_gets_a_verdict_only_where_one_request_at_each_edge_is_within_the_shortfall_allowed(self):
         self.assertEqual(main.window_floor(0.95), 40)
         self.assertEqual(main.window_floor(0.8), 10)
@@ -85,7 +99,8 @@ class SteadyWindow(unittest.TestCase):
             r.last_token_s = r.sent_s + 6 if i < 40 else 24 + 0.01 * i
             requests.append(r)
         w = self.window(requests)
-        self.assertEqual(w["overloaded_on"], ["wait"])
+        self.assertEqual(w["overloaded_on"], ["wait", "served"])     # 1 / 1.2 of offered: 83%
+        self.assertIn(f"served {1 / 1.2:.1%} < ", w["overloaded_by"][1])
         self.assertAlmostEqual(w["wait_growth_s_per_s"], 0.2, places=6)
         self.assertAlmostEqual(w["served_rate"], w["offered_rate"] / 1.2, places=6)     # what the wait's growth says
         self.assertAlmostEqual(w["served_rate"] + w["queue_growth_rps"], w["offered_rate"], places=6)
@@ -107,10 +122,10 @@ class SteadyWindow(unittest.TestCase):
         requests = [measured(i, i * 0.5, i * 0.5 * 0.06) for i in range(400)]    # wait grows 0.06 s per s
         w = self.window(requests)
         self.assertFalse(w["sustained"])
-        # Latencies that grow with the queue are a trend, not noise at the edges: served 94% fails too.
-        self.assertEqual(w["overloaded_by"], ["wait grows 0.06 s per s > 0.05", "served 94.0% < 95.0% of offered"])
+        # A wait growing 0.06 s per s says 1 / 1.06 of what is offered is served: 94% fails too.
+        self.assertEqual(w["overloaded_by"], ["wait grows 0.06 s per s > 0.05", "served 94.3% < 95.0% of offered"])
         self.assertEqual(main.load_verdict({"steady_state": w}), "overloaded (94% served)")
-        self.assertIn("overloaded: wait grows 0.06 s per s > 0.05; served 94.0% < 95.0% of offered",
+        self.assertIn("overloaded: wait grows 0.06 s per s > 0.05; served 94.3% < 95.0% of offered",
                       main.Probing(main.parse_slo("ttft_p95:1e9")).misses({"steady_state": w, "p95_ttft_ms": 1.0})[0])
         self.assertEqual(w["overloaded_on"], ["wait", "served"])
         only_wait = {**w, "overloaded_on": ["wait"]}
@@ -311,6 +326,27 @@ class TraceRepeats(unittest.TestCase):
         # its own message, even in a later copy of the same row, is new.
         self.assertAlmostEqual(result["engine"]["prefix_hit_rate"], 9 * 64 / (10 * 96))
 
+    def test_seeds_too_short_for_a_verdict_neither_hide_the_others_nor_count_as_them(self):
+        # 75 requests at 1.5 req/s on an L4: some seeds' windows are too short to judge, others overloaded.
+        runs = {seed: main.run(main.RunSpec(hardware=main.HARDWARE["l4-24gb"], prompt_tokens=main.TokenRange(1000, 1000),
+                                            output_tokens=main.TokenRange(200, 200), rate=1.5, requests=75, seed=seed))
+                for seed in range(7, 15)}
+        short = [seed for seed, r in runs.items() if r["steady_state"]["sustained"] is None]
+        over = [seed for seed, r in runs.items() if r["steady_state"]["sustained"] is False]
+        self.assertTrue(short and over, (short, over))
+        # The first seed too short, or the first overloaded: the merged window is the judged seeds'.
+        for chosen in ([runs[short[0]], runs[over[0]], runs[over[-1]]], [runs[over[0]], runs[short[0]], runs[short[-1]]]):
+            merged = main.seeded(chosen)
+            judged = [r["steady_state"] for r in chosen if r["steady_state"]["sustained"] is not None]
+            steady = merged["steady_state"]
+            self.assertFalse(steady["sustained"])
+            self.assertEqual(steady["seeds_too_short"], len(chosen) - len(judged))
+            self.assertEqual(merged["seeds"]["too_short"], len(chosen) - len(judged))
+            self.assertAlmostEqual(steady["offered_rate"], sum(w["offered_rate"] for w in judged) / len(judged))
+            self.assertIn("wait", steady["overloaded_on"])
+            self.assertIn(f"too short to tell in {len(chosen) - len(judged)} of {len(chosen)} seeds",
+                          main.steady_lines(steady)[0])
+
     def test_a_figure_every_seed_agrees_on_keeps_its_value_and_type(self):
         merged = main.mean_report([{"completed": 160, "block_size": 16, "ttft": 2.0}, {"completed": 160, "block_size": 16,
                                                                                        "ttft": 3.0}])
@@ -329,7 +365,7 @@ class TraceRepeats(unittest.TestCase):
                          ["the wait grows past the bound in 1 of 2 seeds",
                           "it serves too little of what is offered in 1 of 2 seeds"])
         line = main.steady_lines(merged["steady_state"])[0]
-        self.assertTrue(line.startswith("mixed       sustained in 1 of 2 seeds, overloaded in the rest"), line)
+        self.assertTrue(line.startswith("mixed       sustained in 1 of 2 seeds, overloaded in 1; their mean"), line)
         self.assertEqual(main.load_verdict(merged), "sustained in 1/2 seeds")
 
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
