@@ -4527,9 +4527,11 @@ class Probing:
         floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
         if self.sustained and self.steady_requests < floor:
             raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "
-                            f"window needs for a verdict at --min-served {spec.min_served:g} (2 / (1 - min served): "
-                            f"one request more or fewer at each edge of the window is then within the shortfall "
-                            f"allowed); give --steady-requests {floor} or more")
+                            f"window needs for a verdict at --min-served {spec.min_served:g} " +
+                            ("(2 / (1 - min served): one request more or fewer at each edge of the window is then "
+                             "within the shortfall allowed)" if floor < MAX_WINDOW_FLOOR else
+                             f"(2 / (1 - min served), at most {MAX_WINDOW_FLOOR}: no shortfall, or almost none, is "
+                             f"allowed)") + f"; give --steady-requests {floor} or more")
 
     def requests(self, spec: RunSpec) -> int:
         """Requests a sustained probe sends: the steady window's, after the transient it skips."""
@@ -4733,7 +4735,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             else:     # the columns are the seeds' mean: say whose figures the reasons are
                 seed, missed = next((r["config"]["seed"], m) for r, m in zip(runs, verdicts) if m)
                 result["misses"] = [f"seed {seed}: {missed[0]}", *missed[1:],
-                                    f"{len(runs) - passed} of {len(runs)} seeds run miss"]
+                                    f"{len(runs) - passed} of {len(runs)} seeds run miss" if len(runs) > 1 else
+                                    "the one seed run misses"]
                 result["missed_seed"] = seed
             probes.append(result)
             if progress:
@@ -7218,6 +7221,13 @@ class Stopped(Exception):
         return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
 
 
+def kept_of(done: int, total: int, noun: str) -> str:
+    """What an interrupted sweep or search kept, for Stopped.by_signal."""
+    if not done:
+        return f"0 of {total:,} {noun}{'s' * (total != 1)}: none had finished, so the output holds none"
+    return f"{done:,} of {total:,} {noun}{'s' * (total != 1)}; the output holds the finished ones"
+
+
 # Ctrl-C and SIGTERM, once main() has installed on_signal. The first one stops the work (raised as
 # KeyboardInterrupt or Terminated); from then on the program only writes what it has, so a second
 # one (a double Ctrl-C, or `timeout` signalling the process and then its group) is noted and the
@@ -9669,7 +9679,7 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
     """A deployment's highest passing load, in words, with the command that reruns it."""
     low, high = item["highest_load"], item["lowest_missing_load"]
     if low is None:
-        return [f"{what}: the slo is missed even at {high:.4g} {unit}"
+        return [f"{what}: the slo is missed even at {high:.4g} {unit if high != 1 else unit.rstrip('s')}"
                 + (", where every request ran alone: no load meets it; it needs a faster deployment or shorter "
                    "requests" if item.get("alone") else "")]
     if high is None:
@@ -10433,7 +10443,7 @@ def cmd_sweep(args) -> int:
         for index, result in runner.finished():       # points that finished behind an unfinished one
             take(result, index)
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
-            Stopped.by_signal(e, f"{len(results)} of {len(points)} points; the output holds the finished ones")
+            Stopped.by_signal(e, kept_of(len(results), len(points), "point"))
     hold_signals()           # the output is written whole, whatever arrives now
     if args.json:
         write_json(results)
@@ -10553,7 +10563,7 @@ def cmd_search(args) -> int:
                 progress(f"{len(found)}/{len(mine)} deployments done")
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
-            Stopped.by_signal(e, f"{len(found)} of {len(mine)} deployments; the output holds the finished ones")
+            Stopped.by_signal(e, kept_of(len(found), len(mine), "deployment"))
     if args.shard:            # a shard's report is for collect: JSON, whatever the format asked
         write_json(shard_report(found, args.shard, fingerprint, len(points), complete=not stopped))
         if stopped:
@@ -10574,7 +10584,7 @@ def cmd_search(args) -> int:
                                                    args.confirm_requests, args.timeout, Progress("confirm"))
         except CapacityError as e:        # unreachable, or not an LLM server: the search's answer stands
             report["confirm"] = {"url": redact_url(args.confirm), "problem": str(e)}
-            confirmed = Stopped(1, f"--confirm: {e}; the search's answer stands")
+            confirmed = Stopped(1, f"--confirm: {e} (the search's answer stands)")
     if args.json:
         write_json(report)
     elif args.csv:
@@ -10585,9 +10595,9 @@ def cmd_search(args) -> int:
     elif report.get("confirm"):
         out = io.StringIO()
         done = report["confirm"]
-        if done.get("rows"):
+        if done.get("rows"):          # none when the server could not be reached: the answer is out already
             print_compared(done["title"], done["rows"], out.write)
-        write_text(out.getvalue())
+            write_text(out.getvalue())
     elif not (args.confirm and chosen and not stopped):
         write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing

@@ -296,6 +296,13 @@ class SustainedSearch(unittest.TestCase):
                 self.assertEqual(code, 2)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
 
+    def test_what_an_interrupted_search_kept_and_a_miss_at_one_client_read_right(self):
+        self.assertEqual(main.kept_of(0, 1, "deployment"), "0 of 1 deployment: none had finished, so the output holds none")
+        self.assertEqual(main.kept_of(3, 8, "point"), "3 of 8 points; the output holds the finished ones")
+        item = {"highest_load": None, "lowest_missing_load": 1}
+        self.assertEqual(main.answer_text(item, "clients", "concurrency", None, "highest"),
+                         ["highest: the slo is missed even at 1 client"])
+
     def test_a_search_that_never_passes_stops_above_a_year_of_arrivals(self):
         # 70,000 requests at the lowest rates would span years; a probe's size is the search's own.
         code, out, err = call_cli("search", "--slo", "ttft_p95:0.001", "--requests", "70000",
