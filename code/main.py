@@ -4119,8 +4119,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # The ends counted reach past the last send, into the drain: running batches finishing
     # without new prefills, faster than the server kept up while load was offered. That steadies
     # the count: one stopped at the last send reads the ordinary swings of a queue near capacity
-    # as a shortfall (it called Poisson runs at 85-90% of capacity overloaded that runs 50 times
-    # longer call sustained). But as the rate of a server that fell behind, the drain can read
+    # as a shortfall (in trials it called Poisson runs below capacity overloaded that runs 50
+    # times longer call sustained). But as the rate of a server that fell behind, the drain can read
     # above what was offered, and a short window's count can catch a lull between bunches of
     # ends. Where the wait grows past its bound, offered / (1 + g) is what the server served (the
     # queue grew by the rest), less the requests that failed: that is the figure reported and
