@@ -3997,10 +3997,18 @@ def seeded(runs: list[dict]) -> dict:
     sustained = sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained"))
     # A seed too short for a verdict has no window figures to average: the window is the mean of
     # the seeds that have one, and says how many had none.
-    judged = [r["steady_state"] for r in runs if (r.get("steady_state") or {}).get("sustained") is not None]
-    unjudged = len(runs) - len(judged)
+    windows = [r["steady_state"] for r in runs if r.get("steady_state")]
+    judged = [w for w in windows if w.get("sustained") is not None]
+    unjudged = len(windows) - len(judged)
     if judged and unjudged:
-        merged["steady_state"] = {**mean_report(judged), "seeds_too_short": unjudged}
+        merged["steady_state"] = {**mean_report(judged), "seeds_too_short": unjudged, "seeds_count": len(runs)}
+    elif unjudged:
+        bursts = sum(1 for w in windows if w.get("one_burst"))
+        merged["steady_state"] = {**mean_report(windows), "seeds_too_short": unjudged, "seeds_count": len(runs),
+                                  "one_burst": bursts == len(windows),
+                                  "note": f"too short to tell whether the server keeps up in all {unjudged} seeds"
+                                  + (f" ({bursts} of them one burst, every request sent before the first ended)"
+                                     if bursts else "") + "; send more requests for a verdict"}
     merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs], "sustained": sustained,
                        **({"too_short": unjudged} if unjudged else {}), "spread": spread}
     steady = merged.get("steady_state")
@@ -4082,15 +4090,17 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     end = sent[-1].sent_s
     window = [r for r in sent if start <= r.sent_s <= end]
     floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served)
-    if end <= start:        # no request ended while load was offered: the run is one burst
-        return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None,
+    if end < start:         # no request ended while load was offered: the run is one burst
+        return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None, "one_burst": True,
                 "closed_loop": closed_loop, "note": f"all {len(sent):,} requests were sent before the first one ended "
                 f"({start - t0:,.1f} s in): one burst, with no steady window to tell whether the server keeps up; "
-                f"send more requests, or at a lower rate, for a verdict"}
-    if len(window) < floor:
+                + ("send more requests than there are clients for a verdict" if closed_loop else
+                   "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
+    if len(window) < floor or end == start:
+        sent_in = f"{len(window)} request{'s' * (len(window) != 1)} sent in the steady window, " + (
+            f"fewer than the {floor} a verdict needs" if len(window) < floor else "all at one moment")
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
-                "closed_loop": closed_loop, "note": f"{len(window)} requests sent in the steady window, fewer than "
-                f"the {floor} a verdict needs: too short a run to tell whether the server keeps up"}
+                "closed_loop": closed_loop, "note": f"{sent_in}: too short a run to tell whether the server keeps up"}
     # Ends are counted in the window moved later by the median request's end-to-end latency, so
     # a request sent at its start is counted where it ends: counted in the window itself, the
     # requests in flight at its two edges would make the served rate swing by their number.
@@ -4122,12 +4132,15 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # as a shortfall (in trials it called Poisson runs below capacity overloaded that runs 50
     # times longer call sustained). But as the rate of a server that fell behind, the drain can read
     # above what was offered, and a short window's count can catch a lull between bunches of
-    # ends. Where the wait grows past its bound, offered / (1 + g) is what the server served (the
-    # queue grew by the rest), less the requests that failed: that is the figure reported and
-    # judged.
-    if tests:
-        served = offered / (1 + growth) * (1 - failed / len(window))
-    if served < least * offered and (growth > 0 or failed):
+    # ends. Where the wait grows past its bound, offered / (1 + g) of the requests that did not
+    # fail is what the server served, if the count is not lower still (a queue the wait does not
+    # see, such as a disaggregated decode's, grows too): that is the figure reported and judged.
+    # (A closed loop's is a count as any other: it is sustained by construction.)
+    unfailed = offered * (1 - failed / len(window))
+    if tests and not closed_loop:
+        served = min(served, unfailed / (1 + growth))
+    # A shortfall beyond what the edges could ever excuse is one whatever the wait does.
+    if served < least * offered and (growth > 0 or failed or served < (2 * min_served - 1) * offered):
         tests.append("served")
     sustained = closed_loop or not tests
     why = [] if sustained else [
@@ -4143,10 +4156,13 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     if in_step is not None:
         sends = Counter(r.sent_s for r in window)
         together["clients_in_step"] = in_step and sum(n for n in sends.values() if n > 1) >= 0.5 * len(window)
-    # A wait growing g seconds a second means the server serves offered / (1 + g) a second: the
-    # queue grows by the difference.
+    # A wait growing g seconds a second means the server serves offered / (1 + g) a second of the
+    # requests that do not fail: the queue grows by the difference (by what was not served, where
+    # that is less).
+    queue = unfailed - served if tests and not closed_loop else \
+        unfailed * growth / (1 + growth) if growth > -1 else -unfailed
     return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "offered_rate": offered,
-            "served_rate": served, "queue_growth_rps": offered * growth / (1 + growth) if growth > -1 else -offered,
+            "served_rate": served, "queue_growth_rps": queue,
             "wait_growth_s_per_s": growth, "least_served_share": least, "sustained": sustained,
             "closed_loop": closed_loop, **({"overloaded_by": why, "overloaded_on": tests} if why else {}), **together,
             **{k: metrics[k] for k in keep if k in metrics}}
@@ -4642,7 +4658,8 @@ class Probing:
         steady = result.get("steady_state") or {}
         missed = self.slo.misses(self.figures(result))
         if self.sustained and steady.get("sustained") is None:
-            missed.append("too short a run to tell whether the server keeps up")
+            missed.append("one burst: " + steady["note"].split(": one burst")[0] if steady.get("one_burst") else
+                          "too short a run to tell whether the server keeps up")
         elif self.sustained and not steady["sustained"]:
             missed.append(f"overloaded: {overload_reason(steady)}: offered {steady['offered_rate']:,.3g} req/s, served "
                           f"{steady['served_rate']:,.3g}, queue grows {steady['queue_growth_rps']:,.3g} req/s")
@@ -9103,29 +9120,33 @@ def load_verdict(result: dict) -> str:
     """The steady window's verdict in a few words, for a table cell."""
     steady, seeds = result.get("steady_state"), result.get("seeds")
     if not steady or steady.get("sustained") is None:
-        return "one burst" if steady and steady["end_s"] <= steady["start_s"] else "too short"
+        return "one burst" if steady and steady.get("one_burst") else "too short"
     if steady["closed_loop"]:
         return "closed loop"
+    short = f" ({steady['seeds_too_short']}/{steady['seeds_count']} too short)" if steady.get("seeds_too_short") else ""
     if seeds and 0 < seeds["sustained"] < seeds["count"]:
-        return f"sustained in {seeds['sustained']}/{seeds['count']} seeds"
+        return f"sustained in {seeds['sustained']}/{seeds['count']} seeds" + short
     if steady["sustained"]:
         return "sustained"
     if steady.get("overloaded_on") == ["wait"]:          # served enough; its wait grew
-        return f"overloaded (wait +{steady['wait_growth_s_per_s']:.2g} s/s)"
-    return f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)"
+        return f"overloaded (wait +{steady['wait_growth_s_per_s']:.2g} s/s)" + short
+    return f"overloaded ({steady['served_rate'] / steady['offered_rate']:.0%} served)" + short
 
 
 def steady_lines(steady: Optional[dict]) -> list[str]:
     """The steady window: whether the server kept up with the load offered, and its figures."""
     if not steady:
         return []
-    where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {steady['requests']:,.0f} requests sent"
+    where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {number(steady['requests'], 0)} request" \
+        f"{'s' * (round(steady['requests']) != 1)} sent"
     too_short = f", too short to tell in {steady['seeds_too_short']}" if steady.get("seeds_too_short") else ""
     unjudged = f"; too short to tell in {steady['seeds_too_short']} of {steady['seeds_count']} seeds" if too_short else ""
     if steady["sustained"] is None:
-        return [f"{'steady':<12}" + (f"{where}: " if steady["end_s"] > steady["start_s"] else "") + steady["note"]]
+        return [f"{'steady':<12}" + ("" if steady.get("one_burst") or "seeds_too_short" in steady else f"{where}: ")
+                + steady["note"]]
     if steady["closed_loop"]:
-        verdict = f"{'steady':<12}{where} (a closed loop sends only when a request ends: sustained by construction)"
+        verdict = (f"{'steady':<12}{where} (a closed loop sends only when a request ends: sustained by construction"
+                   f"{unjudged})")
     elif steady["sustained"]:
         seeds = f"in {steady['seeds_sustained']} of {steady['seeds_count']} seeds{too_short}; their mean, " \
             if too_short else ""
@@ -9160,8 +9181,11 @@ def seed_lines(seeds: Optional[dict]) -> list[str]:
     if not seeds:
         return []
     first, last = seeds["seeds"][0], seeds["seeds"][-1]
-    lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean; "
-             f"sustained in {seeds['sustained']} of {seeds['count']}"]
+    short = seeds.get("too_short", 0)
+    whose = f" (the steady window's, of the {seeds['count'] - short} with one)" if 0 < short < seeds["count"] else ""
+    lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean{whose}; "
+             f"sustained in {seeds['sustained']} of {seeds['count']}"
+             + (f", too short to tell in {short}" if short else "")]
     for label, interval in (("min-max", ("min", "max")), ("p10-p90", ("p10", "p90"))):
         cells = [f"{name} {number(seeds['spread'][key][interval[0]])}-{number(seeds['spread'][key][interval[1]])}{unit}"
                  for name, key, unit in SPREAD_SHOWN
@@ -10604,20 +10628,21 @@ def cmd_search(args) -> int:
         write_file(args.plot, search_svg(report, axes, probing))
     if stopped:
         raise stopped
-    if confirmed:
-        raise confirmed
     unfit = [item for item in ranked if item.get("does_not_fit")]
     # One line for what the search could not answer: what does not fit, and whether anything met the slo.
     lines = [f"{len(unfit)} of {len(ranked)} deployments do not fit ({unfit[0]['does_not_fit']})"
              if len(ranked) > 1 else f"the deployment does not fit ({unfit[0]['does_not_fit']})"] if unfit else []
     if not chosen and len(unfit) < len(ranked):    # the question had no answer: no load, or not this one
         absorbed = [item["burst"]["best"]["load"] for item in ranked if (item.get("burst") or {}).get("best")]
-        lines.append("no deployment meets the slo " + (f"at {target:g} {'req/s' if by == 'rate' else 'clients'}"
+        unit = "req/s" if by == "rate" else "client" if target == 1 else "clients"
+        lines.append("no deployment meets the slo " + (f"at {target:g} {unit}"
                      if target is not None else "at a sustained load" if absorbed else "at any load tried")
                      + (f" (played once, the trace meets it up to {max(absorbed):.4g} req/s)" if absorbed else "")
                      + ("; --confirm has no load to send" if args.confirm else ""))
     if lines:
         sys.stderr.write(f"servesim: {'; '.join(lines)}\n")
+    if confirmed:
+        raise confirmed
     if report.get("confirm"):
         measured = report["confirm"]["measured"]
         if measured["failed"]:
