@@ -10471,8 +10471,8 @@ def cmd_sweep(args) -> int:
     hold_signals()           # the output is written whole, whatever arrives now
     if args.json:
         write_json(results)
-    elif args.csv:
-        print_csv(results)
+    elif args.csv:       # with the table's verdict cell, which a script would otherwise rebuild
+        print_csv([{**r, "load": load_verdict(r)} if r.get("steady_state") else r for r in results])
     elif axes == ["kv_link_gbs"] and not stopped and not any(r.get("does_not_fit") for r in results):
         write_text(colocation_verdict(results))
     if args.plot and results:        # after the report, so a failed write loses nothing

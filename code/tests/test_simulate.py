@@ -1,4 +1,6 @@
 """The lesson's Step 9 simulator figures, and the Monday incident."""
+import csv
+import io
 import json
 import unittest
 
@@ -124,6 +126,11 @@ class JsonOutput(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertEqual(len(lines), 3)
         self.assertIn("engine.mean_batch", lines[0].split(","))
+        # The table's load cell is a column too, as the table prints it.
+        rows = list(csv.DictReader(io.StringIO(run_cli("sweep", "--requests", "400", "--rate", "10,100",
+                                                       "--csv")[1])))
+        self.assertEqual([r["load"] for r in rows][0], "sustained")
+        self.assertTrue(rows[1]["load"].startswith("overloaded"), rows[1]["load"])
         results = json.loads(run_cli("sweep", "--requests", "8", "--rate", "1,2", "--json")[1])
         self.assertEqual([r["config"]["request_rate"] for r in results], [1, 2])
 
