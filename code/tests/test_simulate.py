@@ -127,7 +127,8 @@ class JsonOutput(unittest.TestCase):
         self.assertEqual(len(lines), 3)
         self.assertIn("engine.mean_batch", lines[0].split(","))
         # The table's load cell is a column too, as the table prints it.
-        rows = list(csv.DictReader(io.StringIO(run_cli("sweep", "--requests", "400", "--rate", "10,100",
+        rows = list(csv.DictReader(io.StringIO(run_cli("sweep", "--hardware", "l4-24gb", "--prompt-tokens", "500",
+                                                       "--output-tokens", "100", "--requests", "300", "--rate", "1,8",
                                                        "--csv")[1])))
         self.assertEqual([r["load"] for r in rows][0], "sustained")
         self.assertTrue(rows[1]["load"].startswith("overloaded"), rows[1]["load"])
