@@ -3999,10 +3999,10 @@ def seeded(runs: list[dict]) -> dict:
     # the seeds that have one, and says how many had none.
     windows = [r["steady_state"] for r in runs if r.get("steady_state")]
     judged = [w for w in windows if w.get("sustained") is not None]
-    unjudged = len(windows) - len(judged)
+    unjudged = len(runs) - len(judged)        # a seed with no window at all (every request failed) too
     if judged and unjudged:
         merged["steady_state"] = {**mean_report(judged), "seeds_too_short": unjudged, "seeds_count": len(runs)}
-    elif unjudged:
+    elif windows and unjudged:
         bursts = sum(1 for w in windows if w.get("one_burst"))
         merged["steady_state"] = {**mean_report(windows), "seeds_too_short": unjudged, "seeds_count": len(runs),
                                   "one_burst": bursts == len(windows),
