@@ -1043,7 +1043,7 @@ class EngineStats:
     steps: int = 0
     scheduled_seqs: int = 0      # summed over steps, for the mean batch
     kv_peak: int = 0             # blocks in use, the highest seen
-    kv_block_seconds: float = 0.0  # blocks in use x step time, for the time-weighted mean
+    kv_block_seconds: float = 0.0  # blocks in use x time stepping, for the time-weighted mean
     peak_waiting: int = 0
     peak_running: int = 0
     capped_steps: int = 0        # steps where requests waited while the batch was at --max-num-seqs
@@ -1051,26 +1051,36 @@ class EngineStats:
     useful_rows: int = 0         # of those, rows of a request still generating
     kv_reserved_peak: int = 0    # tokens of KV memory set aside, the most at once
     kv_used_share: float = 0.0   # sum over steps of KV read / KV reserved
-    running_seconds: float = 0.0 # running requests x step time, for the time-weighted mean
+    running_seconds: float = 0.0 # running requests x time stepping, for the time-weighted mean
 
-    def record(self, batch: Batch, duration: float, scheduler: Scheduler) -> None:
-        self.record_step(batch.seqs, batch.rows, batch.decodes, batch.context, duration, scheduler)
+    def __post_init__(self):
+        # The sums above change only when what they weigh does: the blocks in use, the running
+        # requests and the KV reserved stay put over most back-to-back steps (every plain decode
+        # step but one in block_size, for a lone decode). So they are taken an interval at a
+        # time: while those three hold, over steps that follow each other with no idle time, each
+        # sum gains its value x the clock's advance, and the KV read (an integer) over the
+        # reserved once, at the interval's end.
+        self.held = (0, 0, 0)     # (blocks in use, running, KV tokens reserved) over the open interval
+        self.since = self.until = 0.0   # the open interval's first step's start, its last one's end
+        self.read = 0             # KV tokens its steps read, a shared prefix block counted once
 
-    def record_step(self, seqs: int, rows: int, decodes: int, context: int, duration: float,
+    def record(self, batch: Batch, start: float, duration: float, scheduler: Scheduler) -> None:
+        self.record_step(batch.seqs, batch.rows, batch.decodes, batch.context, start, duration, scheduler)
+
+    def record_step(self, seqs: int, rows: int, decodes: int, context: int, start: float, duration: float,
                     scheduler: Scheduler) -> None:
         """One step of `seqs` sequences (`rows` decode rows computed, `decodes` of them useful)
-        reading `context` KV tokens, as the scheduler stands after scheduling it."""
+        reading `context` KV tokens, from `start` for `duration` seconds, as the scheduler stands
+        after scheduling it."""
         self.steps += 1
         self.scheduled_seqs += seqs
         used, waiting, running = scheduler.used_blocks(), len(scheduler.waiting), len(scheduler.running)
         if used > self.kv_peak:
             self.kv_peak = used
-        self.kv_block_seconds += used * duration
         if waiting > self.peak_waiting:
             self.peak_waiting = waiting
         if running > self.peak_running:
             self.peak_running = running
-        self.running_seconds += running * duration
         if waiting and running >= scheduler.config.max_num_seqs:
             self.capped_steps += 1
         self.decode_rows += rows
@@ -1078,21 +1088,39 @@ class EngineStats:
         reserved = scheduler.reserved_tokens()
         if reserved > self.kv_reserved_peak:
             self.kv_reserved_peak = reserved
-        # Tokens held: what the batch reads, a shared prefix block counted once.
-        held = context - scheduler.pool.extra_holds * scheduler.config.block_size
-        self.kv_used_share += held / reserved if reserved else 0.0
+        self.hold(start, used, running, reserved)
+        self.read += context - scheduler.pool.extra_holds * scheduler.config.block_size
+        self.until = start + duration
+
+    def hold(self, start: float, used: int, running: int, reserved: int) -> None:
+        """A step from `start` holds these: if they moved, or the engine stood idle since the
+        last step ended, the open interval closes and this step opens the next."""
+        if (used, running, reserved) != self.held or start != self.until:
+            self.close()
+            self.held, self.since = (used, running, reserved), start
+
+    def close(self) -> None:
+        used, running, reserved = self.held
+        span = self.until - self.since
+        self.kv_block_seconds += used * span
+        self.running_seconds += running * span
+        self.kv_used_share += self.read / reserved if reserved else 0.0
+        self.since, self.read = self.until, 0
 
     @classmethod
     def merged(cls, stats: list["EngineStats"]) -> "EngineStats":
         """Several engines' statistics as one: counts and times add, peaks take the highest (the
         busiest replica's)."""
         peaks = ("kv_peak", "peak_waiting", "peak_running", "kv_reserved_peak")
+        for s in stats:
+            s.close()
         return cls(**{f.name: (max if f.name in peaks else sum)(getattr(s, f.name) for s in stats)
                       for f in fields(cls)})
 
     def report(self, schedulers: list[Scheduler], span: float) -> dict:
         """The engine's report, or one for several replicas (their schedulers, this their merged
         statistics): KV shares are of one replica's blocks, means are over all the steps."""
+        self.close()
         pools = [s.pool for s in schedulers]
         blocks = sum(pool.num_blocks for pool in pools)
         queries = sum(pool.prefix_queries for pool in pools)
@@ -1154,7 +1182,7 @@ class Engine:
         return batch, self.cost.step_seconds(*self.scheduler.work(batch)) + scheduler.extra_seconds(batch)
 
     def end_step(self, batch: Batch, duration: float) -> None:
-        self.stats.record(batch, duration, self.scheduler)
+        self.stats.record(batch, self.clock, duration, self.scheduler)
         self.clock += duration
         self.scheduler.update(batch, self.clock)
         if self.timeline is not None:
@@ -1221,14 +1249,14 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
         for request in sorted(starts, key=lambda r: r.sent_s):
             send(request, request.sent_s)
         starts.clear()
-    seen = [0] * len(server.engines)      # how much of each engine's done list has been looked at
+    dones = [engine.scheduler.done for engine in server.engines]
+    seen = [0] * len(dones)               # how much of each engine's done list has been looked at
     active = next_report = 0              # conversations started and not ended
 
     def settle() -> None:
         """Act on what ended since last time: send next turns, free clients."""
         nonlocal active
-        for i, engine in enumerate(server.engines):
-            done = engine.scheduler.done
+        for i, done in enumerate(dones):
             while seen[i] < len(done):
                 request = done[seen[i]]
                 seen[i] += 1
@@ -1238,7 +1266,7 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
                 elif request.error is None:
                     send(follow, max(request.last_token_s + request.think_s, follow.not_before))
                 else:                 # a conversation cannot go on past a failed turn
-                    engine.scheduler.fail(follow, f"conversation stopped: turn {request.turn} failed")
+                    server.engines[i].scheduler.fail(follow, f"conversation stopped: turn {request.turn} failed")
 
     now = 0.0
     while True:
@@ -2780,32 +2808,33 @@ class EventEngine(Engine):
         step_ends = s.step_ends if s.detailed else None
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
         running, waiting = len(s.running), len(s.waiting)
-        capped = 1 if waiting and running >= s.config.max_num_seqs else 0
         held_less = s.pool.extra_holds * block_size
         used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
-        kv_block_seconds, running_seconds, kv_used_share = \
-            stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share
-        steps, last_end, sampled, base, taken = s.steps, s.last_end, s.sampled, s.cruise_base, 0
+        begun, last_end, sampled = s.steps, s.last_end, s.sampled
+        # The statistics' interval is brought up to date where what it weighs moves (a crossing)
+        # and at the end; `read` is the KV read since `first`, held blocks not yet taken off.
+        steps = first = begun
+        context, read = s.cruise_base + n * steps + n, 0     # each reads its KV plus its new token
         # Gaps are counted as they round to ITL_DIGITS, a run of equal ones at a time: a gap
         # within 0.49 of the last digit of the last one rounded rounds as it did (the difference
         # of two close floats is exact, and a float holds the rounded value to far better than 0.01).
         gap_shown, low, high, repeats = 0.0, math.nan, math.nan, 0
         # A resumed run takes its first step whatever `until` says, as step() would have.
-        while plain > 0 and (clock < until or (resumed and not taken)):
+        while plain > 0 and (clock < until or (resumed and steps == begun)):
             crossing = phase.get(-steps % block_size, 0)
-            if crossing > free:
-                break                 # a decode needs a block and none is free: the step preempts
-            if crossing:      # blocks in use only grow here, so their peaks are taken once, after
-                s.owed += crossing
-                used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
-            context = base + n * steps + n
-            duration = price(context)
-            # EngineStats.record_step, unrolled.
-            kv_block_seconds += used * duration
-            running_seconds += running * duration
-            kv_used_share += (context - held_less) / reserved if reserved else 0.0
-            # EventScheduler.update with nobody handled on their own.
-            clock += duration
+            if crossing or steps == begun:
+                if crossing > free:
+                    break             # a decode needs a block and none is free: the step preempts
+                if crossing:          # blocks in use only grow here, so their peaks are taken once, after
+                    s.owed += crossing
+                    used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
+                if steps > begun:
+                    stats.until, stats.read = clock, stats.read + read - held_less * (steps - first)
+                stats.hold(clock, used, running, reserved)
+                first, read = steps, 0
+            clock += price(context)
+            read += context
+            context += n
             if measured:
                 gap = clock - last_end
                 if not low < gap < high:
@@ -2814,34 +2843,33 @@ class EventEngine(Engine):
                     gap_shown, repeats = round(gap, ITL_DIGITS), 0
                     low, high = gap_shown - ITL_SAME, gap_shown + ITL_SAME
                 repeats += measured
-                sampled += measured
             steps += 1
             last_end = clock
             if step_ends is not None:
                 step_ends.append(clock)
             if timeline is not None:
-                s.steps, s.last_end, s.sampled = steps, last_end, sampled
+                s.steps, s.last_end, s.sampled = steps, last_end, sampled + measured * (steps - begun)
                 self.snapshot(clock)
             plain -= 1
-            taken += 1
         if repeats:
             itl[gap_shown] = itl.get(gap_shown, 0) + repeats
         # Cut short by `until` (another engine's event, an arrival) with plain steps left: the
         # next advance goes on with them, unless something reached this engine in between.
         self.resume = (plain, steps, waiting) if plain and clock >= until else (0, -1, -1)
+        taken = steps - begun
         if taken:
+            stats.until, stats.read = clock, stats.read + read - held_less * (steps - first)
             stats.steps += taken
             stats.scheduled_seqs += n * taken
             stats.decode_rows += n * taken
             stats.useful_rows += n * taken
-            stats.capped_steps += capped * taken
+            if waiting and running >= s.config.max_num_seqs:
+                stats.capped_steps += taken
             stats.kv_peak = max(stats.kv_peak, used)
             stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
             stats.peak_waiting = max(stats.peak_waiting, waiting)
             stats.peak_running = max(stats.peak_running, running)
-            stats.kv_block_seconds, stats.running_seconds, stats.kv_used_share = \
-                kv_block_seconds, running_seconds, kv_used_share
-            s.steps, s.last_end, s.sampled = steps, last_end, sampled
+            s.steps, s.last_end, s.sampled = steps, last_end, sampled + measured * taken
             self.clock = clock
 
 
