@@ -2497,17 +2497,45 @@ class Pipeline:
 # all K + 1 positions in one pass, keeps the proposals up to the first one it disagrees with, and
 # adds one token of its own. With each proposal accepted with probability A, a step yields
 # (1 - A^(K+1)) / (1 - A) tokens in expectation. The draws are seeded, so a run repeats.
+#
+# Each request draws from its own stream (seeded by the run's seed and its id), one draw per
+# verify step: the run of proposals the target model would accept, P(run >= m) = A^m, of which
+# the step keeps as many as it proposed. So a request accepts the same runs whoever steps it and
+# in whatever order its verifies are drawn: the event engine draws a cruising decode's ahead.
+
+@dataclass(slots=True)
+class Acceptance:
+    """One request's draws: each verify step's run of accepted proposals, in order."""
+    stream: random.Random
+    runs: list = field(default_factory=list)
+    used: int = 0            # runs its verify steps have taken
+
 
 class SpeculativeScheduler(Scheduler):
-    """Always stepped by the per-step rule: decodes advance by a varying number of tokens."""
-
     def __init__(self, *args, speculative_tokens: int, acceptance_rate: float, seed: int,
                  draft: Optional[Roofline] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.proposals, self.acceptance = speculative_tokens, acceptance_rate
-        self.draws = random.Random(seed)
+        self.seed = seed
+        # A draw u accepts a run of m or more when u < A^m: the run is how many of these it is
+        # under, kept as ascending negatives for bisect.
+        self.thresholds = [-acceptance_rate ** m for m in range(1, speculative_tokens + 1)]
+        self.expected = expected_accepted_length(speculative_tokens, acceptance_rate)   # tokens a verify yields
+        self.draws: dict[int, Acceptance] = {}     # request id -> its draws, while it runs
         self.draft = draft            # the draft model's cost, or None for n-gram lookup (free)
         self.spec_steps = self.spec_tokens = 0
+
+    def runs_of(self, request: Request, first: int, count: int) -> list[int]:
+        """The runs of proposals `request`'s verify steps `first` to `first + count - 1` would
+        accept (each of K), drawn in order as they are first asked for."""
+        drawn = self.draws.get(request.id)
+        if drawn is None:
+            drawn = self.draws[request.id] = Acceptance(random.Random((self.seed << 32) + request.id))
+        missing = first + count - len(drawn.runs)
+        if missing > 0:
+            draw = drawn.stream.random
+            drawn.runs.extend(map(functools.partial(bisect.bisect_left, self.thresholds), [-draw() for _ in range(missing)]))
+        return drawn.runs[first:first + count]
 
     def wanted(self, request: Request) -> int:
         if request.remaining == 1 and request.generated:     # decoding: verify the proposals too
@@ -2524,21 +2552,33 @@ class SpeculativeScheduler(Scheduler):
         super().update(plain, now)
 
     def verify(self, request: Request, proposed: int, now: float) -> None:
-        accepted = 0
-        while accepted < proposed and self.draws.random() < self.acceptance:
-            accepted += 1
+        accepted = min(self.runs_of(request, self.verified(request), 1)[0], proposed)
+        self.draws[request.id].used += 1
         request.computed += 1 + accepted          # the accepted proposals' KV stays
         self.spec_steps += 1
         self.spec_tokens += accepted + 1
         self.emit(request, now, accepted + 1)     # they arrive together, at the end of the step
 
+    def verified(self, request: Request) -> int:
+        drawn = self.draws.get(request.id)
+        return drawn.used if drawn else 0
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        if request.finished:
+            self.draws.pop(request.id, None)
+
+    def drafting(self, batch: Batch) -> tuple[int, int]:
+        """(sequences, their KV tokens) the draft model proposes for in this step."""
+        drafting = [r for r, tokens in batch.items if tokens > 1 and r.computed + 1 == r.length and r.generated]
+        return len(drafting), sum(r.computed for r in drafting)
+
     def extra_seconds(self, batch: Batch) -> float:
         if self.draft is None:
             return 0.0
-        drafting = [r for r, tokens in batch.items if tokens > 1 and r.computed + 1 == r.length and r.generated]
-        context = sum(r.computed for r in drafting)
+        seqs, context = self.drafting(batch)
         # K sequential passes of the draft model over the decoding sequences.
-        return self.proposals * self.draft.step_seconds(len(drafting), context, len(drafting), context) if drafting else 0.0
+        return self.proposals * self.draft.step_seconds(seqs, context, seqs, context) if seqs else 0.0
 
     def report(self) -> dict:
         return {"speculative_tokens": self.proposals, "acceptance_rate": self.acceptance,
@@ -2605,34 +2645,32 @@ class EventScheduler(Scheduler):
             # Without keys a wake is a last token (or a first answer token), and the order of
             # releases cannot be seen: decodes at their last token take it with the others and
             # leave in update().
-            self.finishing = [r for r in woken if r.output_tokens - r.generated == self.steps - r.cruise_from + 1]
-            woken = [r for r in woken if r.output_tokens - r.generated != self.steps - r.cruise_from + 1]
+            self.finishing = [r for r in woken if self.at_last_token(r)]
+            woken = [r for r in woken if not self.at_last_token(r)]
         if woken:
             for request in woken:
                 self.settle(request)
             self.active = sorted(self.active + woken, key=operator.attrgetter("admitted")) \
                 if self.active or len(woken) > 1 else woken
-        # Every cruising decode takes one token, and (lazily) a block when it crosses into one.
-        budget = self.token_budget() - self.cruising
-        crossing = self.phase.get(-self.steps % self.config.block_size, 0)
+        budget = self.token_budget() - self.cruise_tokens()
+        crossing = self.crossing()
         free = self.free_blocks() - crossing
         last = self.running[-1] if self.running else None
         plan = []
         for request in self.active:
-            tokens = min(request.remaining, budget)
+            wanted = self.wanted(request)
+            tokens = min(wanted, budget)
             need = self.blocks_for(request.computed + tokens) - len(request.blocks)
             free -= need
             # The budget or the blocks run out before the end of the running list: this step is
             # for the per-step rule (only the last request may be cut short here).
-            if tokens < 1 or (tokens < request.remaining and request is not last) or free < 0:
+            if tokens < 1 or (tokens < wanted and request is not last) or free < 0:
                 return self.per_step(now)
             plan.append((request, tokens, need))
             budget -= tokens
         if budget < 0 or free < 0:
             return self.per_step(now)
-        n = self.cruising
-        context = self.cruise_base + n * self.steps + n     # each reads its KV plus its new token
-        batch = Batch([], n, context, n, n, n, context)
+        batch = self.cruise_batch()
         self.owed += crossing
         self.pay()
         for request, tokens, need in plan:
@@ -2647,6 +2685,24 @@ class EventScheduler(Scheduler):
     def per_step(self, now: float) -> Batch:
         self.handle_each()
         return super().schedule(now)
+
+    # What the cruising decodes do in this step: each takes one token, and (lazily) a block when
+    # it crosses into one. (Speculative decoding's cruise differs: SpeculativeCruise.)
+    def cruise_tokens(self) -> int:
+        return self.cruising
+
+    def crossing(self) -> int:
+        """Blocks the cruising decodes grow into this step."""
+        return self.phase.get(-self.steps % self.config.block_size, 0)
+
+    def cruise_batch(self) -> Batch:
+        n = self.cruising
+        context = self.cruise_base + n * self.steps + n     # each reads its KV plus its new token
+        return Batch([], n, context, n, n, n, context)
+
+    def at_last_token(self, request: Request) -> bool:
+        """Whether a cruising decode woken now takes its last token in this step."""
+        return request.output_tokens - request.generated == self.steps - request.cruise_from + 1
 
     def handled(self) -> list[Request]:
         return self.active
@@ -2698,26 +2754,33 @@ class EventScheduler(Scheduler):
         return self.steps + plain if plain > 0 else None
 
     def cruise(self, request: Request, wake: int) -> None:
-        request.cruise_from, request.wake_at = self.steps, wake
+        self.enlist(request, wake)
         base = request.computed - self.steps
-        self.cruising += 1
-        self.cruising_measured += request.measured
         self.cruise_base += base
         phase = base % self.config.block_size
         self.phase[phase] = self.phase.get(phase, 0) + 1
+
+    def enlist(self, request: Request, wake: int) -> None:
+        request.cruise_from, request.wake_at = self.steps, wake
+        self.cruising += 1
+        self.cruising_measured += request.measured
         if wake not in self.wake:
             heapq.heappush(self.wake_steps, wake)
         self.wake[wake].append((request, self.steps))
 
+    def delist(self, request: Request) -> int:
+        """The steps a cruising decode advanced; it cruises no more."""
+        self.cruising -= 1
+        self.cruising_measured -= request.measured
+        advanced, request.cruise_from = self.steps - request.cruise_from, -1
+        return advanced
+
     def settle(self, request: Request) -> None:
         """Bring a cruising decode's own fields up to date, and hand it to the one-by-one list's
         caller."""
-        advanced = self.steps - request.cruise_from
         base = request.computed - request.cruise_from
-        self.cruising -= 1
-        self.cruising_measured -= request.measured
+        advanced = self.delist(request)
         self.cruise_base -= base
-        request.cruise_from = -1
         if advanced:
             request.computed += advanced
             request.generated += advanced
@@ -2772,7 +2835,7 @@ class EventScheduler(Scheduler):
         waking, nothing to admit (the queue is empty, or its head was refused by budgets that
         cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step."""
         if not self.cruising or self.active or (self.waiting and not self.blocked) \
-                or self.cruising > self.token_budget():
+                or self.cruise_tokens() > self.token_budget():
             return 0
         return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
 
@@ -2792,8 +2855,7 @@ class EventEngine(Engine):
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
         plain, at_step, waiting = self.resume
-        resumed = plain and at_step == s.steps and waiting == len(s.waiting) and not (
-            s.phase.get(-s.steps % s.config.block_size, 0) > s.free_blocks())
+        resumed = plain and at_step == s.steps and waiting == len(s.waiting) and not s.crossing() > s.free_blocks()
         if not resumed:
             # Stepped on, or a request came in, since the run was cut short: its steps may not
             # be plain any more. Take a step by the rule, and count the plain ones after it.
@@ -2871,6 +2933,140 @@ class EventEngine(Engine):
             stats.peak_running = max(stats.peak_running, running)
             s.steps, s.last_end, s.sampled = steps, last_end, sampled + measured * taken
             self.clock = clock
+
+
+# Speculative decoding, per event. A decode whose next steps are all full verifies (K proposals,
+# none reaching its last token or its first answer token) cruises too: its runs are drawn ahead
+# from its own stream, so the tokens it advances by and the blocks it grows into, step by step,
+# are known when it joins. They are added into per-step sums, and a step reads the sums for every
+# cruising decode at once. Such a decode wakes for its last few tokens, taken by the rule.
+
+def add_into(sums: list, values: list, at: int, sign: Callable[[int, int], int] = operator.add) -> None:
+    """sums[at + i] = sign(sums[at + i], values[i]), the list grown with zeros as needed."""
+    if len(sums) < at + len(values):
+        sums.extend([0] * (at + len(values) - len(sums)))
+    sums[at:at + len(values)] = map(sign, sums[at:at + len(values)], values)
+
+
+class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
+    """The event engine's speculative scheduler; SpeculativeScheduler is its oracle. Every step
+    is scheduled by the rule (plain_steps() is 0: no step is taken in EventEngine's loop), but
+    costs nothing per cruising decode. Without prefix caching only (blocks are taken lazily).
+    The per-step sums are lists from step `origin` on, and a decode's steps are added into them
+    a slice at a time."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cruise_computed = 0     # KV tokens the cruising decodes hold, summed
+        self.origin = 0              # the step the lists below start at
+        self.accepted_at: list[int] = []   # per step, the proposals cruising decodes accept in it
+        self.measured_at: list[int] = []   # ... of those, the ones the metrics count
+        self.grown_at: list[int] = []      # per step, the blocks they grow into
+        self.plans: dict[int, tuple] = {}  # request id -> (accepted, blocks grown) per step it cruises
+
+    def cruise_tokens(self) -> int:
+        return (1 + self.proposals) * self.cruising
+
+    def crossing(self) -> int:
+        at = self.steps - self.origin
+        return self.grown_at[at] if at < len(self.grown_at) else 0
+
+    def cruise_batch(self) -> Batch:
+        n, k, held = self.cruising, 1 + self.proposals, self.cruise_computed
+        # Each reads its KV plus its K + 1 new tokens, which attend to it and to each other.
+        return Batch([], k * n, held + k * n, n, 0, 0, k * held + n * (k * (k + 1) // 2))
+
+    def at_last_token(self, request: Request) -> bool:
+        return False                 # a cruise ends before a decode's last step
+
+    def drafting(self, batch: Batch) -> tuple[int, int]:
+        seqs, context = super().drafting(batch)
+        return seqs + self.cruising, context + self.cruise_computed
+
+    def plain_steps(self) -> int:
+        return 0
+
+    def update(self, batch: Batch, now: float) -> None:
+        at = self.steps - self.origin
+        if at < len(self.accepted_at):
+            self.cruise_computed += self.cruising + self.accepted_at[at]
+            if self.measured_at[at]:
+                self.count_gaps(0.0, self.measured_at[at])   # accepted proposals arrive with the step's own token
+        else:
+            self.cruise_computed += self.cruising
+        if at >= 4096:               # the steps behind are done with
+            for sums in (self.accepted_at, self.measured_at, self.grown_at):
+                del sums[:at + 1]
+            self.origin += at + 1
+        super().update(batch, now)
+
+    def wake_step(self, request: Request, now: float) -> Optional[int]:
+        if request.remaining != 1 or request.last_token_s != now:
+            return None
+        k, block = self.proposals, self.config.block_size
+        generated, verify = request.generated, self.verified(request)
+        # A step cruises while it proposes K (K below what is left after its own token), does not
+        # end the request, and does not reach its first answer token.
+        full, last = request.output_tokens - 1 - k, request.output_tokens - 1
+        if request.answer_s is None:
+            last = min(last, request.reasoning_tokens)
+        if generated > full:
+            return None
+        # Runs drawn until they take it past where a cruise must stop (about as many as it
+        # takes on average, then more if they fall short), and what it has generated before each.
+        runs, reach = [], generated
+        while reach <= full:
+            runs = self.runs_of(request, verify, len(runs) + 1 + int((full - reach) / self.expected))
+            reach = generated + len(runs) + sum(runs)
+        before = list(itertools.accumulate(map((1).__add__, runs), initial=generated))
+        steps = min(bisect.bisect_right(before, full), bisect.bisect_right(before, last) - 1)
+        if steps < 1:
+            return None
+        runs = runs[:steps]
+        # Blocks it holds for each step's K + 1 tokens: those of its KV then, plus K + 1.
+        shift, have = request.computed - generated + k + block, len(request.blocks)   # ceil((computed + 1 + K) / block)
+        held = list(map(operator.floordiv, map(operator.add, before[:steps], itertools.repeat(shift)),
+                        itertools.repeat(block)))
+        below = bisect.bisect_left(held, have)      # (it may hold more already: never fewer)
+        held[:below] = [have] * below
+        grown = [held[0] - have] + list(map(operator.sub, held[1:], held[:-1]))
+        self.plans[request.id] = (runs, grown)
+        return self.steps + steps
+
+    def cruise(self, request: Request, wake: int) -> None:
+        self.enlist(request, wake)
+        self.cruise_computed += request.computed
+        runs, grown = self.plans[request.id]
+        at = self.steps - self.origin
+        add_into(self.accepted_at, runs, at)
+        add_into(self.measured_at, runs if request.measured else [0] * len(runs), at)
+        add_into(self.grown_at, grown, at)
+
+    def settle(self, request: Request) -> None:
+        start, (runs, grown) = request.cruise_from, self.plans.pop(request.id)
+        advanced = self.delist(request)
+        if advanced < len(runs):     # the steps it leaves untaken
+            at = start + advanced - self.origin
+            add_into(self.accepted_at, runs[advanced:], at, operator.sub)
+            if request.measured:
+                add_into(self.measured_at, runs[advanced:], at, operator.sub)
+            add_into(self.grown_at, grown[advanced:], at, operator.sub)
+        tokens = advanced + sum(runs[:advanced])
+        self.cruise_computed -= request.computed + tokens
+        if advanced:
+            request.computed += tokens
+            request.generated += tokens
+            request.last_token_s = self.last_end
+            if request.token_times is not None:
+                for step, accepted in enumerate(runs[:advanced], start):
+                    request.token_times.extend([self.step_ends[step]] * (1 + accepted))
+            self.draws[request.id].used += advanced
+            self.spec_steps += advanced
+            self.spec_tokens += tokens
+        blocks = sum(grown[:advanced])
+        if blocks:
+            request.blocks.extend(self.pool.allocate(blocks))
+            self.owed -= blocks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3649,7 +3845,11 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
     if spec.batching == "static":
         classes.append(StaticBatchScheduler)
     elif spec.speculative_tokens:
-        classes.append(SpeculativeScheduler)
+        # (The cruise takes blocks lazily, so not with prefix caching; a host tier and lockstep,
+        # as below.)
+        event = spec.simulator == "event" and not spec.prefix_caching and not spec.kv_offloading_size \
+            and not lockstep(spec.data_parallel_size, spec.model, profile)
+        classes.append(SpeculativeCruise if event else SpeculativeScheduler)
         options.update(speculative_tokens=spec.speculative_tokens, acceptance_rate=spec.acceptance_rate,
                        seed=spec.seed, draft=draft)
     else:      # the event engine follows every rule but a host tier's (the order blocks reach

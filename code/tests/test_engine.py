@@ -146,6 +146,57 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
             self.assertGreater(count, 5 if what == "expert parallel" else 10, what)
 
 
+class SpeculativeCruiseEqualsItsRule(unittest.TestCase):
+    """Speculative decoding's event scheduler (decodes cruise on runs drawn ahead, their steps
+    summed per step) against SpeculativeScheduler, on the random cases above with speculative
+    decoding forced on: every K and acceptance, a draft model or none, every mix the random cases
+    draw that has no prefix cache (which keeps it on the per-step rule)."""
+
+    def test_random_speculative_cases_print_the_same_report(self):
+        rng = random.Random(SEED + 1)
+        cruised, cruise = 0, main.SpeculativeCruise.cruise
+
+        def counting_cruise(scheduler, request, wake):
+            nonlocal cruised
+            cruised += 1
+            cruise(scheduler, request, wake)
+        self.addCleanup(setattr, main.SpeculativeCruise, "cruise", cruise)
+        main.SpeculativeCruise.cruise = counting_cruise
+        valid = 0
+        for case in range(250):
+            spec = main.replace(random_spec(rng), prefix_caching=False, kv_offloading_size=0.0,
+                                speculative_tokens=rng.randint(1, 6),
+                                acceptance_rate=rng.choice([0.0, 0.3, 0.7, 0.9, 1.0]),
+                                draft_model=rng.choice([None, main.MODELS["smollm2-135m-q8_0"]]))
+            timeline = rng.random() < 0.2
+            with self.subTest(case=case, spec=spec, timeline=timeline):
+                step = outcome(main.replace(spec, simulator="step"), timeline)
+                event = outcome(spec, timeline)
+                self.assertEqual(event, step)
+                if step.startswith("{") and not main.lockstep(spec.data_parallel_size, spec.model,
+                                                              main.engine_profile(spec)):
+                    engines, _ = main.build_engines(spec)
+                    self.assertIsInstance(engines[-1].scheduler, main.SpeculativeCruise)
+                    valid += 1
+        self.assertGreater(valid, 100)
+        self.assertGreater(cruised, 1000)
+
+    def test_a_requests_runs_are_its_own(self):
+        """The same request accepts the same runs whatever else runs beside it."""
+        alone = main.RunSpec(concurrency=1, requests=3, speculative_tokens=4, seed=7, detailed=True)
+        crowded = main.replace(alone, concurrency=3)
+        for spec in (alone, crowded):
+            scheduler = main.build_engines(spec)[0][0].scheduler
+            self.assertEqual(scheduler.runs_of(main.Request(2, 10, 10), 0, 5),
+                             main.build_engines(alone)[0][0].scheduler.runs_of(main.Request(2, 10, 10), 0, 5))
+        drawn = main.build_engines(alone)[0][0].scheduler
+        one_at_a_time = [drawn.runs_of(main.Request(5, 10, 10), i, 1)[0] for i in range(40)]
+        at_once = main.build_engines(alone)[0][0].scheduler.runs_of(main.Request(5, 10, 10), 0, 40)
+        self.assertEqual(one_at_a_time, at_once)
+        self.assertTrue(all(0 <= run <= 4 for run in at_once))
+        self.assertGreater(len(set(at_once)), 1)
+
+
 class NoModeSpins(unittest.TestCase):
     """A request that can never be admitted under the active mode is failed with a reason; the
     engine never steps forever. Sizes straddle the cache by one token either way."""
