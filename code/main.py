@@ -4320,10 +4320,10 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served)
     if end < start:         # no request ended while load was offered: the run is one burst
         return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None, "one_burst": True,
-                "closed_loop": closed_loop, "note": f"all {len(sent):,} requests were sent before the first one ended "
-                f"({start - t0:,.1f} s in): one burst, with no steady window to tell whether the server keeps up; "
-                + ("send more requests than there are clients for a verdict" if closed_loop else
-                   "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
+                "sent": len(sent), "closed_loop": closed_loop,
+                "note": f"{burst_words(len(sent), start - t0)}: one burst, with no steady window to tell whether the "
+                "server keeps up; " + ("send more requests than there are clients for a verdict" if closed_loop else
+                                       "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
     if len(window) < floor or end == start:
         sent_in = f"{len(window)} request{'s' * (len(window) != 1)} sent in the steady window, " + (
             f"fewer than the {floor} a verdict needs" if len(window) < floor else "all at one moment")
@@ -4394,6 +4394,16 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
             "wait_growth_s_per_s": growth, "least_served_share": least, "sustained": sustained,
             "closed_loop": closed_loop, **({"overloaded_by": why, "overloaded_on": tests} if why else {}), **together,
             **{k: metrics[k] for k in keep if k in metrics}}
+
+
+def burst_words(sent: int, first_end_s: float) -> str:
+    """A run sent whole before its first request ended: the start of its note, and of a probe's miss."""
+    return f"all {sent:,} requests were sent before the first one ended ({first_end_s:,.1f} s in)"
+
+
+def too_short_in(seeds: int, of: Optional[int] = None) -> str:
+    """How many seeds were too short for a verdict, as a report's lines say it."""
+    return f"too short to tell in {seeds}" + (f" of {of} seeds" if of else "")
 
 
 def overload_reason(steady: dict) -> str:
@@ -4886,8 +4896,11 @@ class Probing:
         steady = result.get("steady_state") or {}
         missed = self.slo.misses(self.figures(result))
         if self.sustained and steady.get("sustained") is None:
-            missed.append("one burst: " + steady["note"].split(": one burst")[0] if steady.get("one_burst") else
-                          "too short a run to tell whether the server keeps up")
+            if not steady.get("one_burst"):
+                missed.append("too short a run to tell whether the server keeps up")
+            else:            # (seeds merged say so in their own note)
+                missed.append("one burst: " + (steady["note"] if "seeds_count" in steady else
+                                               burst_words(steady["sent"], steady["start_s"])))
         elif self.sustained and not steady["sustained"]:
             missed.append(f"overloaded: {overload_reason(steady)}: offered {steady['offered_rate']:,.3g} req/s, served "
                           f"{steady['served_rate']:,.3g}, queue grows {steady['queue_growth_rps']:,.3g} req/s")
@@ -9367,8 +9380,8 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
         return []
     where = f"{steady['start_s']:,.0f}-{steady['end_s']:,.0f} s, {number(steady['requests'], 0)} request" \
         f"{'s' * (round(steady['requests']) != 1)} sent"
-    too_short = f", too short to tell in {steady['seeds_too_short']}" if steady.get("seeds_too_short") else ""
-    unjudged = f"; too short to tell in {steady['seeds_too_short']} of {steady['seeds_count']} seeds" if too_short else ""
+    too_short = ", " + too_short_in(steady["seeds_too_short"]) if steady.get("seeds_too_short") else ""
+    unjudged = "; " + too_short_in(steady["seeds_too_short"], steady["seeds_count"]) if too_short else ""
     if steady["sustained"] is None:
         return [f"{'steady':<12}" + ("" if steady.get("one_burst") or "seeds_too_short" in steady else f"{where}: ")
                 + steady["note"]]
@@ -9413,7 +9426,7 @@ def seed_lines(seeds: Optional[dict]) -> list[str]:
     whose = f" (the steady window's, of the {seeds['count'] - short} with one)" if 0 < short < seeds["count"] else ""
     lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean{whose}; "
              f"sustained in {seeds['sustained']} of {seeds['count']}"
-             + (f", too short to tell in {short}" if short else "")]
+             + (", " + too_short_in(short) if short else "")]
     for label, interval in (("min-max", ("min", "max")), ("p10-p90", ("p10", "p90"))):
         cells = [f"{name} {number(seeds['spread'][key][interval[0]])}-{number(seeds['spread'][key][interval[1]])}{unit}"
                  for name, key, unit in SPREAD_SHOWN

@@ -65,6 +65,13 @@ class SteadyWindow(unittest.TestCase):
         self.assertIn("all 100 requests were sent before the first one ended (30.0 s in): one burst", w["note"])
         self.assertEqual(main.load_verdict({"steady_state": w}), "one burst")
         self.assertEqual(main.steady_lines(w), [f"{'steady':<12}{w['note']}"])
+        probing = main.Probing(main.parse_slo("ttft_p95:1e9"))
+        self.assertEqual(probing.misses({"steady_state": w, "p95_ttft_ms": 1.0, "failed": 0}),
+                         ["one burst: all 100 requests were sent before the first one ended (30.0 s in)"])
+        merged = main.seeded([{"steady_state": w, "config": {"seed": seed}, "p95_ttft_ms": 1.0, "failed": 0}
+                              for seed in (1, 2)])
+        self.assertEqual(probing.misses(merged), ["one burst: " + merged["steady_state"]["note"]])
+        self.assertIn("in all 2 seeds (2 of them one burst", merged["steady_state"]["note"])
         # A closed loop whose every request went out before the first ended has too few requests.
         closed = main.steady_window([measured(i, 0.0, 0.0, 30.0) for i in range(8)], 0.2, 0.95, 0.05, True)
         self.assertIn("send more requests than there are clients", closed["note"])
