@@ -1060,7 +1060,7 @@ class EngineStats:
         # time: while those three hold, over steps that follow each other with no idle time, each
         # sum gains its value x the clock's advance, and the KV read (an integer) over the
         # reserved once, at the interval's end.
-        self.held = (0, 0, 0)     # (blocks in use, running, KV tokens reserved) over the open interval
+        self.used = self.running = self.reserved = 0     # what the open interval holds
         self.since = self.until = 0.0   # the open interval's first step's start, its last one's end
         self.read = 0             # KV tokens its steps read, a shared prefix block counted once
 
@@ -1095,16 +1095,15 @@ class EngineStats:
     def hold(self, start: float, used: int, running: int, reserved: int) -> None:
         """A step from `start` holds these: if they moved, or the engine stood idle since the
         last step ended, the open interval closes and this step opens the next."""
-        if (used, running, reserved) != self.held or start != self.until:
+        if used != self.used or running != self.running or reserved != self.reserved or start != self.until:
             self.close()
-            self.held, self.since = (used, running, reserved), start
+            self.used, self.running, self.reserved, self.since = used, running, reserved, start
 
     def close(self) -> None:
-        used, running, reserved = self.held
         span = self.until - self.since
-        self.kv_block_seconds += used * span
-        self.running_seconds += running * span
-        self.kv_used_share += self.read / reserved if reserved else 0.0
+        self.kv_block_seconds += self.used * span
+        self.running_seconds += self.running * span
+        self.kv_used_share += self.read / self.reserved if self.reserved else 0.0
         self.since, self.read = self.until, 0
 
     @classmethod
@@ -2645,8 +2644,8 @@ class EventScheduler(Scheduler):
             # Without keys a wake is a last token (or a first answer token), and the order of
             # releases cannot be seen: decodes at their last token take it with the others and
             # leave in update().
-            self.finishing = [r for r in woken if self.at_last_token(r)]
-            woken = [r for r in woken if not self.at_last_token(r)]
+            self.finishing = [r for r in woken if self.at_last_token(r, self.steps)]
+            woken = [r for r in woken if not self.at_last_token(r, self.steps)]
         if woken:
             for request in woken:
                 self.settle(request)
@@ -2700,9 +2699,30 @@ class EventScheduler(Scheduler):
         context = self.cruise_base + n * self.steps + n     # each reads its KV plus its new token
         return Batch([], n, context, n, n, n, context)
 
-    def at_last_token(self, request: Request) -> bool:
-        """Whether a cruising decode woken now takes its last token in this step."""
-        return request.output_tokens - request.generated == self.steps - request.cruise_from + 1
+    def at_last_token(self, request: Request, step: int) -> bool:
+        """Whether a cruising decode takes its last token in `step`."""
+        return request.output_tokens - request.generated == step - request.cruise_from + 1
+
+    def only_ends(self, step: int) -> bool:
+        """Whether every decode that wakes at `step` takes its last token there. Without prefix
+        caching such a step is a plain step but for letting them go after it (let_go)."""
+        if not self.lazy_blocks:
+            return False
+        due = [r for r, since in self.wake.get(step, ()) if r.cruise_from == since]
+        return bool(due) and all(self.at_last_token(r, step) for r in due)
+
+    def let_go(self, step: int) -> None:
+        """After `step`, taken as a plain step: its decodes at their last token leave, in the order
+        the per-step rule's update() lets them go."""
+        while self.wake_steps and self.wake_steps[0] <= step:
+            heapq.heappop(self.wake_steps)
+        ended = len(self.done)
+        for request, since in self.wake.pop(step):
+            if request.cruise_from == since:
+                self.release(request)
+                self.done.append(request)
+        if len(self.done) - ended > 1:
+            self.done[ended:] = sorted(self.done[ended:], key=operator.attrgetter("admitted"))
 
     def handled(self) -> list[Request]:
         return self.active
@@ -2865,6 +2885,8 @@ class EventEngine(Engine):
             plain = s.plain_steps() if len(s.done) == ended else 0
             if not plain:
                 return
+            if plain < math.inf and self.timeline is None and s.only_ends(s.steps + plain):
+                plain += 1            # and the step where the first to wake end, letting them go after it
         n, measured, block_size = s.cruising, s.cruising_measured, s.config.block_size
         clock, timeline, price, itl, phase = self.clock, self.timeline, cost.decode_pricing(n), s.itl, s.phase
         step_ends = s.step_ends if s.detailed else None
@@ -2888,8 +2910,8 @@ class EventEngine(Engine):
                 if crossing > free:
                     break             # a decode needs a block and none is free: the step preempts
                 if crossing:          # blocks in use only grow here, so their peaks are taken once, after
-                    s.owed += crossing
-                    used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
+                    s.owed += crossing          # (owed blocks count as used, and not as free)
+                    used, reserved, free = used + crossing, s.reserved_tokens(), free - crossing
                 if steps > begun:
                     stats.until, stats.read = clock, stats.read + read - held_less * (steps - first)
                 stats.hold(clock, used, running, reserved)
@@ -2933,6 +2955,8 @@ class EventEngine(Engine):
             stats.peak_running = max(stats.peak_running, running)
             s.steps, s.last_end, s.sampled = steps, last_end, sampled + measured * taken
             self.clock = clock
+            if s.wake_steps and s.wake_steps[0] < steps:
+                s.let_go(s.wake_steps[0])
 
 
 # Speculative decoding, per event. A decode whose next steps are all full verifies (K proposals,
@@ -2976,7 +3000,7 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
         # Each reads its KV plus its K + 1 new tokens, which attend to it and to each other.
         return Batch([], k * n, held + k * n, n, 0, 0, k * held + n * (k * (k + 1) // 2))
 
-    def at_last_token(self, request: Request) -> bool:
+    def at_last_token(self, request: Request, step: int) -> bool:
         return False                 # a cruise ends before a decode's last step
 
     def drafting(self, batch: Batch) -> tuple[int, int]:

@@ -104,8 +104,8 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
         seen = {"preempted": 0, "prefix hits": 0, "failed": 0, "evictions": 0, "per-step fallback": 0,
                 "coasted": 0, "replicas": 0, "tensor parallel": 0, "expert parallel": 0,
                 "held back for its whole output": 0, "prefilled apart": 0, "answered after thinking": 0, "loaded from host memory": 0,
-                "speculative": 0, "warm-up left out": 0, "kernel cost model": 0}
-        fallback, advance = main.EventScheduler.per_step, main.EventEngine.advance
+                "speculative": 0, "warm-up left out": 0, "kernel cost model": 0, "ended in a plain step": 0}
+        fallback, advance, let_go = main.EventScheduler.per_step, main.EventEngine.advance, main.EventScheduler.let_go
 
         def counting_fallback(scheduler, now):
             seen["per-step fallback"] += 1
@@ -116,7 +116,12 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
             advance(engine, until)
             seen["coasted"] += engine.stats.steps - steps > 1
 
+        def counting_let_go(scheduler, step):
+            seen["ended in a plain step"] += 1
+            let_go(scheduler, step)
+
         main.EventScheduler.per_step, main.EventEngine.advance = counting_fallback, counting_advance
+        main.EventScheduler.let_go = counting_let_go
         try:
             for _ in range(CASES):
                 spec = random_spec(rng)
@@ -141,7 +146,7 @@ class EventEngineEqualsThePerStepRule(unittest.TestCase):
                     seen["held back for its whole output" if spec.engine == "trtllm" else "prefilled apart"] += \
                         result["ttfts"] != plain["ttfts"]
         finally:
-            main.EventScheduler.per_step, main.EventEngine.advance = fallback, advance
+            main.EventScheduler.per_step, main.EventEngine.advance, main.EventScheduler.let_go = fallback, advance, let_go
         for what, count in seen.items():
             self.assertGreater(count, 5 if what == "expert parallel" else 10, what)
 
