@@ -615,6 +615,17 @@ class BlockPool:
             self.key_of[block] = key
             self.holders[block] = 1
 
+    def register_all(self, blocks: list[int], keys: list) -> None:
+        """register() each block with its key, in order: in one go when none is keyed yet and
+        no key is cached (the keys of one request's blocks differ from each other)."""
+        if self.cached.keys().isdisjoint(keys) and self.key_of.keys().isdisjoint(blocks):
+            self.cached.update(zip(keys, blocks))
+            self.key_of.update(zip(blocks, keys))
+            self.holders.update(zip(blocks, itertools.repeat(1)))
+        else:
+            for block, key in zip(blocks, keys):
+                self.register(block, key)
+
     def lookup(self, keys: Iterable[object]) -> list[int]:
         """The leading run of keys that are cached, as blocks."""
         run = []
@@ -652,10 +663,8 @@ class BlockPool:
         keyed yet."""
         full = tokens // block_size
         if full > request.registered:
-            register, blocks = self.register, request.blocks
-            for index, key in enumerate(block_keys(request, request.registered, full, block_size),
-                                        request.registered):
-                register(blocks[index], key)
+            self.register_all(request.blocks[request.registered:full],
+                              block_keys(request, request.registered, full, block_size))
             request.registered = full
 
     def count_lookup(self, request, cached: int) -> None:
@@ -677,16 +686,19 @@ def block_key(request, index: int, block_size: int) -> tuple:
     return (request.content_chain[run], end)
 
 
-def block_keys(request, start: int, stop: int, block_size: int) -> Iterator[tuple]:
-    """block_key for blocks start..stop-1, walking the runs once instead of searching them for
-    each block (a 1,000-token system prompt is 63 blocks of one run)."""
-    ends, chain = request.content_ends, request.content_chain
+def block_keys(request, start: int, stop: int, block_size: int) -> list[tuple]:
+    """block_key for blocks start..stop-1, a run of content at a time instead of a search for each
+    block (a 1,000-token system prompt is 63 blocks of one run)."""
+    ends, chain, keys, index = request.content_ends, request.content_chain, [], start
     run = bisect.bisect_left(ends, (start + 1) * block_size)
-    for index in range(start, stop):
-        end = (index + 1) * block_size
-        while run < len(ends) and ends[run] < end:
-            run += 1
-        yield (chain[run], end) if run < len(ends) else (request.id, index)
+    while index < stop and run < len(ends):
+        last = min(stop, ends[run] // block_size)         # the blocks ending inside this run
+        if last > index:
+            keys += zip(itertools.repeat(chain[run]), range((index + 1) * block_size, (last + 1) * block_size, block_size))
+            index = last
+        run += 1
+    keys += zip(itertools.repeat(request.id), range(index, stop))
+    return keys
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2052,9 +2064,10 @@ class TieredPool(BlockPool):
         super().__init__(num_blocks)
         self.host = host
 
-    def register(self, block: int, key: object) -> None:
-        super().register(block, key)
-        self.host.store(key)        # written through: host memory holds every block computed
+    def register_all(self, blocks: list[int], keys: list) -> None:
+        super().register_all(blocks, keys)
+        for key in keys:
+            self.host.store(key)    # written through: host memory holds every block computed
 
 
 class Offloaded:
