@@ -1264,9 +1264,14 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
     seen = [0] * len(dones)               # how much of each engine's done list has been looked at
     active = next_report = 0              # conversations started and not ended
 
+    # Only a closed loop's clients and conversations' next turns wait on what ends.
+    waits = bool(concurrency) or any(r.next_turn for r in requests)
+
     def settle() -> None:
         """Act on what ended since last time: send next turns, free clients."""
         nonlocal active
+        if not waits:
+            return
         for i, done in enumerate(dones):
             while seen[i] < len(done):
                 request = done[seen[i]]
@@ -2884,6 +2889,7 @@ class EventEngine(Engine):
     batching's does) must not be stepped here."""
 
     resume = (0, -1, -1)   # (plain steps left, at which step, with how many waiting) when `until` cut a run short
+    pricing: tuple = (0, None)   # (batch size, its decode_pricing)
 
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
@@ -2900,10 +2906,15 @@ class EventEngine(Engine):
                 return
             if plain < math.inf and self.timeline is None and s.only_ends(s.steps + plain):
                 plain += 1            # and the step where the first to wake end, letting them go after it
-        n, measured, block_size = s.cruising, s.cruising_measured, s.config.block_size
-        clock, timeline, price, itl, phase = self.clock, self.timeline, cost.decode_pricing(n), s.itl, s.phase
-        step_ends = s.step_ends if s.detailed else None
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
+        if self.clock >= until and not resumed:       # something may reach it first: none to take now
+            self.resume = (plain, s.steps, len(s.waiting))
+            return
+        n, measured, block_size = s.cruising, s.cruising_measured, s.config.block_size
+        if self.pricing[0] != n:     # a batch size's price is worked out once while it lasts
+            self.pricing = (n, cost.decode_pricing(n))
+        clock, timeline, price, itl, phase = self.clock, self.timeline, self.pricing[1], s.itl, s.phase
+        step_ends = s.step_ends if s.detailed else None
         running, waiting = len(s.running), len(s.waiting)
         held_less = s.pool.extra_holds * block_size
         used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
