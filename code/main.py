@@ -1062,7 +1062,7 @@ class EngineStats:
     decode_rows: int = 0         # rows of decode steps computed, padding included
     useful_rows: int = 0         # of those, rows of a request still generating
     kv_reserved_peak: int = 0    # tokens of KV memory set aside, the most at once
-    kv_used_share: float = 0.0   # sum over steps of KV read / KV reserved
+    kv_used_share: float = 0.0   # sum over steps of KV read / KV reserved (a constant reserved's steps at once)
     running_seconds: float = 0.0 # running requests x time stepping, for the time-weighted mean
 
     def __post_init__(self):
@@ -1110,6 +1110,10 @@ class EngineStats:
         if used != self.used or running != self.running or reserved != self.reserved or start != self.until:
             self.close()
             self.used, self.running, self.reserved, self.since = used, running, reserved, start
+
+    def ran_to(self, end: float, read: int) -> None:
+        """Steps of the open interval (the event engine's plain ones) ran to `end`, reading `read`."""
+        self.until, self.read = end, self.read + read
 
     def close(self) -> None:
         span = self.until - self.since
@@ -2515,18 +2519,10 @@ class Pipeline:
 # adds one token of its own. With each proposal accepted with probability A, a step yields
 # (1 - A^(K+1)) / (1 - A) tokens in expectation. The draws are seeded, so a run repeats.
 #
-# Each request draws from its own stream (seeded by the run's seed and its id), one draw per
-# verify step: the run of proposals the target model would accept, P(run >= m) = A^m, of which
-# the step keeps as many as it proposed. So a request accepts the same runs whoever steps it and
-# in whatever order its verifies are drawn: the event engine draws a cruising decode's ahead.
-
-@dataclass(slots=True)
-class Acceptance:
-    """One request's draws: each verify step's run of accepted proposals, in order."""
-    stream: random.Random
-    runs: list = field(default_factory=list)
-    used: int = 0            # runs its verify steps have taken
-
+# Each request draws from its own stream (seeded by the run's seed and its id), one draw u per
+# verify step: the run of proposals the target model would accept is how many m in 1..K have
+# u < A^m (so P(run >= m) = A^m), and the step keeps as many of them as it proposed. So a request
+# accepts the same runs whoever steps it: the event engine draws a cruising decode's ahead.
 
 class SpeculativeScheduler(Scheduler):
     def __init__(self, *args, speculative_tokens: int, acceptance_rate: float, seed: int,
@@ -2534,25 +2530,21 @@ class SpeculativeScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.proposals, self.acceptance = speculative_tokens, acceptance_rate
         self.seed = seed
-        # A draw u accepts a run of m or more when u < A^m: the run is how many of these it is
-        # under, kept as ascending negatives for bisect.
-        self.thresholds = [-acceptance_rate ** m for m in range(1, speculative_tokens + 1)]
-        self.expected = expected_accepted_length(speculative_tokens, acceptance_rate)   # tokens a verify yields
-        self.draws: dict[int, Acceptance] = {}     # request id -> its draws, while it runs
+        self.odds = [acceptance_rate ** m for m in range(1, speculative_tokens + 1)]   # P(run >= m)
+        self.streams: dict[int, random.Random] = {}    # request id -> its draws, while it runs
         self.draft = draft            # the draft model's cost, or None for n-gram lookup (free)
         self.spec_steps = self.spec_tokens = 0
 
-    def runs_of(self, request: Request, first: int, count: int) -> list[int]:
-        """The runs of proposals `request`'s verify steps `first` to `first + count - 1` would
-        accept (each of K), drawn in order as they are first asked for."""
-        drawn = self.draws.get(request.id)
-        if drawn is None:
-            drawn = self.draws[request.id] = Acceptance(random.Random((self.seed << 32) + request.id))
-        missing = first + count - len(drawn.runs)
-        if missing > 0:
-            draw = drawn.stream.random
-            drawn.runs.extend(map(functools.partial(bisect.bisect_left, self.thresholds), [-draw() for _ in range(missing)]))
-        return drawn.runs[first:first + count]
+    def stream(self, request: Request) -> random.Random:
+        stream = self.streams.get(request.id)
+        if stream is None:     # (seeded by text, so that seeds -7 and 7, and every id, stay apart)
+            stream = self.streams[request.id] = random.Random(f"accept:{self.seed}:{request.id}")
+        return stream
+
+    def next_run(self, request: Request) -> int:
+        """The run of proposals the request's next verify step would accept (of K)."""
+        u = self.stream(request).random()
+        return sum(u < odds for odds in self.odds)
 
     def wanted(self, request: Request) -> int:
         if request.remaining == 1 and request.generated:     # decoding: verify the proposals too
@@ -2569,21 +2561,16 @@ class SpeculativeScheduler(Scheduler):
         super().update(plain, now)
 
     def verify(self, request: Request, proposed: int, now: float) -> None:
-        accepted = min(self.runs_of(request, self.verified(request), 1)[0], proposed)
-        self.draws[request.id].used += 1
+        accepted = min(self.next_run(request), proposed)
         request.computed += 1 + accepted          # the accepted proposals' KV stays
         self.spec_steps += 1
         self.spec_tokens += accepted + 1
         self.emit(request, now, accepted + 1)     # they arrive together, at the end of the step
 
-    def verified(self, request: Request) -> int:
-        drawn = self.draws.get(request.id)
-        return drawn.used if drawn else 0
-
     def release(self, request: Request) -> None:
         super().release(request)
         if request.finished:
-            self.draws.pop(request.id, None)
+            self.streams.pop(request.id, None)
 
     def drafting(self, batch: Batch) -> tuple[int, int]:
         """(sequences, their KV tokens) the draft model proposes for in this step."""
@@ -2734,12 +2721,17 @@ class EventScheduler(Scheduler):
         the per-step rule's update() lets them go."""
         while self.wake_steps and self.wake_steps[0] <= step:
             heapq.heappop(self.wake_steps)
-        ended = len(self.done)
-        for request, since in self.wake.pop(step):
-            if request.cruise_from == since:
-                self.release(request)
-                self.done.append(request)
+        self.end([request for request, since in self.wake.pop(step) if request.cruise_from == since], len(self.done))
+
+    def end(self, finishing: list[Request], ended: int) -> None:
+        """Cruising decodes that took their last token leave; `ended` is how many had ended
+        before this step."""
+        for request in finishing:
+            self.release(request)
+            self.done.append(request)
         if len(self.done) - ended > 1:
+            # The per-step rule ends a step's requests in running order, and a conversation's
+            # next turns are sent in the order their turns ended: keep that order.
             self.done[ended:] = sorted(self.done[ended:], key=operator.attrgetter("admitted"))
 
     def handled(self) -> list[Request]:
@@ -2765,13 +2757,8 @@ class EventScheduler(Scheduler):
         self.last_end = now
         if self.detailed:
             self.step_ends.append(now)
-        for request in self.finishing:
-            self.release(request)
-            self.done.append(request)
-        if self.finishing and len(self.done) - ended > 1:
-            # The per-step rule ends a step's requests in running order, and a conversation's
-            # next turns are sent in the order their turns ended: keep that order.
-            self.done[ended:] = sorted(self.done[ended:], key=operator.attrgetter("admitted"))
+        if self.finishing:
+            self.end(self.finishing, ended)
         self.finishing = []
         active, self.active = self.active, []
         for request in active:
@@ -2871,8 +2858,10 @@ class EventScheduler(Scheduler):
     def plain_steps(self) -> int:
         """How many of the next steps are certainly plain: every running request cruising, nobody
         waking, nothing to admit (the queue is empty, or its head was refused by budgets that
-        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step."""
-        if not self.cruising or self.active or (self.waiting and not self.blocked) \
+        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step.
+        With prefix caching a refused head may fit later without anyone waking: a block a decode
+        grows into can evict one of the head's cached blocks, so it asks for fewer new blocks."""
+        if not self.cruising or self.active or (self.waiting and not (self.blocked and self.lazy_blocks)) \
                 or self.cruise_tokens() > self.token_budget():
             return 0
         return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
@@ -2884,9 +2873,11 @@ class EventEngine(Engine):
     statistics and the same bookkeeping as step(), in the same order, without scheduling anyone.
     In a plain step nobody is admitted, released or preempted, so what EngineStats.record_step
     reads of the scheduler stays put (the blocks in use move only when a decode crosses into a
-    block): the loop reads it once and adds the same terms, in the same order, to local sums. A
-    scheduler whose used_blocks() or reserved_tokens() moved from step to step on its own (static
-    batching's does) must not be stepped here."""
+    block): the loop reads it once, and brings the statistics' interval up to date only where a
+    crossing moves it and at the end. The last step of a run may be one where the first decodes
+    to wake take their last token: they leave after it (let_go). A scheduler whose used_blocks()
+    or reserved_tokens() moved from step to step on its own (static batching's does) must not be
+    stepped here."""
 
     resume = (0, -1, -1)   # (plain steps left, at which step, with how many waiting) when `until` cut a run short
     pricing: tuple = (0, None)   # (batch size, its decode_pricing)
@@ -2937,7 +2928,7 @@ class EventEngine(Engine):
                     s.owed += crossing          # (owed blocks count as used, and not as free)
                     used, reserved, free = used + crossing, s.reserved_tokens(), free - crossing
                 if steps > begun:
-                    stats.until, stats.read = clock, stats.read + read - held_less * (steps - first)
+                    stats.ran_to(clock, read - held_less * (steps - first))
                 stats.hold(clock, used, running, reserved)
                 first, read = steps, 0
             clock += price(context)
@@ -2966,7 +2957,7 @@ class EventEngine(Engine):
         self.resume = (plain, steps, waiting) if plain and clock >= until else (0, -1, -1)
         taken = steps - begun
         if taken:
-            stats.until, stats.read = clock, stats.read + read - held_less * (steps - first)
+            stats.ran_to(clock, read - held_less * (steps - first))
             stats.steps += taken
             stats.scheduled_seqs += n * taken
             stats.decode_rows += n * taken
@@ -3001,10 +2992,21 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
     is scheduled by the rule (plain_steps() is 0: no step is taken in EventEngine's loop), but
     costs nothing per cruising decode. Without prefix caching only (blocks are taken lazily).
     The per-step sums are lists from step `origin` on, and a decode's steps are added into them
-    a slice at a time."""
+    a slice at a time. A cruise is planned at most `horizon` steps ahead, and not right after a
+    step that took every request by the rule (it may be the first of many: SGLang's while anything
+    waits), where each plan would be undone at the next."""
+
+    horizon = 256                    # steps a cruise is planned ahead, at most
+    keep_steps = 4096                # steps the per-step lists keep behind them before they drop them
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Runs drawn ahead of each request's verify steps, next first; the same as next_run()
+        # would draw (a bisect over ascending negatives counts the u < A^m).
+        self.ahead: dict[int, list[int]] = {}
+        self.count_run = functools.partial(bisect.bisect_left, [-odds for odds in self.odds])
+        self.expected = expected_accepted_length(self.proposals, self.acceptance)   # tokens a verify yields
+        self.ruled = -1              # the last step taken with every request by the rule
         self.cruise_computed = 0     # KV tokens the cruising decodes hold, summed
         self.origin = 0              # the step the lists below start at
         self.accepted_at: list[int] = []   # per step, the proposals cruising decodes accept in it
@@ -3034,6 +3036,27 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
     def plain_steps(self) -> int:
         return 0
 
+    def next_run(self, request: Request) -> int:
+        ahead = self.ahead.get(request.id)
+        return ahead.pop(0) if ahead else super().next_run(request)
+
+    def runs_ahead(self, request: Request, count: int) -> list[int]:
+        """The runs of the request's next `count` verify steps, drawn now where not drawn yet."""
+        ahead = self.ahead.setdefault(request.id, [])
+        if len(ahead) < count:
+            draw = self.stream(request).random
+            ahead += map(self.count_run, [-draw() for _ in range(count - len(ahead))])
+        return ahead[:count]
+
+    def handle_each(self) -> None:
+        self.ruled = self.steps
+        super().handle_each()
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        if request.finished:
+            self.ahead.pop(request.id, None)
+
     def update(self, batch: Batch, now: float) -> None:
         at = self.steps - self.origin
         if at < len(self.accepted_at):
@@ -3042,17 +3065,16 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
                 self.count_gaps(0.0, self.measured_at[at])   # accepted proposals arrive with the step's own token
         else:
             self.cruise_computed += self.cruising
-        if at >= 4096:               # the steps behind are done with
+        if at >= self.keep_steps:    # the steps behind are done with
             for sums in (self.accepted_at, self.measured_at, self.grown_at):
                 del sums[:at + 1]
             self.origin += at + 1
         super().update(batch, now)
 
     def wake_step(self, request: Request, now: float) -> Optional[int]:
-        if request.remaining != 1 or request.last_token_s != now:
+        if request.remaining != 1 or request.last_token_s != now or self.ruled == self.steps - 1:
             return None
-        k, block = self.proposals, self.config.block_size
-        generated, verify = request.generated, self.verified(request)
+        k, block, generated = self.proposals, self.config.block_size, request.generated
         # A step cruises while it proposes K (K below what is left after its own token), does not
         # end the request, and does not reach its first answer token.
         full, last = request.output_tokens - 1 - k, request.output_tokens - 1
@@ -3060,24 +3082,23 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
             last = min(last, request.reasoning_tokens)
         if generated > full:
             return None
-        # Runs drawn until they take it past where a cruise must stop (about as many as it
-        # takes on average, then more if they fall short), and what it has generated before each.
+        # Runs drawn until they take it past where a cruise must stop or the horizon (about as
+        # many as it takes on average, then more if they fall short), and what it has generated
+        # before each.
         runs, reach = [], generated
-        while reach <= full:
-            runs = self.runs_of(request, verify, len(runs) + 1 + int((full - reach) / self.expected))
+        while reach <= full and len(runs) < self.horizon:
+            runs = self.runs_ahead(request, min(self.horizon, len(runs) + 1 + int((full - reach) / self.expected)))
             reach = generated + len(runs) + sum(runs)
-        before = list(itertools.accumulate(map((1).__add__, runs), initial=generated))
-        steps = min(bisect.bisect_right(before, full), bisect.bisect_right(before, last) - 1)
+        before = list(itertools.accumulate([1 + run for run in runs], initial=generated))
+        steps = min(bisect.bisect_right(before, full), bisect.bisect_right(before, last) - 1, len(runs))
         if steps < 1:
             return None
         runs = runs[:steps]
-        # Blocks it holds for each step's K + 1 tokens: those of its KV then, plus K + 1.
+        # Blocks it holds for each step's K + 1 tokens: those of its KV then, plus K + 1 (it may
+        # hold more already: never fewer).
         shift, have = request.computed - generated + k + block, len(request.blocks)   # ceil((computed + 1 + K) / block)
-        held = list(map(operator.floordiv, map(operator.add, before[:steps], itertools.repeat(shift)),
-                        itertools.repeat(block)))
-        below = bisect.bisect_left(held, have)      # (it may hold more already: never fewer)
-        held[:below] = [have] * below
-        grown = [held[0] - have] + list(map(operator.sub, held[1:], held[:-1]))
+        held = [max(have, (g + shift) // block) for g in before[:steps]]
+        grown = [held[0] - have] + [now - then for then, now in zip(held, held[1:])]
         self.plans[request.id] = (runs, grown)
         return self.steps + steps
 
@@ -3108,7 +3129,7 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
             if request.token_times is not None:
                 for step, accepted in enumerate(runs[:advanced], start):
                     request.token_times.extend([self.step_ends[step]] * (1 + accepted))
-            self.draws[request.id].used += advanced
+            del self.ahead[request.id][:advanced]
             self.spec_steps += advanced
             self.spec_tokens += tokens
         blocks = sum(grown[:advanced])
@@ -7055,6 +7076,9 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
     elif data_lines:
         take_event("\n".join(data_lines), event_at, record)
     if events == 0 and not done and not data_lines:
+        if "text/event-stream" in (response.getheader("Content-Type") or ""):
+            # It said it would stream, and the body ended first: a server stopped mid-answer.
+            raise StreamError("truncated: the stream ended before its first event")
         raise StreamError("not an event stream: the body held no data: lines")
     if record.finish_reason is None:
         raise StreamError("truncated: the stream ended without a finish_reason")

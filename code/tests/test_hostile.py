@@ -289,6 +289,13 @@ class NotAStream(Hostile):
             with RawServer(on_post) as server:
                 self.run_failing(server.url, "not an event stream", "--model", "m")
 
+    def test_13b_an_event_stream_that_ends_before_its_first_event_was_cut_off(self):
+        # A server killed between its headers and its first event: truncated, not the wrong kind of server.
+        def on_post(conn, *request):
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        with RawServer(on_post) as server:
+            self.run_failing(server.url, "truncated", "--model", "m", mentions=("before its first event",))
+
     def test_17_a_web_server_that_is_not_an_llm_server(self):
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "index.html"), "w") as f:
