@@ -2649,8 +2649,9 @@ class EventScheduler(Scheduler):
             # Without keys a wake is a last token (or a first answer token), and the order of
             # releases cannot be seen: decodes at their last token take it with the others and
             # leave in update().
-            self.finishing = [r for r in woken if self.at_last_token(r, self.steps)]
-            woken = [r for r in woken if not self.at_last_token(r, self.steps)]
+            ends = [self.at_last_token(r, self.steps) for r in woken]
+            self.finishing = [r for r, end in zip(woken, ends) if end]
+            woken = [r for r, end in zip(woken, ends) if not end]
         if woken:
             for request in woken:
                 self.settle(request)
@@ -2683,7 +2684,9 @@ class EventScheduler(Scheduler):
         if self.waiting:
             self.admit(now, budget, batch)
         # Refused with nobody else scheduled: refused again by every plain step after this one.
-        self.blocked = bool(self.waiting) and not batch.items
+        # Not with prefix caching: a block a cruising decode grows into can evict one of the
+        # head's cached blocks, after which it asks for fewer new blocks and may fit.
+        self.blocked = bool(self.waiting) and not batch.items and self.lazy_blocks
         return batch
 
     def per_step(self, now: float) -> Batch:
@@ -2858,10 +2861,8 @@ class EventScheduler(Scheduler):
     def plain_steps(self) -> int:
         """How many of the next steps are certainly plain: every running request cruising, nobody
         waking, nothing to admit (the queue is empty, or its head was refused by budgets that
-        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step.
-        With prefix caching a refused head may fit later without anyone waking: a block a decode
-        grows into can evict one of the head's cached blocks, so it asks for fewer new blocks."""
-        if not self.cruising or self.active or (self.waiting and not (self.blocked and self.lazy_blocks)) \
+        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step."""
+        if not self.cruising or self.active or (self.waiting and not self.blocked) \
                 or self.cruise_tokens() > self.token_budget():
             return 0
         return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
@@ -3072,7 +3073,8 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
         super().update(batch, now)
 
     def wake_step(self, request: Request, now: float) -> Optional[int]:
-        if request.remaining != 1 or request.last_token_s != now or self.ruled == self.steps - 1:
+        # (Not a decode that sampled now, or at its last token or first answer token next.)
+        if self.ruled == self.steps - 1 or super().wake_step(request, now) is None:
             return None
         k, block, generated = self.proposals, self.config.block_size, request.generated
         # A step cruises while it proposes K (K below what is left after its own token), does not
