@@ -169,10 +169,16 @@ class CalibrateOnARealServer(unittest.TestCase):
         throughput and TPOT. These runs are short and this machine is shared: one disturbed run has
         moved the server's own 4-client/1-client throughput from 1.55 to 1.83 between two runs of this
         file. So a miss is measured once more, all three runs afresh, and the check stands on that
-        attempt: a model that is off misses both times."""
+        attempt: a model that is off misses both times. A disturbed run can also leave calibrate
+        unable to fit the two runs at all (it refuses, exit 1, "the best fit still misses"): that
+        too is measured once more."""
         for attempt in (1, 2):
             out = os.path.join(state["tmp"].name, f"fit-{attempt}.json")
             code, summary, err = run_cli("calibrate", state["path1"], state["path4"], *fit, "--out", out)
+            if attempt == 1 and code == 1 and "the best fit still misses" in err:
+                print(f"\n  calibrate could not fit the runs (attempt 1): {err.strip()}", file=sys.stderr)
+                measure()
+                continue
             self.assertEqual(code, 0, err)
             predicted = main.simulate_measured(main.run_from_report(state[8], "c8"), spec_of(out))
             throughput = predicted["output_throughput"] / state[8]["output_throughput"] - 1
