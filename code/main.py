@@ -2620,7 +2620,7 @@ class EventScheduler(Scheduler):
     fills holds its own answer, which only its conversation's next turn (sent once it has ended)
     or the request itself (recomputing after a preemption) looks up. Keys make the order of
     releases seen, so there a decode at its last token is handled in the step's batch, released
-    in running order with the others."""
+    in running order with the others, unless ending is all that happens in its step (let_go)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -2712,19 +2712,19 @@ class EventScheduler(Scheduler):
         return request.output_tokens - request.generated == step - request.cruise_from + 1
 
     def only_ends(self, step: int) -> bool:
-        """Whether every decode that wakes at `step` takes its last token there. Without prefix
-        caching such a step is a plain step but for letting them go after it (let_go)."""
-        if not self.lazy_blocks:
-            return False
+        """Whether every decode that wakes at `step` takes its last token there: such a step is a
+        plain step but for letting them go after it (let_go)."""
         due = [r for r, since in self.wake.get(step, ()) if r.cruise_from == since]
         return bool(due) and all(self.at_last_token(r, step) for r in due)
 
     def let_go(self, step: int) -> None:
         """After `step`, taken as a plain step: its decodes at their last token leave, in the order
-        the per-step rule's update() lets them go."""
+        the per-step rule's update() lets them go (running order: with prefix caching, the order
+        their blocks join the free list, which decides what is evicted first)."""
         while self.wake_steps and self.wake_steps[0] <= step:
             heapq.heappop(self.wake_steps)
-        self.end([request for request, since in self.wake.pop(step) if request.cruise_from == since], len(self.done))
+        due = [request for request, since in self.wake.pop(step) if request.cruise_from == since]
+        self.end(sorted(due, key=operator.attrgetter("admitted")), len(self.done))
 
     def end(self, finishing: list[Request], ended: int) -> None:
         """Cruising decodes that took their last token leave; `ended` is how many had ended

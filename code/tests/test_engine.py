@@ -224,6 +224,19 @@ class CachedHeadMayFitLater(unittest.TestCase):
         self.assertEqual(outcome(spec), outcome(main.replace(spec, simulator="step")))
 
 
+class EndsLetGoInRunningOrder(unittest.TestCase):
+    def test_decodes_ending_in_a_plain_step_free_their_blocks_in_running_order(self):
+        """Found by fuzzing: a reasoning model's decode re-joins the cruise after its first answer
+        token, after decodes admitted later than it joined, and may end in the same step as they
+        do. With prefix caching the order they free their blocks decides what is evicted first,
+        so the plain step that lets them go must free them in running order, as the rule does."""
+        spec = main.RunSpec(block_size=2, kv_tokens=344, requests=23, prompt_tokens=main.TokenRange(1, 14),
+                            output_tokens=main.TokenRange(4, 24), reasoning_tokens=main.TokenRange(1, 3),
+                            prefix_tokens=10, num_prefixes=4, prefix_caching=True, rate=5000,
+                            max_num_batched_tokens=200, seed=662401, detailed=True)
+        self.assertEqual(outcome(spec), outcome(main.replace(spec, simulator="step")))
+
+
 class NoModeSpins(unittest.TestCase):
     """A request that can never be admitted under the active mode is failed with a reason; the
     engine never steps forever. Sizes straddle the cache by one token either way."""
