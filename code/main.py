@@ -1084,25 +1084,32 @@ class EngineStats:
         """One step of `seqs` sequences (`rows` decode rows computed, `decodes` of them useful)
         reading `context` KV tokens, from `start` for `duration` seconds, as the scheduler stands
         after scheduling it."""
-        self.steps += 1
-        self.scheduled_seqs += seqs
-        used, waiting, running = scheduler.used_blocks(), len(scheduler.waiting), len(scheduler.running)
+        used, running, reserved = scheduler.used_blocks(), len(scheduler.running), scheduler.reserved_tokens()
+        self.count(1, seqs, rows, decodes, scheduler, used, running, reserved)
+        self.hold(start, used, running, reserved)
+        self.read += context - scheduler.pool.extra_holds * scheduler.config.block_size
+        self.until = start + duration
+
+    def count(self, steps: int, seqs: int, rows: int, decodes: int, scheduler: Scheduler, used: int, running: int,
+              reserved: int) -> None:
+        """The counts and peaks of `steps` steps alike (each of `seqs` sequences, `rows` decode
+        rows, `decodes` of them useful), with these blocks in use, running requests and KV
+        reserved, and the scheduler's queue as it stands."""
+        waiting = len(scheduler.waiting)
+        self.steps += steps
+        self.scheduled_seqs += seqs * steps
+        self.decode_rows += rows * steps
+        self.useful_rows += decodes * steps
+        if waiting and running >= scheduler.config.max_num_seqs:
+            self.capped_steps += steps
         if used > self.kv_peak:
             self.kv_peak = used
         if waiting > self.peak_waiting:
             self.peak_waiting = waiting
         if running > self.peak_running:
             self.peak_running = running
-        if waiting and running >= scheduler.config.max_num_seqs:
-            self.capped_steps += 1
-        self.decode_rows += rows
-        self.useful_rows += decodes
-        reserved = scheduler.reserved_tokens()
         if reserved > self.kv_reserved_peak:
             self.kv_reserved_peak = reserved
-        self.hold(start, used, running, reserved)
-        self.read += context - scheduler.pool.extra_holds * scheduler.config.block_size
-        self.until = start + duration
 
     def hold(self, start: float, used: int, running: int, reserved: int) -> None:
         """A step from `start` holds these: if they moved, or the engine stood idle since the
@@ -2959,16 +2966,7 @@ class EventEngine(Engine):
         taken = steps - begun
         if taken:
             stats.ran_to(clock, read - held_less * (steps - first))
-            stats.steps += taken
-            stats.scheduled_seqs += n * taken
-            stats.decode_rows += n * taken
-            stats.useful_rows += n * taken
-            if waiting and running >= s.config.max_num_seqs:
-                stats.capped_steps += taken
-            stats.kv_peak = max(stats.kv_peak, used)
-            stats.kv_reserved_peak = max(stats.kv_reserved_peak, reserved)
-            stats.peak_waiting = max(stats.peak_waiting, waiting)
-            stats.peak_running = max(stats.peak_running, running)
+            stats.count(taken, n, n, n, s, used, running, reserved)
             s.steps, s.last_end, s.sampled = steps, last_end, sampled + measured * taken
             self.clock = clock
             if s.wake_steps and s.wake_steps[0] < steps:
