@@ -3745,6 +3745,10 @@ def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
         raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
+    if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
+        raise UserError(f"--trace-repeats {spec.trace_repeats:,} plays {len(spec.trace.rows):,} requests as "
+                        f"{len(spec.trace.rows) * spec.trace_repeats:,}; servesim simulates up to {MAX_REQUESTS:,}: "
+                        f"lower it, or cap them with --requests")
     if spec.turns > 1 and spec.trace:
         raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
     if spec.think_time and spec.turns == 1:
@@ -3981,13 +3985,15 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     return [prefill, decode], link
 
 
-def repeated_rows(rows: tuple, copies: int) -> list:
+def repeated_rows(rows: tuple, copies: int, limit: Optional[int] = None) -> list:
     """A trace played `copies` times end to end: each copy follows the one before by the trace's
     span plus its mean gap, so the rate stays the trace's own. Content shared by several requests
     (hash ids, system prompts, a conversation's history) stays shared, as the next day of the same
     traffic shares it; content of one request only is new in every copy, as the next day's users
     write new messages. (Sharing everything would turn every copy into cache hits; sharing nothing
     would lose the system prompts every request of a service sends.)"""
+    if limit:           # the copies the first `limit` rows come from, no more
+        copies = min(copies, -(-limit // len(rows)))
     if copies <= 1:
         return list(rows)
     uses = Counter(key for *_, content in rows for key in {key for key, _ in content})
@@ -4070,7 +4076,7 @@ def profile_sends(profile: RateProfile, time_scale: float, seed: int, burstiness
 
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
-        rows = repeated_rows(spec.trace.rows, spec.trace_repeats)
+        rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)
         rows = rows[:spec.requests] if spec.requests else rows
         last = max(arrival for arrival, *_ in rows) * spec.time_scale
         if last > MAX_ARRIVAL_S:
@@ -4995,12 +5001,17 @@ def run_seeds(spec: RunSpec, seeds: int = 1, progress: Optional[Callable[[str], 
     return seeded(list(mapper(run, [replace(spec, seed=spec.seed + i) for i in range(seeds)])))
 
 
+def named(settings: dict) -> dict:
+    """A grid point's settings as a report shows them: presets by name."""
+    return {k: getattr(v, "name", v) for k, v in settings.items()}
+
+
 def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], None]] = None, *,
                  probing: Probing, mapper: Callable = map) -> dict:
     """One deployment: its run at the target load, or its highest load that passes, found by
     highest_passing; for a trace, the highest load of a burst too (the trace played once). Each
     probe's result is kept, with its `load`, its `misses` and how many seeds passed."""
-    point = {k: getattr(v, "name", v) for k, v in settings.items()}
+    point = named(settings)
     deployment = sweep_point(spec, settings)
     found = {"settings": point, "by": probing.by}
 
@@ -5487,20 +5498,35 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
 # ---------------------------------------------------------------------------------------------
 
 PRESET_BYTES = 1 << 20      # a preset or profile file is a few hundred bytes; this stops /dev/zero
+# A file read whole (a report, a scrape, a published run's files) is a few MiB, a detailed report
+# of a long run some hundreds: past this it is not one (a pipe that never ends, a model's weights).
+FILE_BYTES = 1 << 29
 
 
-def read_bytes(path: str, kind: str, limit: Optional[int] = None) -> bytes:
+def text_head(f, path: str, kind: str) -> bytes:
+    """The first 64 KiB of a file that must be text, refused at once if they show it is not."""
+    head = f.read(65536)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
+    if b"\0" in head:
+        raise UserError(f"{kind} {path}: is a binary file, not text")
+    return head
+
+
+def read_bytes(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> bytes:
+    """A text file's bytes, whole (`f`: the file, already open, as a pipe read once is)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+        with (open(path, "rb") if f is None else f) as f:
+            head = text_head(f, path, kind)
+            data = head + f.read(limit + 1 - len(head)) if len(head) == 65536 else head
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
-    if limit is not None and len(data) > limit:
+    if len(data) > limit:
         raise UserError(f"{kind} {path}: is over {limit:,} bytes, far more than such a file holds; check the path")
     return data
 
 
-def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: Optional[int] = None) -> str:
+def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: int = FILE_BYTES) -> str:
     """A text file (or its bytes, already read) as UTF-8 (a BOM is fine); anything else is a
     one-line error."""
     raw = read_bytes(path, kind, limit) if raw is None else raw
@@ -5515,25 +5541,39 @@ def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: Optional
                         f"save it as UTF-8") from None
 
 
+class Replayed(io.RawIOBase):
+    """A stream that can be read only once (a pipe), its first bytes, already read to look at,
+    served again before the rest: it is still read a line at a time, never whole."""
+
+    def __init__(self, head: bytes, rest):
+        self.head, self.rest = memoryview(head), rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        return self.rest.readinto(buffer)
+
+
 def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = "",
-               data: Optional[bytes] = None) -> Iterator[tuple[int, str]]:
-    """(number, line) of a text file (or of its bytes, already read) read a line at a time, so a
-    big file is never held whole, with read_text's one-line errors; a line longer than max_line
-    bytes is refused (saying `why`) before it is read whole."""
+               data=None) -> Iterator[tuple[int, str]]:
+    """(number, line) of a text file (or of its bytes, already read, or of a pipe read once) read
+    a line at a time, so a big file is never held whole, with read_text's one-line errors; a line
+    longer than max_line bytes is refused (saying `why`) before it is read whole."""
     try:
-        f = open(path, "rb") if data is None else io.BytesIO(data)
+        f = open(path, "rb") if data is None else io.BytesIO(data) if isinstance(data, bytes) else data
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
     with f:
-        head = f.read(65536)
-        if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
-        if b"\0" in head:
-            raise UserError(f"{kind} {path}: is a binary file, not text")
+        head = text_head(f, path, kind)
         try:
             f.seek(0)
-        except OSError:                # a pipe: what was read is all there is to go on
-            f = io.BytesIO(head + f.read())
+        except OSError:                # a pipe: what was read, then the rest
+            f = io.BufferedReader(Replayed(head, f))
         offset = 0
         for number in itertools.count(1):
             raw = f.readline(max_line + 2) if max_line else f.readline()
@@ -5627,13 +5667,14 @@ def load_preset(kind: str, value: str, presets: dict, cls):
     unknown = sorted(set(data) - set(known))
     missing = sorted(n for n, f in known.items() if f.default is MISSING and n not in data)
     if unknown or missing:
-        problems = ([f"unknown fields {', '.join(unknown)}"] if unknown else []) + \
+        problems = ([f"unknown fields {printable(', '.join(unknown))}"] if unknown else []) + \
                    ([f"missing fields {', '.join(missing)}"] if missing else [])
         raise UserError(f"{where}: {'; '.join(problems)}; the fields are {', '.join(known)}")
     for name, v in data.items():
         if name == "name":
-            if not isinstance(v, str) or not v.strip() or len(v) > 200:
-                raise UserError(f"{where}: field 'name' must be a non-empty string of at most 200 characters")
+            if not isinstance(v, str) or not v.strip() or len(v) > 200 or UNPRINTABLE.search(v):
+                raise UserError(f"{where}: field 'name' must be a non-empty string of at most 200 printable "
+                                f"characters (every report shows it)")
             continue
         if name in PRESET_SWITCHES:
             if not isinstance(v, bool):
@@ -6292,13 +6333,25 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
     content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
     only the first that many requests are read: a big trace is read a line at a time, never whole."""
-    # A pipe (--trace <(zcat trace.gz)) can be read only once: read it whole, as it is.
-    data = read_bytes(path, "trace") if os.path.exists(path) and not os.path.isfile(path) else None
+    data = head = None
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A pipe (--trace <(zcat trace.gz)) can be read only once: its first MiB tells the format,
+        # and the reader reads it from the start, that MiB again and then the rest.
+        try:
+            pipe = open(path, "rb")
+        except OSError as e:
+            raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+        head = pipe.read(1_000_000)
+        data = io.BufferedReader(Replayed(head, pipe))
     if fmt == "auto":
-        fmt = trace_format(path, data)
+        fmt = trace_format(path, head)
     notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
     wanted = limit or MAX_REQUESTS + 1
-    rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), wanted))
+    try:
+        rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), wanted))
+    finally:
+        if data is not None:
+            pipe.close()
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     if len(rows) > MAX_REQUESTS:
@@ -6378,9 +6431,10 @@ def read_rate_profile(path: str) -> RateProfile:
     return RateProfile(path, tuple(windows), end)
 
 
-def collect_shards(paths: list[str], fingerprint: str, count: int) -> list[dict]:
+def collect_shards(paths: list[str], fingerprint: str, points: list[dict]) -> list[dict]:
     """Every deployment's result from the shard reports, in the grid's order: each shard of the
-    same search exactly once, each complete."""
+    same search exactly once, each complete, each deployment the grid's."""
+    count = len(points)
     found: dict[int, dict] = {}
     seen: dict[int, str] = {}
     total = None
@@ -6404,6 +6458,9 @@ def collect_shards(paths: list[str], fingerprint: str, count: int) -> list[dict]
             raise UserError(f"shard {path}: shard {k}/{n} was stopped before it finished; run it again")
         seen[k] = path
         for index, item in zip(shard_indices((k, n), count), report["found"]):
+            if not isinstance(item, dict) or item.get("settings") != named(points[index]):
+                raise UserError(f"shard {path}: its deployment {index + 1} is not this grid's; the file was changed "
+                                f"after search --shard wrote it")
             found[index] = item
     missing = [k for k in range(1, (total or 0) + 1) if k not in seen]
     if missing:
@@ -6516,7 +6573,7 @@ def jsonl_rows(path: str, data: Optional[bytes], max_line: int = TRACE_LINE_BYTE
         yield where, row
 
 
-def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+def servesim_trace(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
     """servesim's JSONL: arrival (s), prompt_tokens, output_tokens, optional prefix and
     prefix_tokens (the shared system prompt at the head of prompt_tokens)."""
     lengths: dict[str, tuple[int, str]] = {}      # prefix name -> its length, and where it was first given
@@ -6562,7 +6619,7 @@ def servesim_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> I
 
 def hashed_trace(block: int, seconds_per_unit: float):
     """Mooncake (timestamp in ms, 512-token blocks) and Bailian (seconds, 16-token blocks)."""
-    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+    def read(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
         # A row of MAX_HASH_IDS ids of up to 20 digits each, and its other fields.
         longest, why = MAX_HASH_IDS * 22 + 65536, f"a row holds at most {MAX_HASH_IDS:,} hash_ids"
         for where, row in jsonl_rows(path, data, longest, why):
@@ -6586,7 +6643,7 @@ def hashed_trace(block: int, seconds_per_unit: float):
 
 def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
-    def read(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+    def read(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
         lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data))
         reader = csv.DictReader(lines)
         try:
@@ -6595,7 +6652,9 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
             raise UserError(f"trace {path} line 1: not readable as CSV ({e})") from None
         missing = [f for f in (time_field, prompt_field, output_field) if f not in header]
         if missing:
-            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is {', '.join(header)}")
+            shown = printable(", ".join(header))
+            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is "
+                            f"{shown if len(shown) <= 200 else shown[:200] + ' ...'}")
         while True:
             try:
                 row = next(reader)
@@ -6651,9 +6710,9 @@ def plain_seconds(where: str, text: str) -> float:
     return value
 
 
-def vllm_bench_trace(path: str, notes: Counter, data: Optional[bytes] = None) -> Iterator[tuple]:
+def vllm_bench_trace(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
     """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
-    report = parse_json(read_text(path, "trace", data), f"trace {path}",
+    report = parse_json(read_text(path, "trace", read_bytes(path, "trace", f=data) if data else None), f"trace {path}",
                         "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
@@ -10508,11 +10567,12 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict) -> None:
         options = dict(type=list_of(kind) if several else kind, metavar=m["metavar"], nargs=m["nargs"])
     shown = m['default_text'] or value_label(f.name, f.default)
     shown = f" (default: {'the value the run recorded, else ' if overrides else ''}{shown})"
+    own = g       # the flags that go with this one (--trace-format) are not exclusive with it
     if m["exclusive"]:
         if m["exclusive"] not in exclusive:
             exclusive[m["exclusive"]] = g.add_mutually_exclusive_group()
-        g = exclusive[m["exclusive"]]
-    g.add_argument(*flags, dest=dest_of(f), help=(m["help"] + text + shown).replace("%", "%%"), **options)
+        own = exclusive[m["exclusive"]]
+    own.add_argument(*flags, dest=dest_of(f), help=(m["help"] + text + shown).replace("%", "%%"), **options)
     if f.name == "trace":
         g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
                        help="how to read --trace: servesim JSONL; Mooncake JSONL (timestamp ms, input_length, "
@@ -10893,7 +10953,7 @@ def cmd_search(args) -> int:
     mine = [points[i] for i in shard_indices(args.shard, len(points))] if args.shard else points
     try:
         if args.collect:
-            found = collect_shards(args.collect, fingerprint, len(points))
+            found = collect_shards(args.collect, fingerprint, points)
         else:
             for item in search_points(spec, mine, probing, args.jobs, progress):
                 found.append(item)

@@ -562,5 +562,46 @@ class MoreReaders(Checks):
                     self.assert_one_line(run("calibrate", c1, c4), mentions=["c1.json"])
 
 
+class ThirdPass(Checks):
+    """A careless-user pass of stop 33 (helper-34): a trace's format given with the trace, a pipe
+    that never ends, a file that is not text, repeats past the request cap, a preset's name."""
+
+    def test_trace_format_goes_with_trace(self):
+        mooncake = os.path.join(FIXTURES, "traces", "mooncake_synthetic_300.jsonl")
+        r = run("simulate", "--trace", mooncake, "--trace-format", "mooncake", "--requests", 20)
+        self.assertEqual(r.code, 0, r.seen())
+        r = run("simulate", "--trace", mooncake, "--trace-format", "azure", "--requests", 20)
+        self.assert_one_line(r, mentions=["TIMESTAMP"])
+        self.assertLess(len(r.lines()[0]), 400, "a JSON line shown whole as a CSV header")
+
+    def test_an_endless_pipe_is_read_a_line_at_a_time_and_a_non_text_file_is_refused_at_once(self):
+        row = '{"arrival": 1, "prompt_tokens": 100, "output_tokens": 10}'
+        r = run("simulate", "--trace", "/dev/stdin", "--requests", 5, "--json",
+                prefix=["bash", "-c", f"yes '{row}' | \"$0\" \"$@\"", sys.executable], as_bytes=2**30)
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertEqual(r.json()["completed"], 5)
+        for args in (("simulate", "--trace", "/dev/zero"), ("merge", "/dev/zero", "/dev/zero"),
+                     ("explain", "/dev/zero"), ("simulate", "--rate-profile", "/dev/zero")):
+            with self.subTest(args=args):
+                self.assert_one_line(run(*args, as_bytes=2**30), mentions=["/dev/zero", "binary"])
+
+    def test_trace_repeats_past_the_request_cap(self):
+        burst = os.path.join(FIXTURES, "burst.jsonl")
+        self.assert_one_line(run("simulate", "--trace", burst, "--trace-repeats", 1_000_000),
+                             mentions=["--trace-repeats", "2,000,000"])
+        r = run("simulate", "--trace", burst, "--trace-repeats", 1_000_000, "--requests", 100, "--json",
+                as_bytes=2**30)      # the copies the first 100 come from, not 48 million rows
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertEqual(r.json()["completed"], 100)
+
+    def test_a_preset_name_that_would_drive_the_terminal(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            hardware = json.loads(run("presets", "l4-24gb").out)
+            for name in ("evil\x1b[31mred", "two\nlines"):
+                with self.subTest(name=name):
+                    path = write_json(os.path.join(tmp, "hw.json"), dict(hardware, name=name))
+                    self.assert_one_line(run("capacity", "--hardware", path), mentions=["'name'", "printable"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -525,9 +525,16 @@ class Shards(unittest.TestCase):
             other = os.path.join(tmp, "other.json")
             with open(other, "w") as f:
                 f.write(call_cli(*self.SEARCH, "--slo", "ttft_p95:1000", "--shard", "2/2")[1])
+            with open(paths[1]) as f:
+                report = json.load(f)
+            report["found"][0]["settings"]["hardware"] = "evil\x1b[2J"    # a name not in the grid, drawn raw
+            tampered = os.path.join(tmp, "tampered.json")
+            with open(tampered, "w") as f:
+                json.dump(report, f)
             cases = {"missing": ([paths[0]], "shard 2/2 is missing"),
                      "repeated": ([paths[0], paths[0], paths[1]], "shard 1/2 again"),
-                     "another search": ([paths[0], other], "from another search")}
+                     "another search": ([paths[0], other], "from another search"),
+                     "changed": ([paths[0], tampered], "its deployment 2 is not this grid's")}
             for name, (given, said) in cases.items():
                 with self.subTest(name):
                     code, out, err = call_cli(*self.SEARCH, "--collect", *given)
