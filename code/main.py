@@ -7194,10 +7194,14 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
     usage = event.get("usage")
     if usage:
         counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
-        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 10**9 for c in counts):
-            raise StreamError(f"bad stream: usage token counts are not whole numbers: {data[:120]!r}")
+        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < 10**9 and c == int(c)
+                   for c in counts):
+            # The stream itself is good: its times stand, and its content events are counted instead.
+            record.left_out.append(("usage", f"usage token counts {printable(json.dumps(usage))[:80]!r} are not "
+                                             f"whole numbers from 0 to 10^9"))
+            return
         record.usage_seen = True
-        record.prompt_tokens, record.output_tokens = counts
+        record.prompt_tokens, record.output_tokens = map(int, counts)
         details = usage.get("prompt_tokens_details")       # OpenAI's, and vLLM's with details on
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             cached = server_figure(record, "usage.prompt_tokens_details.cached_tokens", details["cached_tokens"])
@@ -7246,12 +7250,13 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
-            if record.usage_seen and record.output_tokens > body["max_tokens"]:
-                # max_tokens caps what a server generates: a count past it contradicts the request
+            # max_tokens caps what a server generates, and a stream with content generated some: a
+            # count past the one or of none contradicts the request or the stream
+            if record.usage_seen and not 0 < record.output_tokens <= body["max_tokens"]:
+                why = f"more than max_tokens {body['max_tokens']:,}" if record.output_tokens else "none"
                 record.left_out.append(("usage.completion_tokens",
-                                        f"usage.completion_tokens {record.output_tokens:,} is more than max_tokens "
-                                        f"{body['max_tokens']:,}; the stream's {len(record.token_times):,} content "
-                                        f"events were counted instead"))
+                                        f"usage.completion_tokens {record.output_tokens:,} is {why}; the stream's "
+                                        f"{len(record.token_times):,} content events were counted instead"))
                 record.output_tokens = len(record.token_times)
     except StreamError as e:
         record.error = client.redact(str(e))[:300]

@@ -212,13 +212,25 @@ class Stream(Hostile):
         with FakeServer(stream) as server:
             self.run_failing(server.url, "bad stream", mentions=("choices",))
 
-    def test_07_usage_completion_tokens_eight(self):
-        bad_usage = {"object": "chat.completion.chunk", "choices": [],
-                     "usage": {"prompt_tokens": 2, "completion_tokens": "eight", "total_tokens": 10}}
-        stream = scripted(data(chunk({"content": "a"})), data(chunk(finish="stop")), data(bad_usage),
-                          "data: [DONE]\n\n")
-        with FakeServer(stream) as server:
-            self.run_failing(server.url, "bad stream", mentions=("usage",))
+    def test_07_usage_counts_that_are_not_whole_numbers_leave_the_stream_measured(self):
+        """A bad usage block is a bad figure, not a bad stream: left out and listed, and the
+        request's times stand with its content events counted (helper-34 found such a request
+        failed whole, its TTFT lost)."""
+        for counts in ({"prompt_tokens": 2, "completion_tokens": "eight"}, {"prompt_tokens": -3, "completion_tokens": 2},
+                       {"prompt_tokens": 4.5, "completion_tokens": 2}, {"prompt_tokens": None, "completion_tokens": 2},
+                       {"prompt_tokens": 2, "completion_tokens": 1e30}, {"prompt_tokens": 2, "completion_tokens": 0}):
+            with self.subTest(counts=counts):
+                bad_usage = {"object": "chat.completion.chunk", "choices": [], "usage": counts}
+                stream = scripted(data(chunk({"content": "a"})), data(chunk({"content": "b"})),
+                                  data(chunk(finish="stop")), data(bad_usage), "data: [DONE]\n\n")
+                with FakeServer(stream) as server:
+                    code, out, err, _ = loadgen(server.url, "--requests", 2)
+                r = self.report(code, out, err)
+                self.assertEqual(code, 0, err)
+                self.assertEqual((r["completed"], r["failed"], r["total_output_tokens"]), (2, 0, 4))
+                self.assertGreater(r["mean_ttft_ms"], 0)
+                left = r["client"]["server_figures_left_out"]
+                self.assertEqual(sum(v["answers"] for v in left.values()), 2, left)
 
     def drip(self, head_too):
         stop = threading.Event()
