@@ -6925,6 +6925,10 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
         raise UserError(f"--url {redact_url(url)!r}: expected http://HOST:PORT, the server's base address")
     if port == 0:
         raise UserError(f"--url {redact_url(url)!r}: port 0 is not a server's port")
+    if parts.query or parts.fragment:
+        # Requests go to the base address's own paths: a query (?api_key=...) would never be sent.
+        raise UserError(f"--url {redact_url(url)!r}: servesim sends nothing after ? or # in the URL; drop it, and "
+                        f"give a key with --api-key (sent as a Bearer token)")
     port = port or (443 if parts.scheme == "https" else 80)
     try:
         socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
@@ -6939,8 +6943,10 @@ def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
 
 def redact_url(url: str) -> str:
     """The URL as reports print it: everything up to its last @ (a user and password, with or
-    without a scheme in front, whether or not the URL parses) replaced by ***."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*@", r"\1***@", url, flags=re.S)
+    without a scheme in front, whether or not the URL parses) replaced by ***, and a query or
+    fragment (?api_key=...) too."""
+    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*@", r"\1***@", url, flags=re.S)
+    return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
 
 class Http:

@@ -425,6 +425,17 @@ class Secrets(Hostile):
                 self.assertNotIn("Sekrit7", out + err)
                 self.assertNotIn("Zebra9", out + err)
 
+    def test_15d_a_key_in_the_query_string_is_refused_unshown(self):
+        # helper-34: ?api_key= was printed in the title, the JSON and the picture, and never sent
+        for url in ("http://127.0.0.1:9/v1?api_key=Sekrit7Zebra9", "127.0.0.1:9/v1#Sekrit7Zebra9",
+                    "http://alice:pw@127.0.0.1:9/?token=Sekrit7Zebra9"):
+            with self.subTest(url):
+                code, out, err, _ = loadgen(url, "--requests", 1)
+                self.assertEqual(code, 2, err)
+                self.assertEqual(len(self.error_lines(err)), 1, err)
+                self.assertIn("--api-key", err)
+                self.assertNotIn("Sekrit7", out + err)
+
 
 class Reports(Hostile):
     def test_16_ignore_eos_answered_with_fewer_tokens_than_max_tokens(self):
