@@ -3721,6 +3721,13 @@ def engine_turned_caching_on(spec: RunSpec, given: Iterable[str]) -> bool:
         bool((spec.profile or ENGINES[spec.engine]).defaults(spec.hardware).get("prefix_caching"))
 
 
+# A setting that means something only beside one of these: named alone it would change nothing,
+# and the run would answer another question than the one asked without a word.
+ALONGSIDE = {"acceptance_rate": ("speculative_tokens",), "draft_model": ("speculative_tokens",),
+             "router": ("data_parallel_size", "replica_schedule"), "kv_offloading_backend": ("kv_offloading_size",),
+             "inter_node_gbs": ("pipeline_parallel_size",), "inter_node_latency_us": ("pipeline_parallel_size",)}
+
+
 def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses.
     `given`: the settings the user named (else the engine's defaults are blamed where they apply)."""
@@ -3745,6 +3752,12 @@ def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
         raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
+    named = set(given)
+    for name, needs in ALONGSIDE.items():
+        if name in named and not any(n in named or getattr(spec, n) != getattr(default, n) for n in needs):
+            flags = " or ".join(SETTINGS[n].metadata["flag"] for n in needs)
+            raise UserError(f"{SETTINGS[name].metadata['flag']} changes nothing without {flags}: add it, or drop "
+                            f"{SETTINGS[name].metadata['flag']}")
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
         raise UserError(f"--trace-repeats {spec.trace_repeats:,} plays {len(spec.trace.rows):,} requests as "
                         f"{len(spec.trace.rows) * spec.trace_repeats:,}; servesim simulates up to {MAX_REQUESTS:,}: "
@@ -5644,18 +5657,21 @@ def preset_fields(preset) -> dict:
     return {k: v for k, v in asdict(preset).items() if k not in INTERNAL_FIELDS}
 
 
-def load_preset(kind: str, value: str, presets: dict, cls):
-    """A preset name, or a path to a JSON file with the dataclass's fields."""
+def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
+    """A preset name, or a path to a JSON file with the dataclass's fields (given to `flag`,
+    --hardware or --model unless said)."""
+    flag = flag or f"--{kind}"
     if value in presets:
         return presets[value]
     if "," in value and not os.path.exists(value):
-        raise UserError(f"--{kind} {value!r}: " + (
-            "one device here; sweep and search take a comma-separated list of --hardware" if kind == "hardware" else
-            "one model at a time; sweep and search vary server settings, not the model, so run each model on its own"))
+        raise UserError(f"{flag} {value!r}: " + (
+            "one device here; sweep and search take a comma-separated list of --hardware" if flag == "--hardware" else
+            f"one {kind} at a time" + ("; sweep and search vary server settings, not the model, so run each model "
+                                       "on its own" if flag == "--model" else "")))
     if not os.path.exists(value):
         near = difflib.get_close_matches(value.lower(), list(presets), n=1, cutoff=0.5) or \
             [name for name in presets if name.startswith(value.lower())][:1]
-        raise UserError(f"unknown {kind} {value!r}" + (f" (did you mean {near[0]}?)" if near else "") +
+        raise UserError(f"{flag}: unknown {kind} {value!r}" + (f" (did you mean {near[0]}?)" if near else "") +
                         f": use one of {', '.join(presets)} or a path to a JSON file with the same fields "
                         f"(see: main.py presets)")
     where = f"{kind} file {value}"
@@ -10535,6 +10551,13 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{self.prog}: {message} (see --help)")
 
+    def _get_value(self, action, arg_string):
+        # An empty path is an unset shell variable ("$TRACE"), not "no file": a run without the
+        # file would answer another question without a word.
+        if action.option_strings and not arg_string.strip() and re.search(r"FILE|\.json", str(action.metavar)):
+            raise argparse.ArgumentError(action, "an empty path; give a file (is a shell variable unset?)")
+        return super()._get_value(action, arg_string)
+
     def print_help(self, file=None) -> None:
         write_text(self.format_help(), file)     # argparse's own printer hides a failed write
 
@@ -10615,8 +10638,8 @@ def read_setting(args, f):
         return False if getattr(args, dest_of(f)) else None
     value = getattr(args, f.name) if f.metadata["nargs"] else one(getattr(args, f.name))
     if f.metadata["kind"] is preset_name and value is not None:
-        return load_preset("hardware", value, HARDWARE, Hardware) if f.name.endswith("hardware") else \
-            load_preset("model", value, MODELS, ModelSpec)
+        return load_preset("hardware", value, HARDWARE, Hardware, f.metadata["flag"]) if f.name.endswith("hardware") \
+            else load_preset("model", value, MODELS, ModelSpec, f.metadata["flag"])
     if f.name == "trace" and value:
         trace = read_trace(value, args.trace_format, getattr(args, "requests", None))
         for note in trace.notes:
@@ -11105,8 +11128,8 @@ def cmd_loadgen(args) -> int:
         raise UserError(f"{flag} sets up the simulation beside the run: add --simulate HARDWARE MODEL")
     if args.simulate:
         # Resolve the presets (and an engine profile file) before the run, so a typo costs nothing.
-        hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware)
-        model = load_preset("model", args.simulate[1], MODELS, ModelSpec)
+        hardware = load_preset("hardware", args.simulate[0], HARDWARE, Hardware, "--simulate")
+        model = load_preset("model", args.simulate[1], MODELS, ModelSpec, "--simulate")
         simulated_as = with_engine_profile(simulated_as)
         if model.weight_bytes > hardware.memory_gib * GIB:    # whatever cache the server reports, no simulation
             raise CapacityError(f"--simulate: {model.name}'s weights ({model.weight_bytes / 1e9:,.1f} GB) do not fit in "

@@ -594,6 +594,32 @@ class ThirdPass(Checks):
         self.assertEqual(r.code, 0, r.seen())
         self.assertEqual(r.json()["completed"], 100)
 
+    def test_an_empty_path_is_refused_not_taken_for_no_file(self):
+        # an unset "$TRACE" ran the synthetic closed loop and answered another question
+        for args in (("simulate", "--trace", ""), ("simulate", "--rate-profile", " "), ("simulate", "--timeline", ""),
+                     ("sweep", "--concurrency", "1,2", "--plot", ""), ("calibrate", "--out", "", "a.json"),
+                     ("search", "--slo", "ttft_p95:100", "--collect", "")):
+            with self.subTest(args=args):
+                self.assert_one_line(run(*args), mentions=[args[-2] if args[-1] == "a.json" else args[-2],
+                                                           "empty path"])
+
+    def test_a_setting_that_changes_nothing_alone_is_refused(self):
+        cases = {("--acceptance-rate", "0.5"): "--speculative-tokens", ("--draft-model", "smollm2-135m-q8_0"): "--speculative-tokens",
+                 ("--router", "round-robin"): "--data-parallel-size", ("--kv-offloading-backend", "lmcache"):
+                 "--kv-offloading-size", ("--inter-node-gbs", "25"): "--pipeline-parallel-size"}
+        for given, needs in cases.items():
+            with self.subTest(given=given):
+                self.assert_one_line(run("simulate", *given, "--requests", 5), mentions=[given[0], needs])
+        # an unknown preset is blamed on the flag that named it, not on --model
+        self.assert_one_line(run("simulate", "--speculative-tokens", 4, "--draft-model", "llama-3.2-1b"),
+                             mentions=["--draft-model", "unknown model"])
+        # beside its own setting, swept or not, it stands (the point without speculation included)
+        for args in (("sweep", "--speculative-tokens", "0,3", "--acceptance-rate", "0.5"),
+                     ("sweep", "--data-parallel-size", "1,2", "--router", "round-robin")):
+            with self.subTest(args=args):
+                r = run(*args, "--concurrency", 4, "--requests", 8)
+                self.assertEqual(r.code, 0, r.seen())
+
     def test_a_preset_name_that_would_drive_the_terminal(self):
         with tempfile.TemporaryDirectory() as tmp:
             hardware = json.loads(run("presets", "l4-24gb").out)
