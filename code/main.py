@@ -9425,9 +9425,17 @@ def finite(value):
     return value
 
 
+# Whether this command has written its report to stdout. Where a command's exit 1 is its answer
+# (it does not fit, no load meets the SLO), --json writes that answer there as an object, as
+# sweep and search do for each point; a server that fails loadgen is not an answer.
+REPORTED = {"stdout": False}
+ANSWERS = ("capacity", "simulate", "plan")
+
+
 def write_text(text: str, out=None) -> None:
     """A finished report, written at once so an interrupt never leaves half of it."""
     out = out or sys.stdout
+    REPORTED["stdout"] |= out is sys.stdout
     text = text if text.endswith("\n") else text + "\n"
     encoding = getattr(out, "encoding", None) or "utf-8"
     try:        # what the terminal's encoding cannot hold is shown as its escape, never a traceback
@@ -11717,6 +11725,7 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
     the process ends after this, so Ctrl-C and SIGTERM are ignored from then on (never a
     traceback or a death by the signal after the output is written)."""
     stops.update(held=False, noted=[])
+    REPORTED["stdout"], args = False, None
     previous = {signum: signal.signal(signum, on_signal) for signum in SIGNAL_CODES} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
@@ -11732,6 +11741,8 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
         return 2
     except CapacityError as e:
         sys.stderr.write(f"servesim: {e}\n")
+        if getattr(args, "json", False) and args.command in ANSWERS and not REPORTED["stdout"]:
+            write_json({"error": str(e)})
         return 1
     except Stopped as e:
         sys.stderr.write(f"servesim: {e.message}\n")

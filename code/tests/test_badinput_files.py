@@ -620,6 +620,15 @@ class ThirdPass(Checks):
                 r = run(*args, "--concurrency", 4, "--requests", 8)
                 self.assertEqual(r.code, 0, r.seen())
 
+    def test_json_that_answers_with_exit_1_prints_the_answer(self):
+        for args in (("capacity", "--hardware", "l4-24gb", "--model", "llama-3.1-405b"),
+                     ("simulate", "--hardware", "l4-24gb", "--model", "llama-3.1-405b")):
+            with self.subTest(args=args):
+                r = run(*args, "--json")
+                self.assertEqual(r.code, 1, r.seen())
+                self.assertEqual(len(r.lines()), 1, r.seen())
+                self.assertIn("does not fit", r.json()["error"])
+
     def test_a_preset_name_that_would_drive_the_terminal(self):
         with tempfile.TemporaryDirectory() as tmp:
             hardware = json.loads(run("presets", "l4-24gb").out)
