@@ -11322,7 +11322,11 @@ def cmd_calibrate(args) -> int:
         fitted, errors, kept = calibrate_engine(found, model, hardware, base, most,
                                                 args.name or f"{base.name}-{hardware.name}-calibrated")
     else:
-        base = load_preset("hardware", args.hardware or "cpu-4vcpu", HARDWARE, Hardware)
+        # The device the reports name, where they name one preset (simulate's do; a real server's do
+        # not): an H100's runs fitted from a 4-core CPU's memory and links would keep those.
+        ran = named["hardware"] - {None}
+        base = preset("hardware", args.hardware, HARDWARE, Hardware) if args.hardware or \
+            (len(ran) == 1 and next(iter(ran)) in HARDWARE) else HARDWARE["cpu-4vcpu"]
         fitted, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     worst = max(range(len(found)), key=lambda i: abs(errors[i]))
     if abs(errors[worst]) > CALIBRATION_MISS:
@@ -11671,8 +11675,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model preset name or JSON file the server ran (default: the one the reports name)")
     p.add_argument("--hardware",
                    help="--fit hardware: the preset whose memory, reserve, links and price the result keeps "
-                        "(default: cpu-4vcpu); --fit engine: the device the runs ran on (default: the one the "
-                        "reports name)")
+                        "(default: the one the reports name, else cpu-4vcpu); --fit engine: the device the runs ran "
+                        "on (default: the one the reports name)")
     p.add_argument("--engine", type=engine_name, metavar="|".join(ENGINES) + "|FILE",
                    help="--fit engine: the engine whose rules, CUDA graphs and async scheduling the profile keeps and "
                         "whose costs a figure no measured step depends on keeps (default: the one the reports name, "

@@ -91,10 +91,18 @@ class Recovery(unittest.TestCase):
         """A GPU's runs fitted on the CPU preset once wrote a hardware file 10,000% off."""
         reports = [self.report("h100-sxm-80gb", c, 40) for c in (1, 4)]
         out = os.path.join(self.tmp.name, "fitted.json")
-        code, _, err = run_cli("calibrate", *reports, "--out", out)
+        code, _, err = run_cli("calibrate", *reports, "--out", out, "--hardware", "cpu-4vcpu")
         self.assertEqual(code, 1, err)
         self.assertIn("the best fit still misses", err)
         self.assertFalse(os.path.exists(out))
+        # Without --hardware the base is the device the reports name (it was cpu-4vcpu whatever they
+        # named): its memory and links are kept, and the fit is of its runs.
+        code, _, err = run_cli("calibrate", *reports, "--out", out)
+        self.assertEqual(code, 0, err)
+        with open(out) as f:
+            fitted = json.load(f)
+        self.assertEqual((fitted["name"], fitted["memory_gib"]), ("h100-sxm-80gb-calibrated",
+                                                                  main.HARDWARE["h100-sxm-80gb"].memory_gib))
 
     def test_a_prefill_no_roofline_can_price_is_a_miss_not_a_crash(self):
         """A one-client run claiming a 0.002 ms prefill sent the fit's simplex to exp() overflow."""
