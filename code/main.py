@@ -5957,6 +5957,11 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     first_start = min(starts) if starts else 0.0
     if starts and max(starts) - first_start > MAX_ARRIVAL_S:
         raise UserError(f"{kind} {name}: its start_times span more than a year")
+    # The end-to-end times are worked out from ttfts and itls; where the report has its own, each
+    # must be a time, and one no shorter than its request's TTFT.
+    latencies = report.get("latencies")
+    if latencies is not None and (not isinstance(latencies, list) or len(latencies) != n):
+        raise UserError(f"{kind} {name}: latencies must be a list as long as input_lens ({n})")
     requests = []
     for i in range(n):
         error = (columns["errors"] or [""] * n)[i] or None
@@ -5975,6 +5980,10 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                             f"{printable(str(gaps)[:40])!r}")
         gaps = [seconds(g, i, "gap between tokens") for g in gaps]
         first = sent + seconds(ttft, i, "ttft")
+        latency = latencies[i] if latencies else None
+        if latency is not None and seconds(latency, i, "latency") < first - sent - 0.001:
+            raise UserError(f"{kind} {name}: request {i}'s latency {latency:g} s is shorter than its ttft "
+                            f"{first - sent:g} s: the two cannot be of one request")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
         answer = (report.get("ttfas") or [None] * n)[i] if isinstance(report.get("ttfas"), list) \
             and len(report["ttfas"]) == n else None
@@ -9464,6 +9473,9 @@ INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardwar
               "reports": "a report", "files": "an input"}
 
 
+OUTPUT_ARGS = {"timeline": "--timeline", "plot": "--plot", "out": "--out"}
+
+
 def check_writable(path: str, flag: str, args=None) -> None:
     """Before the work: a file we are asked to write must have a directory to go in, and must not
     be a file the command reads (writing it would destroy the input)."""
@@ -9485,6 +9497,11 @@ def check_writable(path: str, flag: str, args=None) -> None:
                                              (os.path.exists(path) and os.path.samefile(read, path))):
                     raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
                                     f"the input, so give {flag} another file")
+    for name, other in OUTPUT_ARGS.items():
+        given = getattr(args, name, None)
+        if other != flag and isinstance(given, str) and os.path.realpath(given) == os.path.realpath(path):
+            raise UserError(f"{flag} {path}: {other} writes there too, and one would overwrite the other; give each "
+                            f"its own file")
 
 
 def write_file(path: str, text: str) -> None:
@@ -10558,6 +10575,14 @@ def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{self.prog}: {message} (see --help)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        metrics = [metric for metric, _ in getattr(namespace, "goodput", None) or ()]
+        twice = [m for m in dict.fromkeys(metrics) if metrics.count(m) > 1]
+        if twice:       # as --slo: which of two bounds was meant cannot be told
+            raise UserError(f"--goodput gives {twice[0]} twice; give each bound once")
+        return namespace, extras
 
     def _get_value(self, action, arg_string):
         # An empty path is an unset shell variable ("$TRACE"), not "no file": a run without the

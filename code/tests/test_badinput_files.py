@@ -629,6 +629,25 @@ class ThirdPass(Checks):
                 self.assertEqual(len(r.lines()), 1, r.seen())
                 self.assertIn("does not fit", r.json()["error"])
 
+    def test_a_report_whose_latency_is_shorter_than_its_ttft(self):
+        report = run("simulate", "--requests", 4, "--detailed").json()
+        with tempfile.TemporaryDirectory() as tmp:
+            good = write_json(os.path.join(tmp, "good.json"), dict(report, config=dict(report["config"], run_id="a")))
+            for name, ttfts, latencies in (("late.json", [100.0] + report["ttfts"][1:], report["latencies"]),
+                                           ("text.json", report["ttfts"], ["x"] + report["latencies"][1:])):
+                with self.subTest(name):
+                    bad = write_json(os.path.join(tmp, name), dict(report, ttfts=ttfts, latencies=latencies))
+                    self.assert_one_line(run("merge", good, bad), mentions=[name, "request 0's latency"])
+
+    def test_one_bound_twice_and_two_outputs_on_one_file(self):
+        self.assert_one_line(run("simulate", "--goodput", "ttft:100000", "ttft:1", "--requests", 5),
+                             mentions=["--goodput", "ttft twice"])
+        with tempfile.TemporaryDirectory() as tmp:
+            same = os.path.join(tmp, "same.out")
+            self.assert_one_line(run("simulate", "--requests", 5, "--timeline", same, "--plot", same),
+                                 mentions=["--timeline", "--plot"])
+            self.assertFalse(os.path.exists(same))
+
     def test_a_preset_name_that_would_drive_the_terminal(self):
         with tempfile.TemporaryDirectory() as tmp:
             hardware = json.loads(run("presets", "l4-24gb").out)
