@@ -360,8 +360,10 @@ class CapacityPlan:
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
                   num_gpu_blocks: Optional[int] = None, extra_weight_bytes: float = 0.0,
-                  of_free: bool = False) -> CapacityPlan:
-    """extra_weight_bytes: other weights sharing the device (a speculative draft model). of_free:
+                  extra_kv_bytes_per_token: int = 0, of_free: bool = False) -> CapacityPlan:
+    """extra_weight_bytes, extra_kv_bytes_per_token: another model sharing the device and each
+    block (a speculative draft model: it keeps its own KV for every sequence, its layers' share
+    of each block, as vLLM allocates the drafter's attention layers beside the target's). of_free:
     the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
     weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
@@ -376,7 +378,7 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
         budget = memory * gpu_memory_utilization
         free = budget - weights - reserve_bytes
     after_weights = free + reserve_bytes
-    block_bytes = block_size * model.kv_bytes_per_token
+    block_bytes = block_size * (model.kv_bytes_per_token + extra_kv_bytes_per_token)
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
         draft = f" plus a draft model's {extra_weight_bytes / 1e9:.2f} GB" if extra_weight_bytes else ""
@@ -3948,6 +3950,15 @@ def make_scheduler(spec: RunSpec, plan: CapacityPlan, draft: Optional[Roofline] 
     return cls(config, plan.num_blocks, spec.detailed, **options)
 
 
+def draft_of(spec: RunSpec) -> Optional[ModelSpec]:
+    """What one device holds and computes of the speculative draft model: vLLM shards it over the
+    target's tensor-parallel group (SpeculativeConfig takes the target's size for the draft's, and
+    V1's DraftModelProposer refuses any other), and keeps its cache in the engine's KV type."""
+    if not (spec.speculative_tokens and spec.draft_model):
+        return None
+    return tensor_shard(quantized(spec.draft_model, None, spec.kv_cache_dtype), spec.tensor_parallel_size)
+
+
 def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
     included): what capacity prints and what each engine of run() is built from."""
@@ -3956,9 +3967,10 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
         spec.pipeline_parallel_size
     stage = pipeline_shard(model, pp)
     device = expert_shard(tensor_shard(stage, tp), ep)      # what each GPU holds and computes
-    draft = spec.draft_model if spec.speculative_tokens else None
+    draft = draft_of(spec)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0,
+                         extra_kv_bytes_per_token=draft.kv_bytes_per_token if draft else 0,
                          of_free=engine_profile(spec).kv_of_free)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
@@ -3980,8 +3992,11 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
 
     def engine(hardware: Hardware) -> Engine:
         plan, cost = device_plan(spec, hardware)
-        draft = spec.draft_model if spec.speculative_tokens else None
-        draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec)) if draft else None
+        draft, draft_cost = draft_of(spec), None
+        if draft:
+            draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec))
+            if spec.tensor_parallel_size > 1:
+                draft_cost = Parallel(draft_cost, hardware, spec.draft_model, spec.tensor_parallel_size)
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):

@@ -176,6 +176,21 @@ class SpeculativeDecoding(unittest.TestCase):
         self.assertGreater(drafted["mean_tpot_ms"], free["mean_tpot_ms"])
         self.assertLess(drafted["config"]["kv_tokens"], free["config"]["kv_tokens"])
 
+    def test_a_draft_model_keeps_its_own_kv_in_every_block_and_shards_as_the_target(self):
+        """The blocks are what the memory left after both models' weights holds at both models'
+        KV bytes per token (helper-34: the draft's KV was not counted), and under tensor
+        parallelism each device holds half of each model (vLLM's draft TP is the target's)."""
+        target, draft, h = main.MODELS["llama-3.1-70b"], main.MODELS["llama-3.1-8b"], main.HARDWARE["h200-141gb"]
+        for tp in (2, 4):
+            with self.subTest(tp=tp):
+                spec = main.RunSpec(hardware=h, model=target, tensor_parallel_size=tp, speculative_tokens=4,
+                                    draft_model=draft)
+                plan, _ = main.device_plan(spec, h)
+                free = h.memory_gib * main.GIB * 0.9 - (target.weight_bytes + draft.weight_bytes) / tp \
+                    - h.reserve_gib * main.GIB
+                per_token = (target.kv_bytes_per_token + draft.kv_bytes_per_token) / tp
+                self.assertEqual(plan.num_blocks, int(free // (16 * per_token)))
+
 
 class Compare(unittest.TestCase):
     """The published LLMServingSim runs, one at a time (validate scores the whole corpus)."""
