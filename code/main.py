@@ -3303,18 +3303,20 @@ GROUPS = {
 def setting(default, flag: str, kind: Optional[Callable], help: str, group: str, *, metavar: Optional[str] = None,
             axis: int = 0, short: str = "", aliases: tuple = (), default_text: Optional[str] = None,
             switch: bool = False, recorded: bool = False, none_label: str = "none", nargs: Optional[str] = None,
-            exclusive: str = ""):
+            exclusive: str = "", needs: str = ""):
     """One row of the settings table, kept in a RunSpec field's metadata.
     kind: reads the flag's text (raising argparse.ArgumentTypeError); None for a plain on/off flag.
     axis: its place among the settings sweep and search vary, outermost first (0: one value only).
     short: its label in pictures; default_text: the default as --help says it (else the value).
     switch: on|off, the flag alone being on. recorded: a measured run records it, and compare
     takes the flag to replace the recorded value. nargs: "+" for a flag that takes several words.
-    exclusive: rows with the same tag are alternatives; the command line takes one of them."""
+    exclusive: rows with the same tag are alternatives; the command line takes one of them.
+    needs: the row without which this one changes nothing: named without it, it is refused (a run
+    that ignored it would answer another question than the one asked, without a word)."""
     return field(default=default, metadata=dict(
         flag=flag, kind=kind, help=help, group=group, metavar=metavar, axis=axis, short=short, aliases=aliases,
         default_text=default_text, switch=switch, recorded=recorded, none_label=none_label, nargs=nargs,
-        exclusive=exclusive))
+        exclusive=exclusive, needs=needs))
 
 
 @dataclass(frozen=True)
@@ -3461,10 +3463,12 @@ class RunSpec:
         "num_speculative_tokens", "speculative", metavar="K", axis=19, default_text="off")
     acceptance_rate: float = setting(
         0.7, "--acceptance-rate", real(0, 1, above_low=False, what="a fraction in [0, 1]"), "the chance each proposal "
-        "is accepted; a step yields (1 - A^(K+1)) / (1 - A) tokens on average", "speculative", metavar="A", axis=20)
+        "is accepted; a step yields (1 - A^(K+1)) / (1 - A) tokens on average", "speculative", metavar="A", axis=20,
+        needs="speculative_tokens")
     draft_model: Optional[ModelSpec] = setting(
         None, "--draft-model", preset_name, "the draft model proposing them (a preset or JSON), run K times per step "
-        "and kept in memory", "speculative", metavar="MODEL", default_text="n-gram prompt lookup, which costs nothing")
+        "and kept in memory", "speculative", metavar="MODEL", default_text="n-gram prompt lookup, which costs nothing",
+        needs="speculative_tokens")
     tensor_parallel_size: int = setting(
         1, "--tensor-parallel-size", whole(1, 64), "split each engine's weights and KV heads over N GPUs, as vLLM's "
         "flag; each step adds two all-reduces per layer on the interconnect", "plan", metavar="N", axis=2, short="tp",
@@ -3479,10 +3483,10 @@ class RunSpec:
         metavar="N")
     inter_node_gbs: float = setting(
         50.0, "--inter-node-gbs", LINK_GBS, "GB/s per GPU between nodes: InfiniBand NDR 400 Gb/s is 50, HDR 200 Gb/s "
-        "and RoCE 200 GbE are 25", "plan", metavar="GBS")
+        "and RoCE 200 GbE are 25", "plan", metavar="GBS", needs="pipeline_parallel_size")
     inter_node_latency_us: float = setting(
         5.0, "--inter-node-latency-us", real(0, 10_000), "microseconds of one send between nodes (assumed, not "
-        "measured here)", "plan", metavar="US")
+        "measured here)", "plan", metavar="US", needs="pipeline_parallel_size")
     data_parallel_size: int = setting(
         1, "--data-parallel-size", whole(1, 1024), "N engines, each with its own cache, behind a router on one clock, "
         "as vLLM's flag", "replicas", metavar="N", axis=3, short="dp", aliases=("-dp", "--replicas"), recorded=True)
@@ -3525,7 +3529,7 @@ class RunSpec:
     kv_offloading_backend: str = setting(
         "native", "--kv-offloading-backend", choice("native", "lmcache"), "vLLM's backend for the host tier; both "
         "are simulated by the same rule (see README, A host tier for the KV cache)", "plan",
-        metavar="native|lmcache")
+        metavar="native|lmcache", needs="kv_offloading_size")
     # Workload.
     trace: Optional[Trace] = setting(
         None, "--trace", None, "requests with their own send times, lengths and shared content, in any "
@@ -3723,13 +3727,6 @@ def engine_turned_caching_on(spec: RunSpec, given: Iterable[str]) -> bool:
         bool((spec.profile or ENGINES[spec.engine]).defaults(spec.hardware).get("prefix_caching"))
 
 
-# A setting that means something only beside one of these: named alone it would change nothing,
-# and the run would answer another question than the one asked without a word.
-ALONGSIDE = {"acceptance_rate": ("speculative_tokens",), "draft_model": ("speculative_tokens",),
-             "router": ("data_parallel_size", "replica_schedule"), "kv_offloading_backend": ("kv_offloading_size",),
-             "inter_node_gbs": ("pipeline_parallel_size",), "inter_node_latency_us": ("pipeline_parallel_size",)}
-
-
 def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses.
     `given`: the settings the user named (else the engine's defaults are blamed where they apply)."""
@@ -3754,12 +3751,11 @@ def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
         raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
-    named = set(given)
-    for name, needs in ALONGSIDE.items():
-        if name in named and not any(n in named or getattr(spec, n) != getattr(default, n) for n in needs):
-            flags = " or ".join(SETTINGS[n].metadata["flag"] for n in needs)
-            raise UserError(f"{SETTINGS[name].metadata['flag']} changes nothing without {flags}: add it, or drop "
-                            f"{SETTINGS[name].metadata['flag']}")
+    for name in set(given) & SETTINGS.keys():
+        needs = SETTINGS[name].metadata["needs"]
+        if needs and needs not in given and getattr(spec, needs) == getattr(default, needs):
+            flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
+            raise UserError(f"{flag} changes nothing without {other}: add {other}, or drop {flag}")
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
         raise UserError(f"--trace-repeats {spec.trace_repeats:,} plays {len(spec.trace.rows):,} requests as "
                         f"{len(spec.trace.rows) * spec.trace_repeats:,}; servesim simulates up to {MAX_REQUESTS:,}: "
@@ -3897,7 +3893,7 @@ def host_tier(spec: RunSpec, plan: CapacityPlan) -> HostTier:
     # Each GPU moves its own share of a block (its heads of its stage's layers) over its own link.
     stage = pipeline_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.pipeline_parallel_size)
     device = tensor_shard(stage, spec.tensor_parallel_size)
-    block_bytes = device.kv_bytes_per_token * spec.block_size
+    block_bytes = (device.kv_bytes_per_token + draft_kv_bytes(spec)) * spec.block_size    # a block is both models'
     blocks = int(spec.kv_offloading_size * 2**30 / (block_bytes * spec.gpus_per_replica))
     if blocks < 1:
         raise UserError(f"--kv-offloading-size {spec.kv_offloading_size:g} GiB holds less than one KV block of "
@@ -3959,6 +3955,12 @@ def draft_of(spec: RunSpec) -> Optional[ModelSpec]:
     return tensor_shard(quantized(spec.draft_model, None, spec.kv_cache_dtype), spec.tensor_parallel_size)
 
 
+def draft_kv_bytes(spec: RunSpec) -> int:
+    """One device's KV bytes per token of the draft model: its share of every block."""
+    draft = draft_of(spec)
+    return draft.kv_bytes_per_token if draft else 0
+
+
 def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
     included): what capacity prints and what each engine of run() is built from."""
@@ -3970,7 +3972,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     draft = draft_of(spec)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0,
-                         extra_kv_bytes_per_token=draft.kv_bytes_per_token if draft else 0,
+                         extra_kv_bytes_per_token=draft_kv_bytes(spec),
                          of_free=engine_profile(spec).kv_of_free)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
@@ -4008,7 +4010,8 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         return [engine(spec.hardware) for _ in range(spec.data_parallel_size)], None
     prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
     device = tensor_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.tensor_parallel_size)
-    link = KvLink(spec.kv_link_gbs, device.kv_bytes_per_token * spec.tensor_parallel_size, decode)
+    link = KvLink(spec.kv_link_gbs, (device.kv_bytes_per_token + draft_kv_bytes(spec)) * spec.tensor_parallel_size,
+                  decode)
     prefill.scheduler.handoff = link.send
     return [prefill, decode], link
 
@@ -4598,7 +4601,7 @@ def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], 
     """One point's result (the mean of `seeds` runs); a point whose model does not fit is a
     result saying so, so a sweep over deployments shows which ones are too small instead of
     stopping at the first."""
-    point = {k: getattr(v, "name", v) for k, v in settings.items()}
+    point = shown_settings(settings)
     try:
         result = run_seeds(sweep_point(spec, settings), seeds, progress, mapper)
     except CapacityError as e:
@@ -5029,7 +5032,7 @@ def run_seeds(spec: RunSpec, seeds: int = 1, progress: Optional[Callable[[str], 
     return seeded(list(mapper(run, [replace(spec, seed=spec.seed + i) for i in range(seeds)])))
 
 
-def named(settings: dict) -> dict:
+def shown_settings(settings: dict) -> dict:
     """A grid point's settings as a report shows them: presets by name."""
     return {k: getattr(v, "name", v) for k, v in settings.items()}
 
@@ -5039,7 +5042,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     """One deployment: its run at the target load, or its highest load that passes, found by
     highest_passing; for a trace, the highest load of a burst too (the trace played once). Each
     probe's result is kept, with its `load`, its `misses` and how many seeds passed."""
-    point = named(settings)
+    point = shown_settings(settings)
     deployment = sweep_point(spec, settings)
     found = {"settings": point, "by": probing.by}
 
@@ -5196,7 +5199,8 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
         return [(a, b, p.mean_rate(a / x, b / x) / x) for a, b in zip(edges, edges[1:])]
     if not spec.trace:
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
-    sends = sorted(row[0] * spec.time_scale for row in repeated_rows(spec.trace.rows, spec.trace_repeats))
+    rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)[:spec.requests]     # its first N, as run's
+    sends = sorted(row[0] * spec.time_scale for row in rows)
     # The trace ends a mean gap after its last send, not at a whole window: an 84 s trace counted
     # over 15 minutes would be planned at a tenth of its load (and so would a last partial window).
     end = sends[-1] + ((sends[-1] - sends[0]) / (len(sends) - 1) if len(sends) > 1 and sends[-1] > sends[0] else 1.0)
@@ -5527,8 +5531,9 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
 
 PRESET_BYTES = 1 << 20      # a preset or profile file is a few hundred bytes; this stops /dev/zero
 # A file read whole (a report, a scrape, a published run's files) is a few MiB, a detailed report
-# of a long run some hundreds: past this it is not one (a pipe that never ends, a model's weights).
-FILE_BYTES = 1 << 29
+# of a long run some hundreds (about 28 bytes an output token): past this it is not one (a pipe
+# that never ends, a model's weights).
+FILE_BYTES = 1 << 30
 
 
 def text_head(f, path: str, kind: str) -> bytes:
@@ -5542,16 +5547,25 @@ def text_head(f, path: str, kind: str) -> bytes:
 
 
 def read_bytes(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> bytes:
-    """A text file's bytes, whole (`f`: the file, already open, as a pipe read once is)."""
+    """A text file's bytes, whole (`f`: the file, already open, as a pipe read once is), read a
+    MiB at a time: read(limit) would set aside the whole limit for a file of a few KiB."""
+    too_big = UserError(f"{kind} {path}: is over {limit:,} bytes, more than servesim reads of such a file; check "
+                        f"the path")
     try:
         with (open(path, "rb") if f is None else f) as f:
-            head = text_head(f, path, kind)
-            data = head + f.read(limit + 1 - len(head)) if len(head) == 65536 else head
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                if os.fstat(f.fileno()).st_size > limit:
+                    raise too_big
+            chunks = [text_head(f, path, kind)]
+            size = len(chunks[0])
+            while size <= limit and len(chunks[-1]):
+                chunks.append(f.read(min(1 << 20, limit + 1 - size)))
+                size += len(chunks[-1])
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
-    if len(data) > limit:
-        raise UserError(f"{kind} {path}: is over {limit:,} bytes, far more than such a file holds; check the path")
-    return data
+    if size > limit:
+        raise too_big
+    return b"".join(chunks)
 
 
 def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: int = FILE_BYTES) -> str:
@@ -6373,24 +6387,23 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
     content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
     only the first that many requests are read: a big trace is read a line at a time, never whole."""
-    data = head = None
-    if os.path.exists(path) and not os.path.isfile(path):
-        # A pipe (--trace <(zcat trace.gz)) can be read only once: its first MiB tells the format,
-        # and the reader reads it from the start, that MiB again and then the rest.
-        try:
-            pipe = open(path, "rb")
-        except OSError as e:
-            raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
-        head = pipe.read(1_000_000)
-        data = io.BufferedReader(Replayed(head, pipe))
-    if fmt == "auto":
-        fmt = trace_format(path, head)
+    data = head = pipe = None
     notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
-    wanted = limit or MAX_REQUESTS + 1
     try:
-        rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), wanted))
+        if os.path.exists(path) and not os.path.isfile(path):
+            # A pipe (--trace <(zcat trace.gz)) can be read only once: its first MiB tells the
+            # format, and the reader reads it from the start, that MiB again and then the rest.
+            try:
+                pipe = open(path, "rb")
+                head = pipe.read(1_000_000)
+            except OSError as e:
+                raise UserError(f"trace {path}: cannot read it ({e.strerror})") from None
+            data = io.BufferedReader(Replayed(head, pipe))
+        if fmt == "auto":
+            fmt = trace_format(path, head)
+        rows = list(itertools.islice(TRACE_READERS[fmt](path, notes, data), limit or MAX_REQUESTS + 1))
     finally:
-        if data is not None:
+        if pipe:
             pipe.close()
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
@@ -6498,7 +6511,7 @@ def collect_shards(paths: list[str], fingerprint: str, points: list[dict]) -> li
             raise UserError(f"shard {path}: shard {k}/{n} was stopped before it finished; run it again")
         seen[k] = path
         for index, item in zip(shard_indices((k, n), count), report["found"]):
-            if not isinstance(item, dict) or item.get("settings") != named(points[index]):
+            if not isinstance(item, dict) or item.get("settings") != shown_settings(points[index]):
                 raise UserError(f"shard {path}: its deployment {index + 1} is not this grid's; the file was changed "
                                 f"after search --shard wrote it")
             found[index] = item
@@ -7240,15 +7253,16 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
     usage = event.get("usage")
     if usage:
         counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
-        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < 10**9 and c == int(c)
-                   for c in counts):
+        usable = all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < 10**9 and c == int(c)
+                     for c in counts)
+        if not usable:
             # The stream itself is good: its times stand, and its content events are counted instead.
             record.left_out.append(("usage", f"usage token counts {printable(json.dumps(usage))[:80]!r} are not "
                                              f"whole numbers from 0 to 10^9"))
-            return
-        record.usage_seen = True
-        record.prompt_tokens, record.output_tokens = map(int, counts)
-        details = usage.get("prompt_tokens_details")       # OpenAI's, and vLLM's with details on
+        else:
+            record.usage_seen = True
+            record.prompt_tokens, record.output_tokens = map(int, counts)
+        details = usage.get("prompt_tokens_details") if usable else None      # OpenAI's, and vLLM's with details on
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             cached = server_figure(record, "usage.prompt_tokens_details.cached_tokens", details["cached_tokens"])
             if cached is not None:
@@ -10647,6 +10661,8 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict) -> None:
     else:
         text = ", or several comma-separated to sweep" if several else ""
         options = dict(type=list_of(kind) if several else kind, metavar=m["metavar"], nargs=m["nargs"])
+        if m["nargs"]:      # given twice, a flag of several words takes both's (the last alone would drop some)
+            options["action"] = "extend"
     shown = m['default_text'] or value_label(f.name, f.default)
     shown = f" (default: {'the value the run recorded, else ' if overrides else ''}{shown})"
     own = g       # the flags that go with this one (--trace-format) are not exclusive with it
@@ -11365,8 +11381,8 @@ def cmd_calibrate(args) -> int:
         # The device the reports name, where they name one preset (simulate's do; a real server's do
         # not): an H100's runs fitted from a 4-core CPU's memory and links would keep those.
         ran = named["hardware"] - {None}
-        base = preset("hardware", args.hardware, HARDWARE, Hardware) if args.hardware or \
-            (len(ran) == 1 and next(iter(ran)) in HARDWARE) else HARDWARE["cpu-4vcpu"]
+        base = preset("hardware", args.hardware, HARDWARE, Hardware) if args.hardware else \
+            HARDWARE[next(iter(ran))] if len(ran) == 1 and next(iter(ran)) in HARDWARE else HARDWARE["cpu-4vcpu"]
         fitted, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     worst = max(range(len(found)), key=lambda i: abs(errors[i]))
     if abs(errors[worst]) > CALIBRATION_MISS:

@@ -596,16 +596,17 @@ class ThirdPass(Checks):
 
     def test_an_empty_path_is_refused_not_taken_for_no_file(self):
         # an unset "$TRACE" ran the synthetic closed loop and answered another question
-        for args in (("simulate", "--trace", ""), ("simulate", "--rate-profile", " "), ("simulate", "--timeline", ""),
-                     ("sweep", "--concurrency", "1,2", "--plot", ""), ("calibrate", "--out", "", "a.json"),
-                     ("search", "--slo", "ttft_p95:100", "--collect", "")):
+        for flag, args in (("--trace", ("simulate", "--trace", "")), ("--rate-profile", ("simulate", "--rate-profile", " ")),
+                           ("--timeline", ("simulate", "--timeline", "")),
+                           ("--plot", ("sweep", "--concurrency", "1,2", "--plot", "")),
+                           ("--out", ("calibrate", "--out", "", "a.json")),
+                           ("--collect", ("search", "--slo", "ttft_p95:100", "--collect", ""))):
             with self.subTest(args=args):
-                self.assert_one_line(run(*args), mentions=[args[-2] if args[-1] == "a.json" else args[-2],
-                                                           "empty path"])
+                self.assert_one_line(run(*args), mentions=[f"argument {flag}:", "empty path"])
 
     def test_a_setting_that_changes_nothing_alone_is_refused(self):
         cases = {("--acceptance-rate", "0.5"): "--speculative-tokens", ("--draft-model", "smollm2-135m-q8_0"): "--speculative-tokens",
-                 ("--router", "round-robin"): "--data-parallel-size", ("--kv-offloading-backend", "lmcache"):
+                 ("--kv-offloading-backend", "lmcache"):
                  "--kv-offloading-size", ("--inter-node-gbs", "25"): "--pipeline-parallel-size"}
         for given, needs in cases.items():
             with self.subTest(given=given):
@@ -614,8 +615,9 @@ class ThirdPass(Checks):
         self.assert_one_line(run("simulate", "--speculative-tokens", 4, "--draft-model", "llama-3.2-1b"),
                              mentions=["--draft-model", "unknown model"])
         # beside its own setting, swept or not, it stands (the point without speculation included)
+        # (--router is not one: plan, and sweep --gpus, choose the replicas themselves)
         for args in (("sweep", "--speculative-tokens", "0,3", "--acceptance-rate", "0.5"),
-                     ("sweep", "--data-parallel-size", "1,2", "--router", "round-robin")):
+                     ("sweep", "--gpus", "2", "-tp", "1,2", "--router", "round-robin")):
             with self.subTest(args=args):
                 r = run(*args, "--concurrency", 4, "--requests", 8)
                 self.assertEqual(r.code, 0, r.seen())
@@ -640,8 +642,11 @@ class ThirdPass(Checks):
                     self.assert_one_line(run("merge", good, bad), mentions=[name, "request 0's latency"])
 
     def test_one_bound_twice_and_two_outputs_on_one_file(self):
-        self.assert_one_line(run("simulate", "--goodput", "ttft:100000", "ttft:1", "--requests", 5),
-                             mentions=["--goodput", "ttft twice"])
+        for bounds in (("--goodput", "ttft:100000", "ttft:1"), ("--goodput", "ttft:100000", "--goodput", "ttft:1")):
+            with self.subTest(bounds=bounds):
+                self.assert_one_line(run("simulate", *bounds, "--requests", 5), mentions=["--goodput", "ttft twice"])
+        r = run("simulate", "--goodput", "ttft:100000", "--goodput", "tpot:100000", "--requests", 5, "--json")
+        self.assertEqual(r.json()["goodput_slos_ms"], {"ttft": 100000, "tpot": 100000})     # both kept
         with tempfile.TemporaryDirectory() as tmp:
             same = os.path.join(tmp, "same.out")
             self.assert_one_line(run("simulate", "--requests", 5, "--timeline", same, "--plot", same),

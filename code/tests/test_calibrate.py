@@ -103,6 +103,14 @@ class Recovery(unittest.TestCase):
             fitted = json.load(f)
         self.assertEqual((fitted["name"], fitted["memory_gib"]), ("h100-sxm-80gb-calibrated",
                                                                   main.HARDWARE["h100-sxm-80gb"].memory_gib))
+        # ... and where one report names it and another (a real server's) names none, the one named
+        with open(reports[1]) as f:
+            unnamed = json.load(f)
+        unnamed["config"].pop("hardware")
+        with open(reports[1], "w") as f:
+            json.dump(unnamed, f)
+        code, _, err = run_cli("calibrate", *reports, "--out", out)
+        self.assertEqual(code, 0, err)
 
     def test_a_prefill_no_roofline_can_price_is_a_miss_not_a_crash(self):
         """A one-client run claiming a 0.002 ms prefill sent the fit's simplex to exp() overflow."""

@@ -190,6 +190,12 @@ class SpeculativeDecoding(unittest.TestCase):
                     - h.reserve_gib * main.GIB
                 per_token = (target.kv_bytes_per_token + draft.kv_bytes_per_token) / tp
                 self.assertEqual(plan.num_blocks, int(free // (16 * per_token)))
+        # A host tier and a hand-off move whole blocks, both models' KV: a draft as large as the
+        # target halves what a tier of the same size holds.
+        spec = main.RunSpec(prefix_caching=True, kv_offloading_size=10, speculative_tokens=4)
+        alone = main.host_tier(spec, main.device_plan(spec, spec.hardware)[0]).capacity
+        drafted = main.replace(spec, draft_model=spec.model)
+        self.assertEqual(main.host_tier(drafted, main.device_plan(drafted, spec.hardware)[0]).capacity, alone // 2)
 
 
 class Compare(unittest.TestCase):
