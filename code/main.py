@@ -5199,8 +5199,7 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
         return [(a, b, p.mean_rate(a / x, b / x) / x) for a, b in zip(edges, edges[1:])]
     if not spec.trace:
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
-    rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)[:spec.requests]     # its first N, as run's
-    sends = sorted(row[0] * spec.time_scale for row in rows)
+    sends = sorted(row[0] * spec.time_scale for row in repeated_rows(spec.trace.rows, spec.trace_repeats))
     # The trace ends a mean gap after its last send, not at a whole window: an 84 s trace counted
     # over 15 minutes would be planned at a tenth of its load (and so would a last partial window).
     end = sends[-1] + ((sends[-1] - sends[0]) / (len(sends) - 1) if len(sends) > 1 and sends[-1] > sends[0] else 1.0)
@@ -5563,6 +5562,8 @@ def read_bytes(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> bytes:
                 size += len(chunks[-1])
     except OSError as e:
         raise UserError(f"{kind} {path}: cannot read it ({e.strerror})") from None
+    except MemoryError:
+        raise UserError(f"{kind} {path}: too large to hold in this process's memory; check the path") from None
     if size > limit:
         raise too_big
     return b"".join(chunks)
@@ -6998,6 +6999,8 @@ def redact_url(url: str) -> str:
     """The URL as reports print it: everything up to its last @ (a user and password, with or
     without a scheme in front, whether or not the URL parses) replaced by ***, and a query or
     fragment (?api_key=...) too."""
+    if "@" in url and re.search(r"[?#]", url):      # which @ ends a password cannot be told: show neither
+        return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*", r"\1***", url, flags=re.S)
     url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)?.*@", r"\1***@", url, flags=re.S)
     return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
@@ -9497,6 +9500,7 @@ def write_json(report, out=None) -> None:
 
 # The arguments that name files a command reads: an output must not be one of them.
 INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardware", "model": "--model",
+              "rate_profile": "--rate-profile", "replica_schedule": "--replica-schedule", "engine": "--engine",
               "draft_model": "--draft-model", "prefill_hardware": "--prefill-hardware",
               "decode_hardware": "--decode-hardware", "simulate": "--simulate", "run": "the run",
               "reports": "a report", "files": "an input"}
@@ -10607,6 +10611,8 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "trace_format", "auto") != "auto" and not getattr(namespace, "trace", None):
+            raise UserError(f"--trace-format {namespace.trace_format} says how to read --trace: give the trace")
         metrics = [metric for metric, _ in getattr(namespace, "goodput", None) or ()]
         twice = [m for m in dict.fromkeys(metrics) if metrics.count(m) > 1]
         if twice:       # as --slo: which of two bounds was meant cannot be told
@@ -11340,7 +11346,8 @@ def cmd_calibrate(args) -> int:
             seqs.add(config.get("max_num_seqs"))
 
     def listed(kind: str) -> str:
-        return ", ".join(sorted(printable(str(n)[:60]) for n in named[kind]))
+        return ", ".join(sorted(printable(str(n)[:60]) for n in named[kind] - {None})
+                         + ["one that names none"] * (None in named[kind]))
 
     def preset(kind: str, given: Optional[str], presets: dict, cls):
         if given:
@@ -11381,8 +11388,11 @@ def cmd_calibrate(args) -> int:
         # The device the reports name, where they name one preset (simulate's do; a real server's do
         # not): an H100's runs fitted from a 4-core CPU's memory and links would keep those.
         ran = named["hardware"] - {None}
+        if not args.hardware and ran and (len(ran) > 1 or not ran <= HARDWARE.keys()):
+            raise UserError(f"the reports name {listed('hardware')}, not one preset: pass --hardware, the device "
+                            f"they ran on (the preset whose memory, links and price the fit keeps)")
         base = preset("hardware", args.hardware, HARDWARE, Hardware) if args.hardware else \
-            HARDWARE[next(iter(ran))] if len(ran) == 1 and next(iter(ran)) in HARDWARE else HARDWARE["cpu-4vcpu"]
+            HARDWARE[next(iter(ran))] if ran else HARDWARE["cpu-4vcpu"]
         fitted, errors, kept = calibrate(found, model, base, args.name or f"{base.name}-calibrated")
     worst = max(range(len(found)), key=lambda i: abs(errors[i]))
     if abs(errors[worst]) > CALIBRATION_MISS:
@@ -11622,8 +11632,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--scale-up-delay; fewer are asked for once the need has been lower for "
                                    "--scale-down-after); price it against a fleet sized for the peak; and simulate "
                                    "the whole period with it. --csv is a --replica-schedule simulate reads.")
+    # (Not --requests: a plan is of the whole profile or trace, windows and the run that checks them.)
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency", "data_parallel_size",
-                                                               "replica_schedule")])
+                                                               "replica_schedule", "requests")])
     g = p.add_argument_group("plan")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
                    help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50")
@@ -11731,8 +11742,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model preset name or JSON file the server ran (default: the one the reports name)")
     p.add_argument("--hardware",
                    help="--fit hardware: the preset whose memory, reserve, links and price the result keeps "
-                        "(default: the one the reports name, else cpu-4vcpu); --fit engine: the device the runs ran "
-                        "on (default: the one the reports name)")
+                        "(default: the one preset the reports name, else cpu-4vcpu when they name none); --fit "
+                        "engine: the device the runs ran on (default: the one the reports name)")
     p.add_argument("--engine", type=engine_name, metavar="|".join(ENGINES) + "|FILE",
                    help="--fit engine: the engine whose rules, CUDA graphs and async scheduling the profile keeps and "
                         "whose costs a figure no measured step depends on keeps (default: the one the reports name, "

@@ -653,6 +653,23 @@ class ThirdPass(Checks):
                                  mentions=["--timeline", "--plot"])
             self.assertFalse(os.path.exists(same))
 
+    def test_second_look_helper_36(self):
+        """What a second careless pass found in the fixes above."""
+        # An output onto a rate profile, a replica schedule or an engine profile being read
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(os.path.join(tmp, "rp.csv"), "time_s,rate\n0,1\n60,2\n")
+            self.assert_one_line(run("simulate", "--requests", 5, "--rate-profile", profile, "--timeline", profile),
+                                 mentions=["--rate-profile"])
+            with open(profile) as f:
+                self.assertEqual(f.read(), "time_s,rate\n0,1\n60,2\n")
+        # --trace-format with no trace to read
+        self.assert_one_line(run("simulate", "--trace-format", "mooncake", "--requests", 5),
+                             mentions=["--trace-format", "--trace"])
+        # A URL with an @ after its ? shows nothing of either
+        r = run("loadgen", "--url", "http://127.0.0.1:9/v1?api_key=abc@KEYTAIL", "--requests", 1)
+        self.assert_one_line(r, mentions=["--url"])
+        self.assertNotIn("KEYTAIL", r.err)
+
     def test_a_preset_name_that_would_drive_the_terminal(self):
         with tempfile.TemporaryDirectory() as tmp:
             hardware = json.loads(run("presets", "l4-24gb").out)
