@@ -35,7 +35,11 @@ class Recovery(unittest.TestCase):
     def calibrate(self, *reports):
         # The runs of a hardware file ("known", no preset) name no preset the fit could start from:
         # the preset it was made from is given, as a user must (a run of a preset names it).
-        base = ("--hardware", "cpu-4vcpu") if any("known" in open(r).read() for r in reports) else ()
+        named = set()
+        for path in reports:
+            with open(path) as f:
+                named.add(json.load(f)["config"]["hardware"])
+        base = ("--hardware", "cpu-4vcpu") if "known" in named else ()
         out = os.path.join(self.tmp.name, "fitted.json")
         code, summary, err = run_cli("calibrate", *reports, "--out", out, *base)
         self.assertEqual(code, 0, err)
