@@ -5570,13 +5570,9 @@ def read_bytes(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> bytes:
 
 
 def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: int = FILE_BYTES) -> str:
-    """A text file (or its bytes, already read) as UTF-8 (a BOM is fine); anything else is a
-    one-line error."""
+    """A text file (or its bytes, already read by read_bytes) as UTF-8 (a BOM is fine); anything
+    else is a one-line error."""
     raw = read_bytes(path, kind, limit) if raw is None else raw
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
-    if b"\0" in raw[:65536]:
-        raise UserError(f"{kind} {path}: is a binary file, not text")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
