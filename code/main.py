@@ -359,18 +359,18 @@ class CapacityPlan:
 
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
-                  num_gpu_blocks: Optional[int] = None, extra_weight_bytes: float = 0.0,
-                  extra_kv_bytes_per_token: int = 0, of_free: bool = False) -> CapacityPlan:
-    """extra_weight_bytes, extra_kv_bytes_per_token: another model sharing the device and each
-    block (a speculative draft model: it keeps its own KV for every sequence, its layers' share
-    of each block, as vLLM allocates the drafter's attention layers beside the target's). of_free:
+                  num_gpu_blocks: Optional[int] = None, draft: Optional[ModelSpec] = None,
+                  of_free: bool = False) -> CapacityPlan:
+    """draft: a speculative draft model sharing the device, its weights and its own KV for every
+    sequence, its layers' share of each block (vLLM allocates the drafter's attention layers beside
+    the target's). of_free:
     the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
     weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
     # it replaces servesim's fixed reserve, so only the weights and the fraction limit it.
     reserve_bytes = 0.0 if kv_tokens or num_gpu_blocks else hardware.reserve_gib * GIB
     memory = hardware.memory_gib * GIB
-    weights = model.weight_bytes + extra_weight_bytes
+    weights = model.weight_bytes + (draft.weight_bytes if draft else 0.0)
     if of_free:
         free = gpu_memory_utilization * (memory - weights - reserve_bytes)
         budget = weights + reserve_bytes + max(free, 0.0)       # what the engine takes, as reported
@@ -378,14 +378,14 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
         budget = memory * gpu_memory_utilization
         free = budget - weights - reserve_bytes
     after_weights = free + reserve_bytes
-    block_bytes = block_size * (model.kv_bytes_per_token + extra_kv_bytes_per_token)
+    block_bytes = block_size * (model.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0))
     if free <= 0:
         reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
-        draft = f" plus a draft model's {extra_weight_bytes / 1e9:.2f} GB" if extra_weight_bytes else ""
+        drafted = f" plus a draft model's {draft.weight_bytes / 1e9:.2f} GB" if draft else ""
         room = f"{hardware.memory_gib:g} GiB" if of_free else \
             f"{budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f})"
         raise CapacityError(
-            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{draft}{reserve} "
+            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{drafted}{reserve} "
             f"exceed {room}; "
             f"quantize the weights, shard them with tensor parallelism, or use a bigger device")
     if num_gpu_blocks is not None:
@@ -3890,10 +3890,7 @@ def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
 
 def host_tier(spec: RunSpec, plan: CapacityPlan) -> HostTier:
     """A replica's host tier: --kv-offloading-size GiB over its GPUs' share of each block."""
-    # Each GPU moves its own share of a block (its heads of its stage's layers) over its own link.
-    stage = pipeline_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.pipeline_parallel_size)
-    device = tensor_shard(stage, spec.tensor_parallel_size)
-    block_bytes = (device.kv_bytes_per_token + draft_kv_bytes(spec)) * spec.block_size    # a block is both models'
+    block_bytes = device_kv_bytes(spec) * spec.block_size      # each GPU moves its share over its own link
     blocks = int(spec.kv_offloading_size * 2**30 / (block_bytes * spec.gpus_per_replica))
     if blocks < 1:
         raise UserError(f"--kv-offloading-size {spec.kv_offloading_size:g} GiB holds less than one KV block of "
@@ -3955,10 +3952,12 @@ def draft_of(spec: RunSpec) -> Optional[ModelSpec]:
     return tensor_shard(quantized(spec.draft_model, None, spec.kv_cache_dtype), spec.tensor_parallel_size)
 
 
-def draft_kv_bytes(spec: RunSpec) -> int:
-    """One device's KV bytes per token of the draft model: its share of every block."""
+def device_kv_bytes(spec: RunSpec) -> int:
+    """One device's KV bytes per token (its heads of its stage's layers), a draft model's included:
+    its share of every block, which a host tier and a prefill engine's hand-off move whole."""
+    stage = pipeline_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.pipeline_parallel_size)
     draft = draft_of(spec)
-    return draft.kv_bytes_per_token if draft else 0
+    return tensor_shard(stage, spec.tensor_parallel_size).kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
 
 
 def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
@@ -3969,11 +3968,8 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
         spec.pipeline_parallel_size
     stage = pipeline_shard(model, pp)
     device = expert_shard(tensor_shard(stage, tp), ep)      # what each GPU holds and computes
-    draft = draft_of(spec)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
-                         spec.kv_tokens, spec.num_gpu_blocks, extra_weight_bytes=draft.weight_bytes if draft else 0.0,
-                         extra_kv_bytes_per_token=draft_kv_bytes(spec),
-                         of_free=engine_profile(spec).kv_of_free)
+                         spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
@@ -4009,9 +4005,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     if not spec.disaggregate:
         return [engine(spec.hardware) for _ in range(spec.data_parallel_size)], None
     prefill, decode = engine(spec.prefill_hardware or spec.hardware), engine(spec.decode_hardware or spec.hardware)
-    device = tensor_shard(quantized(spec.model, spec.quantization, spec.kv_cache_dtype), spec.tensor_parallel_size)
-    link = KvLink(spec.kv_link_gbs, (device.kv_bytes_per_token + draft_kv_bytes(spec)) * spec.tensor_parallel_size,
-                  decode)
+    link = KvLink(spec.kv_link_gbs, device_kv_bytes(spec) * spec.tensor_parallel_size, decode)
     prefill.scheduler.handoff = link.send
     return [prefill, decode], link
 
@@ -5569,10 +5563,10 @@ def read_bytes(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> bytes:
     return b"".join(chunks)
 
 
-def read_text(path: str, kind: str, raw: Optional[bytes] = None, limit: int = FILE_BYTES) -> str:
-    """A text file (or its bytes, already read by read_bytes) as UTF-8 (a BOM is fine); anything
+def read_text(path: str, kind: str, limit: int = FILE_BYTES, f=None) -> str:
+    """A text file (`f`: already open, as read_bytes takes it) as UTF-8 (a BOM is fine); anything
     else is a one-line error."""
-    raw = read_bytes(path, kind, limit) if raw is None else raw
+    raw = read_bytes(path, kind, limit, f)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -6762,7 +6756,7 @@ def plain_seconds(where: str, text: str) -> float:
 
 def vllm_bench_trace(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
     """vllm bench serve --save-detailed (or loadgen --detailed): each request's length and start."""
-    report = parse_json(read_text(path, "trace", read_bytes(path, "trace", f=data) if data else None), f"trace {path}",
+    report = parse_json(read_text(path, "trace", f=data), f"trace {path}",
                         "expected a vllm bench serve --save-detailed result")
     if not isinstance(report, dict):
         raise UserError(f"trace {path}: expected a JSON object with input_lens, output_lens and start_times")
@@ -9505,6 +9499,12 @@ INPUT_ARGS = {"trace": "--trace", "prompts": "--prompts", "hardware": "--hardwar
 OUTPUT_ARGS = {"timeline": "--timeline", "plot": "--plot", "out": "--out"}
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file, through links (neither need exist yet)."""
+    return os.path.realpath(a) == os.path.realpath(b) or (os.path.exists(a) and os.path.exists(b)
+                                                          and os.path.samefile(a, b))
+
+
 def check_writable(path: str, flag: str, args=None) -> None:
     """Before the work: a file we are asked to write must have a directory to go in, and must not
     be a file the command reads (writing it would destroy the input)."""
@@ -9522,13 +9522,12 @@ def check_writable(path: str, flag: str, args=None) -> None:
             if not isinstance(value, str):
                 continue
             for read in run_files(value) if name == "run" else [value]:
-                if os.path.exists(read) and (os.path.realpath(read) == os.path.realpath(path) or
-                                             (os.path.exists(path) and os.path.samefile(read, path))):
+                if os.path.exists(read) and same_file(read, path):
                     raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
                                     f"the input, so give {flag} another file")
     for name, other in OUTPUT_ARGS.items():
         given = getattr(args, name, None)
-        if other != flag and isinstance(given, str) and os.path.realpath(given) == os.path.realpath(path):
+        if other != flag and isinstance(given, str) and same_file(given, path):
             raise UserError(f"{flag} {path}: {other} writes there too, and one would overwrite the other; give each "
                             f"its own file")
 
