@@ -138,6 +138,13 @@ class FakeServer:
         self.httpd.daemon_threads = True
         self.httpd.fake = self
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.first_contact = None
+        serve = self.httpd.process_request
+
+        def process_request(request, address):
+            self.first_contact = self.first_contact or time.monotonic()
+            serve(request, address)
+        self.httpd.process_request = process_request
 
     def __enter__(self):
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
@@ -203,7 +210,11 @@ class RawServer:
     """A TCP server on 127.0.0.1 that hands every POST (after reading it) to
     on_post(conn, method, path, headers, body) with the raw socket. GETs go to on_get the same way,
     or get a 404 JSON answer. With raw=True nothing is read first: on_connect(conn) gets the socket
-    as accepted (for a client speaking TLS to a plain server). Requests seen are in .requests."""
+    as accepted (for a client speaking TLS to a plain server). Requests seen are in .requests.
+
+    Both servers here note .first_contact, when the first connection was accepted: how long a
+    client took to give up is timed from it, not from its process's start, which a loaded machine
+    stretches by seconds."""
 
     def __init__(self, on_post=None, on_get=None, on_connect=None):
         self.on_post, self.on_get, self.on_connect = on_post, on_get, on_connect
@@ -218,6 +229,7 @@ class RawServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stopping = threading.Event()
         self.conns = []
+        self.first_contact = None
 
     def __enter__(self):
         threading.Thread(target=self.accept_loop, daemon=True).start()
@@ -240,6 +252,7 @@ class RawServer:
                 continue
             except OSError:
                 return
+            self.first_contact = self.first_contact or time.monotonic()
             self.conns.append(conn)
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 

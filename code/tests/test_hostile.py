@@ -105,9 +105,14 @@ class Hostile(unittest.TestCase):
             self.assertEqual(r["failed"], failed)
             self.assertEqual(r["errors_by_kind"][kind], failed)
 
-    def run_failing(self, url, kind, *args, mentions=(), requests=2, completed=0, within=5.0, key=""):
-        """loadgen --json --requests N: exit 1, every request that did not complete failed as `kind`."""
+    def run_failing(self, server, kind, *args, mentions=(), requests=2, completed=0, within=5.0, key=""):
+        """loadgen --json --requests N against a server (or a URL): exit 1, every request that did
+        not complete failed as `kind`, and it ended `within` seconds of its first contact with the
+        server (of its start, for a bare URL)."""
+        url = getattr(server, "url", server)
         code, out, err, took = loadgen(url, "--requests", requests, *args, key=key)
+        if getattr(server, "first_contact", None):
+            took = time.monotonic() - server.first_contact
         r = self.report(code, out, err)
         self.assertEqual(code, 1, err)
         self.assertLessEqual(len(self.error_lines(err)), 1, err)
@@ -132,7 +137,7 @@ class Transport(Hostile):
             else:
                 conn.sendall(whole)
         with RawServer(on_post) as server:
-            self.run_failing(server.url, "connection", "--model", "m", requests=4, completed=2,
+            self.run_failing(server, "connection", "--model", "m", requests=4, completed=2,
                              mentions=("reset",))
 
     def test_02_server_killed_mid_run_keeps_what_completed(self):
@@ -169,7 +174,7 @@ class Transport(Hostile):
         def on_post(conn, *request):
             conn.sendall(sse_head(extra=[f"X-Filler-{i}: {i}" for i in range(150)]) + good_stream())
         with RawServer(on_post) as server:
-            self.run_failing(server.url, "connection", "--model", "m", mentions=("header",))
+            self.run_failing(server, "connection", "--model", "m", mentions=("header",))
 
     def test_04_https_url_against_a_plain_http_server(self):
         def on_connect(conn):                  # what a plain HTTP server says to a TLS ClientHello
@@ -210,7 +215,7 @@ class Stream(Hostile):
         stream = scripted(data(chunk({"content": "a"})), data({"object": "chat.completion.chunk", "choices": [1]}),
                           data(chunk(finish="stop")), data(usage(2, 1)), "data: [DONE]\n\n")
         with FakeServer(stream) as server:
-            self.run_failing(server.url, "bad stream", mentions=("choices",))
+            self.run_failing(server, "bad stream", mentions=("choices",))
 
     def test_07_usage_counts_that_are_not_whole_numbers_leave_the_stream_measured(self):
         """A bad usage block is a bad figure, not a bad stream: left out and listed, and the
@@ -246,7 +251,7 @@ class Stream(Hostile):
                 if stop.wait(1):
                     return
         with RawServer(on_post) as server:
-            r, took = self.run_failing(server.url, "timeout", "--model", "m", "--timeout", 2, requests=1,
+            r, took = self.run_failing(server, "timeout", "--model", "m", "--timeout", 2, requests=1,
                                        mentions=("--timeout",))
         self.assertGreaterEqual(took, 2)
 
@@ -259,20 +264,20 @@ class Stream(Hostile):
     def test_09_keepalive_comments_every_300ms_and_never_an_event(self):
         stream = scripted(*[": keepalive\n\n", 0.3] * 20)        # 6 s of comments
         with FakeServer(stream) as server:
-            r, took = self.run_failing(server.url, "timeout", "--timeout", 1.5, requests=1, within=4,
+            r, took = self.run_failing(server, "timeout", "--timeout", 1.5, requests=1, within=4,
                                        mentions=("--timeout",))
         self.assertGreaterEqual(took, 1.5)
 
     def test_10_request_timeout_on_a_slow_but_steady_stream(self):
         with FakeServer(paced(ttft=0.05, gap=0.2, tokens=30)) as server:      # an event every 0.2 s for 6 s
-            r, took = self.run_failing(server.url, "timeout", "--timeout", 1, "--request-timeout", 1.2,
+            r, took = self.run_failing(server, "timeout", "--timeout", 1, "--request-timeout", 1.2,
                                        "--max-tokens", 30, requests=1, within=4, mentions=("--request-timeout",))
         self.assertGreaterEqual(took, 1.2)
 
     def test_11_a_2_mb_line_without_a_newline(self):
         stream = scripted(data(chunk({"content": "a"})), "data: " + "a" * (2 << 20), 5)   # then hold it open
         with FakeServer(stream) as server:
-            self.run_failing(server.url, "bad stream", "--timeout", 10, requests=1, within=4,
+            self.run_failing(server, "bad stream", "--timeout", 10, requests=1, within=4,
                              mentions=("longer than",))
 
 
@@ -286,7 +291,7 @@ class NotAStream(Hostile):
     def test_12_an_html_page_with_status_200(self):
         page = "<!DOCTYPE html><html><head><title>Welcome to nginx!</title></head><body>hi</body></html>"
         with FakeServer(reply_with(200, page, "text/html; charset=utf-8")) as server:
-            self.run_failing(server.url, "not an event stream", mentions=("text/html",))
+            self.run_failing(server, "not an event stream", mentions=("text/html",))
 
     def test_13_a_json_non_stream_body_with_status_200(self):
         answer = json.dumps({"object": "chat.completion", "choices": [
@@ -294,19 +299,19 @@ class NotAStream(Hostile):
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
         with self.subTest("Content-Type application/json"):
             with FakeServer(reply_with(200, answer, "application/json")) as server:
-                self.run_failing(server.url, "not an event stream", mentions=("application/json",))
+                self.run_failing(server, "not an event stream", mentions=("application/json",))
         with self.subTest("no Content-Type"):
             def on_post(conn, *request):
                 conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + answer.encode())
             with RawServer(on_post) as server:
-                self.run_failing(server.url, "not an event stream", "--model", "m")
+                self.run_failing(server, "not an event stream", "--model", "m")
 
     def test_13b_an_event_stream_that_ends_before_its_first_event_was_cut_off(self):
         # A server killed between its headers and its first event: truncated, not the wrong kind of server.
         def on_post(conn, *request):
             conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
         with RawServer(on_post) as server:
-            self.run_failing(server.url, "truncated", "--model", "m", mentions=("before its first event",))
+            self.run_failing(server, "truncated", "--model", "m", mentions=("before its first event",))
 
     def test_17_a_web_server_that_is_not_an_llm_server(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -329,7 +334,7 @@ class NotAStream(Hostile):
                 httpd.server_close()
         with self.subTest("POST is 404"):
             with FakeServer(scripted('{"detail": "Not Found"}', status=404)) as server:
-                r, _ = self.run_failing(server.url, "http 404")
+                r, _ = self.run_failing(server, "http 404")
                 self.assertIn("does not look like an OpenAI-compatible server", r.get("hint", ""), r)
 
 

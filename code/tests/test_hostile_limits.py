@@ -139,18 +139,22 @@ class DeadWorkers(unittest.TestCase):
 
     def start_until_one_worker_is_idle(self, args):
         """Start the sweep; wait until one worker has gone idle (concurrency 64 done, ~2 s) while
-        the other still runs concurrency 1 (~7 s); the busy worker's pid."""
+        the other still runs concurrency 1 (~7 s); the busy worker's pid. Idle means no CPU at all
+        over a second, busy a few ticks: on a machine other tests load, a running worker may get
+        a small share of a core, but never none for a second."""
         t0 = time.monotonic()
         proc, out_f, err_f = start([*self.SWEEP, *args])
         me = cmdline(proc.pid)
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60
         busy = []
         while time.monotonic() < end and alive(proc):
             workers = [pid for pid in children(proc.pid) if cmdline(pid) == me]
             before = {pid: cpu_ticks(pid) for pid in workers}
-            time.sleep(0.5)
-            busy = [pid for pid in workers if cpu_ticks(pid) > before[pid] + 10]
-            if len(workers) == 2 and len(busy) == 1 and time.monotonic() - t0 > 2:
+            time.sleep(1)
+            used = {pid: cpu_ticks(pid) - before[pid] for pid in workers}
+            busy = [pid for pid in workers if used[pid] >= 5]
+            idle = [pid for pid in workers if used[pid] <= 1]
+            if len(workers) == 2 and len(busy) == 1 and len(idle) == 1 and time.monotonic() - t0 > 2:
                 break
         else:
             kill_group(proc)
