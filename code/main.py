@@ -3228,6 +3228,10 @@ def list_of(kind: Callable) -> Callable:
 
 def engine_name(text: str) -> str:
     """An engine's name, or the path of a profile file (read when the run is built, so the path is kept)."""
+    if text not in ENGINES and os.path.exists(text) and not os.path.isfile(text):
+        # A profile is read again for every point a sweep or search runs: a pipe would be empty the second time.
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular file (a pipe, a device or a folder): save the "
+                                         f"profile to a file and pass its path")
     if text not in ENGINES and not text.endswith(".json") and not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(ENGINES)}, nor a profile file "
                                          f"(calibrate --fit engine writes one)")
@@ -9312,6 +9316,8 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
 def read_signals(path: str) -> Signals:
     text = read_text(path, "explain input")
     name = os.path.basename(path)
+    if not text.strip():
+        raise UserError(f"{path}: empty; pass a /metrics scrape, or a loadgen, simulate or sweep --json report")
     if not text.lstrip().startswith(("{", "[")):
         sig = signals_from_scrape(text, name)
         sig.scrape = True

@@ -585,6 +585,14 @@ class ThirdPass(Checks):
             with self.subTest(args=args):
                 self.assert_one_line(run(*args, as_bytes=2**30), mentions=["/dev/zero", "binary"])
 
+    def test_an_empty_explain_input_and_an_engine_profile_through_a_pipe_say_what_they_are(self):
+        # stop 33's notes: `explain /dev/null` called its input "null"; `--engine <(cat profile.json)`
+        # was "not a profile file"
+        self.assert_one_line(run("explain", "/dev/null"), mentions=["/dev/null", "empty"])
+        r = run("simulate", "--engine", "/dev/stdin", "--requests", 5,
+                prefix=["bash", "-c", 'echo "{}" | "$0" "$@"', sys.executable])
+        self.assert_one_line(r, mentions=["--engine", "not a regular file", "save the profile to a file"])
+
     def test_trace_repeats_past_the_request_cap(self):
         burst = os.path.join(FIXTURES, "burst.jsonl")
         self.assert_one_line(run("simulate", "--trace", burst, "--trace-repeats", 1_000_000),
