@@ -9482,12 +9482,30 @@ def write_text(text: str, out=None) -> None:
     except LookupError:
         pass
     try:
-        out.write(text)
-        out.flush()
+        write_whole(out, text, encoding)
     except BrokenPipeError:
         raise
     except OSError as e:
         raise CapacityError(f"cannot write the report: {e.strerror or e}") from None
+
+
+def write_whole(out, text: str, encoding: str) -> None:
+    """Every byte of text, even when a signal arrives while a pipe is full. The kernel then hands
+    back a part-written count; with PYTHONUNBUFFERED (common in containers) stdout has no buffer
+    to retry the rest, and its text layer drops it: a finished sweep cut at 64 KiB."""
+    layer = getattr(out, "buffer", None)
+    if layer is None:                  # a StringIO, or a stream of text only
+        out.write(text)
+        out.flush()
+        return
+    out.flush()
+    left = memoryview(text.encode(encoding, "backslashreplace"))
+    while left:
+        written = layer.write(left)
+        if written is None:            # a non-blocking stdout that is full: wait for room
+            time.sleep(0.01)
+        left = left[written or 0:]
+    layer.flush()
 
 
 def write_json(report, out=None) -> None:
@@ -10011,12 +10029,13 @@ def flatten(result: dict, prefix: str = "") -> dict:
 
 
 def print_csv(results: list[dict], out=None) -> None:
-    out = out or sys.stdout
     rows = [flatten(r) for r in results]
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
+    write_text(text.getvalue(), out)
 
 
 def timeline_csv(rows: list[dict]) -> str:

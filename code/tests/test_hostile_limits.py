@@ -7,11 +7,13 @@ peak memory is the child's own peak RSS (wait4)."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
+from helpers import ROOT
 from bounded import alive, children, cmdline, cpu_ticks, finish, jsonl, kill_group, run, start
 from fake_server import chunk, data
 from hostile_server import Drip, FakeServer, closed_port, paced, scripted
@@ -361,6 +363,50 @@ with open(path) as f:
 threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
 exec(code, {"__name__": "__main__", "__file__": path})
 """
+
+
+class OutputIntoAFullPipe(unittest.TestCase):
+    """helper-37 finding 1: `sweep --json | less`, and Ctrl-C while the finished sweep waits for
+    the pipe to take its output: with PYTHONUNBUFFERED (set in many containers) the kernel takes
+    64 KiB, the rest was dropped, and stderr said the output was written."""
+
+    def test_a_signal_while_the_output_waits_on_a_full_pipe_loses_nothing(self):
+        from helpers import main_command
+        for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            with self.subTest(signal=signum), tempfile.TemporaryFile() as err_f:
+                read_end, write_end = os.pipe()
+                proc = subprocess.Popen([*main_command(), "sweep", "--jobs", "1", "--requests", "300",
+                                         "--concurrency", "1,8,32,64,128,256", "--max-num-seqs", "16,32,64,128,256",
+                                         "--json"], stdout=write_end, stderr=err_f, cwd=ROOT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                os.close(write_end)
+                try:
+                    deadline = time.monotonic() + 60
+                    while not wchan(proc.pid).endswith("pipe_write") and proc.poll() is None:
+                        self.assertLess(time.monotonic(), deadline, "the sweep never filled the pipe")
+                        time.sleep(0.05)
+                    proc.send_signal(signum)
+                    time.sleep(0.3)
+                    with os.fdopen(read_end, "rb") as pipe:
+                        out = pipe.read().decode()
+                    proc.wait(30)
+                    err_f.seek(0)
+                    err = err_f.read().decode()
+                finally:
+                    kill_group(proc)
+                self.assertEqual(proc.returncode, code, err)
+                self.assertNotIn("Traceback", err)
+                self.assertEqual(len(json.loads(out)), 30, "the finished points are not all there")
+                self.assertGreater(len(out), 65536, "not a test of a full pipe")
+
+
+def wchan(pid):
+    """What the process is waiting in, in the kernel (anon_pipe_write: a write to a full pipe)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 class LongRuns(unittest.TestCase):
