@@ -9313,6 +9313,15 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
     return sig
 
 
+def offered_load(point: dict) -> tuple:
+    """How loaded a sweep's point was: the rate it was offered, else its clients (a sweep lists its
+    values in whatever order it was given them), then how long its requests queued, for points
+    offered the same load on different deployments."""
+    config = point.get("config") if isinstance(point.get("config"), dict) else {}
+    return tuple(v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
+                 for v in (config.get("request_rate"), config.get("max_concurrency"), point.get("mean_queue_ms")))
+
+
 def read_signals(path: str) -> Signals:
     text = read_text(path, "explain input")
     name = os.path.basename(path)
@@ -9334,8 +9343,9 @@ def read_signals(path: str) -> Signals:
         for i, point in enumerate(data):
             check_report(point, f"explain input {path} point {i + 1}")
         left = f", {len(fitted) - len(data)} whose requests all failed left out" if len(data) < len(fitted) else ""
-        return signals_from_report(data[-1], f"{name} (last of {len(data)} point{'s' if len(data) > 1 else ''}{left})",
-                                   data[-2] if len(data) > 1 else None)
+        data.sort(key=offered_load)        # stable: points offered the same load keep the sweep's order
+        return signals_from_report(data[-1], f"{name} (most loaded of {len(data)} point{'s' if len(data) > 1 else ''}"
+                                             f"{left})", data[-2] if len(data) > 1 else None)
     if isinstance(data, dict) and "median_ttft_ms" in data:
         return signals_from_report(check_report(data, f"explain input {path}"), name)
     raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")

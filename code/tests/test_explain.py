@@ -66,8 +66,14 @@ class Rows(unittest.TestCase):
         e = self.explain("sweep", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096",
                          "--max-num-seqs", "4", "--prompt-tokens", "40", "--output-tokens", "64", "--requests", "16",
                          "--concurrency", "1,4,8")
-        self.assertIn("last of 3 points", e["source"])
+        self.assertIn("most loaded of 3 points", e["source"])
         self.assertEqual(e["symptom"], "compute-bound")
+        # helper-37: the values in another order (a sweep runs them as given) judged the last one
+        flipped = self.explain("sweep", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--kv-tokens", "4096",
+                               "--max-num-seqs", "4", "--prompt-tokens", "40", "--output-tokens", "64",
+                               "--requests", "16", "--concurrency", "8,4,1")
+        self.assertEqual({k: v for k, v in flipped.items() if k != "source"},
+                         {k: v for k, v in e.items() if k != "source"})
 
 
 class WontHelp(unittest.TestCase):
@@ -254,7 +260,7 @@ class NothingRan(unittest.TestCase):
                 f.write(out)
             code, out, err = run_cli("explain", path)
         self.assertEqual(code, 0, err)
-        self.assertIn("explain sweep.json (last of 1 point, 1 whose requests all failed left out)", out)
+        self.assertIn("explain sweep.json (most loaded of 1 point, 1 whose requests all failed left out)", out)
         self.assertIn("against a 16,384-token step budget", out)
 
     def test_a_report_of_several_seeds_is_read_with_its_mean_counts(self):
