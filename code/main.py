@@ -6257,7 +6257,10 @@ NOT_PUBLISHED_SETTINGS = {
 # A published run is replayed whole: these bound one run to minutes, not hours.
 PUBLISHED_LOADS = {"concurrency": (1, 4096), "requests": (1, 20_000), "warmup": (0, 20_000),
                    "prompt_tokens": (1, 10**6), "output_tokens": (1, 10**5)}
-PUBLISHED_FIGURES = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+# The figures a published run may give, each with the range a real server's can lie in: a TPOT
+# under 0.1 ms (10,000 tokens a second to one request) is a figure in seconds, not milliseconds.
+PUBLISHED_FIGURES = {"output_throughput": (0.01, 1e8), "mean_ttft_ms": (0.1, 1e9), "mean_tpot_ms": (0.1, 1e6),
+                     "mean_e2el_ms": (0.1, 1e9)}
 
 
 def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
@@ -6268,7 +6271,11 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
     runs, skipped = [], []
     for source in sorted(os.listdir(folder)):
         path = os.path.join(folder, source, "runs.json")
-        if not os.path.isfile(path):
+        if source.startswith(".") or not os.path.isdir(os.path.join(folder, source)):
+            continue
+        if not os.path.isfile(path):         # a source dropping out of the scores without a word
+            skipped.append(f"source {os.path.join(folder, source)}: " + ("runs.json is not a regular file" if
+                           os.path.lexists(path) else "no runs.json in it"))
             continue
         try:
             data = parse_json(read_text(path, "runs"), f"runs {path}", "expected {\"runs\": [...]}")
@@ -6280,7 +6287,10 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
         for i, row in enumerate(data["runs"]):
             where = f"runs {path} run {i + 1}"
             try:
-                runs.append(published_run(row, source, os.path.join(folder, source), where))
+                run = published_run(row, source, os.path.join(folder, source), where)
+                if any(r.name == run.name for r in runs):     # it would be scored twice, and weigh twice in every median
+                    raise UserError(f"{where}: a second run named {run.name}; give each run its own name")
+                runs.append(run)
             except UserError as e:
                 skipped.append(str(e))
     if not runs:
@@ -6358,8 +6368,14 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
             raise UserError(f"{where}: a run without per-request data needs its hardware and model")
     measured = row.get("measured") or {}
     if not isinstance(measured, dict) or any(k not in PUBLISHED_FIGURES for k in measured) or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e9 for v in measured.values()):
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in measured.values()):
         raise UserError(f"{where}: measured must give positive numbers for some of {', '.join(PUBLISHED_FIGURES)}")
+    for key, value in measured.items():
+        low, high = PUBLISHED_FIGURES[key]
+        if not low <= value <= high:
+            unit = "; in seconds? the figures are in milliseconds" if key.endswith("_ms") and value < low else ""
+            raise UserError(f"{where}: measured.{key} {value:.4g} is outside what a server can give "
+                            f"({low:g} to {high:g}{unit})")
     if not measured and "replay" not in load:
         raise UserError(f"{where}: nothing measured to score")
     inferred = row.get("inferred", [])

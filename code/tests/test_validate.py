@@ -110,9 +110,15 @@ class Corpus(unittest.TestCase):
                 "every request fails": {**closed_loop_run("i"), "settings": {"max_tokens_in_flight": 50}},
                 "a name with escapes": {**closed_loop_run("j\x1b[31m\nred")},
                 # A misspelt "inferred" once scored a run out of sample that read its own figures.
-                "a misspelt field": {**closed_loop_run("k"), "infered": ["kv_cache_dtype"]}}
+                "a misspelt field": {**closed_loop_run("k"), "infered": ["kv_cache_dtype"]},
+                # helper-37: scored as +88,521%, and as inf% with a denormal throughput
+                "a TPOT in seconds": {**closed_loop_run("l"), "measured": {"mean_tpot_ms": 0.0186}},
+                "a throughput past zero": {**closed_loop_run("m"), "measured": {"output_throughput": 1e-320}},
+                # helper-37: a copy-paste slip scored twice, weighing twice in every median
+                "a name given twice": closed_loop_run("fine")}
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": list(rows.values()), "b": [closed_loop_run("fine")]})
+            os.makedirs(os.path.join(tmp, "no runs file"))        # a source that would drop out unseen
             os.makedirs(os.path.join(tmp, "broken"))
             with open(os.path.join(tmp, "broken", "runs.json"), "w") as f:
                 f.write("{not json")
@@ -124,9 +130,12 @@ class Corpus(unittest.TestCase):
         for said in ("engine must be a name", "model must be a name", "settings.engine is not a deployment setting",
                      "settings.cost_model is not", "settings.goodput is not", "load.warmpu is not a load field",
                      "load.requests must be a whole number from 1 to 20,000", "load.replay must name a folder",
-                     "simulated requests failed", "broken/runs.json", "unknown field 'infered'"):
+                     "simulated requests failed", "broken/runs.json", "unknown field 'infered'",
+                     "measured.mean_tpot_ms 0.0186 is outside what a server can give", "in seconds?",
+                     "measured.output_throughput 1e-320 is outside", "a second run named fine",
+                     "no runs file: no runs.json in it"):
             self.assertIn(said, out)
-        self.assertIn("  fine ", out)
+        self.assertEqual(out.count("  fine "), 1, out)
 
     def test_runs_with_settings_read_from_their_own_figures_are_marked_and_scored_apart(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -356,7 +365,7 @@ class EngineProfiles(unittest.TestCase):
             for flag in ("--engine", "--hardware"):
                 code, _, err = call_cli("simulate", flag, endless, "--requests", "5")
                 self.assertEqual(code, 2, err)
-                self.assertRegex(err, "more than servesim reads of such a file|is a binary file")
+                self.assertRegex(err, "more than servesim reads of such a file|is a binary file|is not a regular file")
 
     def test_an_unknown_engine_is_one_line_naming_the_known_ones(self):
         code, _, err = call_cli("simulate", "--engine", "tgi")
