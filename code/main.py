@@ -3180,7 +3180,7 @@ def real(low: float, high: float, above_low: bool = True, what: str = "") -> Cal
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
-            percent = f" (a percent? write {value / 100:g})" if high == 1 and 1 < value <= 100 else ""
+            percent = f" (a percent? write {value / 100:g})" if high == 1 and 10 <= value <= 100 else ""
             raise argparse.ArgumentTypeError(f"must be {what or ('above' if above_low else 'at least')} {low:g} "
                                              f"and at most {high:g}, got {text}{percent}" if not what else
                                              f"must be {what}, got {text}{percent}")
@@ -5765,7 +5765,7 @@ def engine_field_problem(values: dict) -> Optional[str]:
     for key, (low, high, note) in ENGINE_FIELD_RANGES.items():
         v = values[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-            return f"field {key!r} must be a number from {low:g} to {high:g} ({note}), got {printable(str(v)[:40])}"
+            return f"field {key!r} must be a number from {low:g} to {high:g} ({note}), got {printable(repr(v)[:40])}"
     return None
 
 
@@ -6601,7 +6601,7 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
         try:
             value = float(value.strip()) if not whole_number else int(value.strip())
         except ValueError:
-            raise UserError(f"{where}: field {name!r} must be a number, got {value[:40]!r}") from None
+            raise UserError(f"{where}: field {name!r} must be {'a whole number' if whole_number else 'a number'}, got {value[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high or (whole_number and value != int(value)):
         kind = "a whole number" if whole_number else "a number"
@@ -10652,8 +10652,26 @@ def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class OneLineParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # A flag spelled in full only: argparse would read `plan --rate 5` as --rate-profile 5, and
+        # a prefix that names one flag today names two when a flag is added.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         raise UserError(f"{self.prog}: {message} (see --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:        # named by the subcommand that refused them, with the flag most like each
+            sub = next((a.choices.get(getattr(namespace, "command", None)) for a in self._actions
+                        if isinstance(a, argparse._SubParsersAction)), None) or self
+            flags = [f for f in sub._option_string_actions if f.startswith("--")]
+            near = [m for word in extras if word.startswith("--")
+                    for m in ([f for f in flags if f.startswith(word.split("=")[0])][:1]
+                              or difflib.get_close_matches(word.split("=")[0], flags, 1, 0.75))]
+            sub.error(f"unrecognized arguments: {' '.join(extras)}" + (f" (did you mean {near[0]}?)" if near else ""))
+        return namespace
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)

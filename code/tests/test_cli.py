@@ -47,6 +47,8 @@ class BadInput(unittest.TestCase):
         self.assert_bad("simulate", "--prompt-tokens", "900-100", mentions=("backwards",))
         self.assert_bad("simulate", "--prompt-tokens", "ten", mentions=("--prompt-tokens",))
         self.assert_bad("capacity", "--gpu-memory-utilization", "1.5", mentions=("fraction",))
+        # helper-37: 1.5 was read as a percent, "write 0.015"
+        self.assertNotIn("percent", self.assert_bad("search", "--slo", "ttft_p95:1000", "--confidence", "1.5"))
 
     def test_conflicting_and_unknown_flags(self):
         self.assert_bad("simulate", "--rate", "2", "--concurrency", "4", mentions=("not allowed",))
@@ -54,6 +56,14 @@ class BadInput(unittest.TestCase):
         self.assert_bad("simulate", "--frobnicate")
         self.assert_bad("explode")
         self.assert_bad()
+
+    def test_a_flag_is_spelled_in_full_and_a_near_miss_names_the_flag(self):
+        # helper-37: `plan --rate 5` was read as --rate-profile 5 ("rate profile 5: cannot read it")
+        self.assert_bad("plan", "--slo", "ttft_p95:1000", "--rate", "5",
+                        mentions=("main.py plan: unrecognized arguments: --rate 5", "did you mean --rate-profile?"))
+        self.assert_bad("sweep", "--max-num-seq", "4", mentions=("main.py sweep:", "did you mean --max-num-seqs?"))
+        self.assert_bad("simulate", "--concurency", "4", mentions=("did you mean --concurrency?",))
+        self.assertNotIn("did you mean", self.assert_bad("simulate", "--frobnicate"))
 
     def test_malformed_trace_lines_name_the_file_line_and_field(self):
         path = self.write("t.jsonl", '{"arrival": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
