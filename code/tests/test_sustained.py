@@ -145,6 +145,20 @@ class SteadyWindow(unittest.TestCase):
         near = [measured(i, i * 0.5, 0.0, 1.0 if i % 25 else 5_000.0) for i in range(300)]
         self.assertTrue(self.window(near)["sustained"])
 
+    def test_a_window_shorter_than_two_lifetimes_passes_nothing_and_fails_what_it_sees(self):
+        # helper-37: a 10-second window of requests each 8 s in a batch counted the ends of the
+        # transient and the drain; it passed. Two lifetimes long, the same requests pass.
+        short = [measured(i, i * 0.1, 0.0, 8.0) for i in range(125)]
+        w = self.window(short)
+        self.assertIsNone(w["sustained"])
+        self.assertIn("shorter than 2 request lifetimes (7.9 s each", w["note"])
+        self.assertAlmostEqual(w["lifetime_s"], 7.9)
+        self.assertTrue(self.window([measured(i, i * 0.1, 0.0, 8.0) for i in range(250)])["sustained"])
+        # A wait growing past its bound in as short a window is still an overload.
+        growing = [measured(i, i * 0.1, 0.2 * i * 0.1, 8.0) for i in range(125)]
+        self.assertFalse(self.window(growing)["sustained"])
+        self.assertTrue(self.window(short, closed_loop=True)["sustained"])       # a closed loop's is by construction
+
     def test_the_edges_never_excuse_more_than_the_shortfall_allowed(self):
         # Latencies spread over minutes in a short window: the uncertainty is capped at 1 - min served,
         # so the bound stays at 0.90 and a window a third of whose requests were never served fails.
@@ -285,6 +299,16 @@ class SustainedSearch(unittest.TestCase):
                                  "--jobs", "1")
         self.assertEqual(code, 0, err)
         self.assertIn(f"rerun it: python3 {MAIN} simulate --requests ", out)
+
+    def test_few_steady_requests_do_not_pass_a_rate_past_what_the_server_serves(self):
+        # helper-37: --steady-requests 40 answered 43.7 req/s where every overloaded probe served 37.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--steady-requests", "40", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        deployment = main.json.loads(out)["deployments"][0]
+        served = [p["steady_state"]["served_rate"] for p in deployment["probes"]
+                  if p["steady_state"].get("sustained") is False]
+        self.assertTrue(served, "no probe overloaded: nothing to compare with")
+        self.assertLessEqual(deployment["highest_load"], 1.05 * max(served), (deployment["highest_load"], served))
 
     def test_jobs_leave_out_the_seeds_one_process_would_not_run(self):
         # Several processes run every seed at once; the report keeps those one process runs in turn.
