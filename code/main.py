@@ -6318,6 +6318,9 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
                 runs.append(run)
             except UserError as e:
                 skipped.append(str(e))
+    if not runs and os.path.isfile(os.path.join(folder, "runs.json")):
+        raise UserError(f"corpus {folder}: this folder is one source; pass the folder that holds the sources "
+                        f"({os.path.dirname(os.path.abspath(folder))})")
     if not runs:
         hint = "" if skipped else "; pass the folder that holds the sources, each a folder with a runs.json"
         raise UserError(f"corpus {folder}: no runs to score" + (f" ({skipped[0]})" if skipped else hint))
@@ -6342,7 +6345,7 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
             raise UserError(f"{where}: {key} must be a name, got {printable(str(row[key])[:40])}")
     if not isinstance(engine, str) or engine not in ENGINES:
         raise UserError(f"{where}: engine {engine!r} has no profile; use one of {', '.join(ENGINES)}")
-    given = row.get("settings") or {}
+    given = row.get("settings", {})
     if not isinstance(given, dict):
         raise UserError(f"{where}: settings must be an object of servesim settings")
     unknown = sorted(set(given) - set(SETTINGS))

@@ -164,6 +164,17 @@ class Corpus(unittest.TestCase):
         self.assertEqual(out, "")
         self.assertIn("no run could be replayed", err)
 
+    def test_a_source_folder_passed_as_the_corpus_and_settings_as_a_list_say_what_they_are(self):
+        # helper-37: the first said only "no runs to score"; the second blamed `inferred`
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": [closed_loop_run("x"), {**closed_loop_run("y"), "settings": []}]})
+            code, out, err = call_cli("validate", os.path.join(tmp, "a"), "--jobs", "1")
+            self.assertEqual(code, 2)
+            self.assertIn("this folder is one source; pass the folder that holds the sources", err)
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("settings must be an object of servesim settings", out)
+
     def test_a_kernel_fit_with_nothing_to_fit_says_unfitted(self):
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": [{**closed_loop_run("x"), "measured": {"mean_ttft_ms": 20.0}}],
