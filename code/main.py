@@ -9257,10 +9257,13 @@ def signals_from_scrape(text: str, name: str) -> Signals:
         del m[key]
     for key in [k for k in left_out if not k.startswith(("vllm:", "llamacpp:", "sglang:"))]:
         del left_out[key]             # another exporter's samples: explain reads none of them
+    names = ', '.join(sorted(printable(k[:60]) for k in left_out))
+    if left_out and not any(k.startswith(("vllm:", "llamacpp:", "sglang:")) for k in m):
+        raise UserError(f"{name}: none of its {sum(left_out.values()):,} server sample(s) is a number in range "
+                        f"({names}): nothing is left to diagnose")
     if left_out:
         sys.stderr.write(f"servesim: {name}: left out {sum(left_out.values()):,} sample(s) that are not a number in "
-                         f"range ({', '.join(sorted(printable(k[:60]) for k in left_out))}): the diagnosis does "
-                         f"without them\n")
+                         f"range ({names}): the diagnosis does without them\n")
     if any(k.startswith("vllm:") for k in m):
         queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),

@@ -589,6 +589,10 @@ class ThirdPass(Checks):
         # stop 33's notes: `explain /dev/null` called its input "null"; `--engine <(cat profile.json)`
         # was "not a profile file"
         self.assert_one_line(run("explain", "/dev/null"), mentions=["/dev/null", "empty"])
+        # helper-37: a scrape whose every sample is out of range printed a warning, then "no metrics"
+        with tempfile.TemporaryDirectory() as tmp:
+            bad = write(os.path.join(tmp, "bad.prom"), "vllm:num_requests_running -5\nvllm:num_requests_waiting NaN\n")
+            self.assert_one_line(run("explain", bad), mentions=["none of its 2 server sample(s) is a number in range"])
         r = run("simulate", "--engine", "/dev/stdin", "--requests", 5,
                 prefix=["bash", "-c", 'echo "{}" | "$0" "$@"', sys.executable])
         self.assert_one_line(r, mentions=["--engine", "not a regular file", "save the profile to a file"])
