@@ -6406,6 +6406,9 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
                             f"({low:g} to {high:g}{unit})")
     if not measured and "replay" not in load:
         raise UserError(f"{where}: nothing measured to score")
+    for key in ("engine_version", "cite"):
+        if row.get(key) is not None and not isinstance(row[key], str):      # null: not known
+            raise UserError(f"{where}: {key} must be text (or null), got {type(row[key]).__name__}")
     inferred = row.get("inferred", [])
     if not isinstance(inferred, list) or any(not isinstance(name, str) or name not in given for name in inferred):
         raise UserError(f"{where}: inferred must list settings the run gives (those read from its own figures)")
