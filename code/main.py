@@ -8303,8 +8303,11 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     # The batch the server really ran: its own figure when it has one, else the clients (capped by seqs).
     measured, seqs = (report.get("server") or {}).get("mean_batch_per_decode"), config.get("max_num_seqs")
     for label, value in (("server.mean_batch_per_decode", measured), ("config.max_num_seqs", seqs)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+        # (A server's mean can sit a hair under 1 at one client: a real llama.cpp read 0.9999967.)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                  not value >= (0.999 if label.startswith("server") else 1)):
             raise UserError(f"{name}: {label} must be a number of sequences, got {str(value)[:40]!r}")
+    measured = measured and max(measured, 1.0)
     # (A server's own mean, a float, can sit at or a hair over the clients: a real llama.cpp at 4
     # clients read 4 and failed a strict test. Half as many again is not that: it is another run.)
     if measured is not None and measured > 1.5 * clients:

@@ -367,12 +367,27 @@ class BadReports(unittest.TestCase):
             self.assertEqual(run_cli("calibrate", junk, one)[0], 2)
             self.assertEqual(run_cli("calibrate", os.path.join(tmp, "missing.json"))[0], 2)
 
+    def test_a_servers_mean_batch_a_hair_under_one_is_one(self):
+        # The real llama.cpp server at one client once read 0.9999967 sequences a decode: refused.
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for clients in (1, 4):
+                report = json.loads(run_cli("simulate", "--concurrency", clients, "--requests", 16, "--json")[1])
+                report.setdefault("server", {})["mean_batch_per_decode"] = 0.9999967 if clients == 1 else 3.99
+                paths.append(os.path.join(tmp, f"c{clients}.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump(report, f)
+            code, _, err = run_cli("calibrate", *paths)
+        self.assertNotEqual(code, 2, err)
+
     def test_a_report_no_closed_loop_could_have_made_is_bad_input_not_a_failed_fit(self):
         # From a careless-user pass (session 29): these were exit 1, "the best fit still misses".
         with tempfile.TemporaryDirectory() as tmp:
             report = json.loads(run_cli("simulate", "--concurrency", 4, "--requests", 16, "--json")[1])
             for edit, said in ((lambda r: r.setdefault("server", {}).update(mean_batch_per_decode=1e9),
                                 "more sequences than its 4 clients"),
+                               (lambda r: r.setdefault("server", {}).update(mean_batch_per_decode=0.5),
+                                "server.mean_batch_per_decode must be a number of sequences"),
                                (lambda r: r.update(total_input_tokens=0), "at least one prompt token")):
                 bad = json.loads(json.dumps(report))
                 edit(bad)
