@@ -6628,14 +6628,14 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
     value = row.get(name)
     if value is None:
         raise UserError(f"{where}: missing field {name!r}")
+    kind = "a whole number" if whole_number else "a number"
     if isinstance(value, str):
         try:
             value = float(value.strip()) if not whole_number else int(value.strip())
         except ValueError:
-            raise UserError(f"{where}: field {name!r} must be {'a whole number' if whole_number else 'a number'}, got {value[:40]!r}") from None
+            raise UserError(f"{where}: field {name!r} must be {kind}, got {value[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high or (whole_number and value != int(value)):
-        kind = "a whole number" if whole_number else "a number"
         raise UserError(f"{where}: field {name!r} must be {kind} from {low:,} to {high:,}, got {str(value)[:40]}")
     return int(value) if whole_number else float(value)
 
