@@ -9603,6 +9603,8 @@ def check_writable(path: str, flag: str, args=None) -> None:
         raise UserError(f"{flag} {path}: the directory {directory} does not exist")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    if os.path.isfile(path) and not os.access(path, os.W_OK):      # a rename would replace it all the same
+        raise UserError(f"{flag} {path}: is read-only; make it writable or give another file")
     for name, what in INPUT_ARGS.items():
         given = getattr(args, name, None)
         for value in given if isinstance(given, list) else [given]:
@@ -9624,17 +9626,21 @@ def write_file(path: str, text: str) -> None:
     text goes to a new file of a random name beside it (created exclusively, so a planted file or
     link of that name cannot redirect it), then replaces the file."""
     data = text.encode("utf-8", "backslashreplace")
-    if os.path.exists(path) and not os.path.isfile(path):
-        try:                          # a device or a pipe: write to it, there is nothing to replace
-            with open(path, "wb") as f:
+    # A device or a pipe, or a name for one (/dev/stdout, /proc/self/fd/1, links to whatever the
+    # shell opened): written to, there is nothing to replace (replaced, /dev/stdout became a file),
+    # and appended to, so that a file the shell opened for stdout keeps what was printed before.
+    if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
+        try:
+            with open(path, "ab") as f:
                 f.write(data)
             return
         except OSError as e:
             raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+    target = os.path.realpath(path)   # through a link (latest.csv -> run-7.csv): the link stays a link
     partial = None
     try:
         for _ in range(100):
-            candidate = f"{path}.{os.urandom(6).hex()}.partial"
+            candidate = f"{target}.{os.urandom(6).hex()}.partial"
             try:
                 fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
             except FileExistsError:
@@ -9645,7 +9651,7 @@ def write_file(path: str, text: str) -> None:
             raise CapacityError(f"cannot write {path}: no free name for its temporary file beside it")
         with open(fd, "wb") as f:
             f.write(data)
-        os.replace(partial, path)
+        os.replace(partial, target)
     except BaseException as e:        # a full disk, or a signal: no half-written file is left
         if partial:
             with contextlib.suppress(OSError):
@@ -10955,11 +10961,17 @@ def failed_exit(results: list[dict]) -> int:
 
 
 def write_timeline(args, title: str, rows: list[dict]) -> None:
-    """--timeline FILE.csv and --plot FILE.svg: the same per-second rows, as data and as a picture."""
-    if args.timeline:
-        write_file(args.timeline, timeline_csv(rows))
-    if args.plot:
-        write_file(args.plot, timeline_svg(title, rows))
+    """--timeline FILE.csv and --plot FILE.svg: the same per-second rows, as data and as a picture.
+    Each is tried whatever became of the other; the first that could not be written is raised."""
+    failed = []
+    for path, text in ((args.timeline, timeline_csv), (args.plot, lambda r: timeline_svg(title, r))):
+        if path:
+            try:
+                write_file(path, text(rows))
+            except CapacityError as e:
+                failed.append(e)
+    if failed:
+        raise failed[0]
 
 
 def cmd_simulate(args) -> int:

@@ -597,6 +597,30 @@ class ThirdPass(Checks):
                 prefix=["bash", "-c", 'echo "{}" | "$0" "$@"', sys.executable])
         self.assert_one_line(r, mentions=["--engine", "not a regular file", "save the profile to a file"])
 
+    def test_outputs_through_a_link_to_stdout_read_only_and_one_failing_beside_another(self):
+        # helper-38: a link was replaced by a file (`--timeline /dev/stdout` as root turned the
+        # container's /dev/stdout into a file), a read-only file was replaced, and a --timeline that
+        # could not be written cost the --plot beside it.
+        with tempfile.TemporaryDirectory() as tmp:
+            target, link = os.path.join(tmp, "run-7.csv"), os.path.join(tmp, "latest.csv")
+            write(target, "old\n")
+            os.symlink("run-7.csv", link)
+            self.assertEqual(run("simulate", "--requests", 5, "--timeline", link).code, 0)
+            self.assertTrue(os.path.islink(link), "the link was replaced by a file")
+            with open(target) as f:
+                self.assertTrue(f.read().startswith("t,"), "the link's target was not written")
+            r = run("simulate", "--requests", 5, "--timeline", "/proc/self/fd/1")     # stdout is a file here
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("servesim llama-3.1-8b", r.out, "the report before the timeline was lost")
+            self.assertIn("\nt,prompt_throughput", r.out)
+            os.chmod(target, 0o444)
+            if not os.access(target, os.W_OK):         # root may write it anyway
+                self.assert_one_line(run("simulate", "--requests", 5, "--timeline", target), mentions=["read-only"])
+            picture = os.path.join(tmp, "s.svg")
+            r = run("simulate", "--requests", 5, "--timeline", "/dev/full", "--plot", picture)
+            self.assertEqual(r.code, 1, r.seen())
+            self.assertTrue(os.path.exists(picture), "the --plot beside a failed --timeline was not written")
+
     def test_trace_repeats_past_the_request_cap(self):
         burst = os.path.join(FIXTURES, "burst.jsonl")
         self.assert_one_line(run("simulate", "--trace", burst, "--trace-repeats", 1_000_000),
