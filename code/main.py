@@ -7354,10 +7354,12 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
-            # max_tokens caps what a server generates, and a stream with content generated some: a
-            # count past the one or of none contradicts the request or the stream
-            if record.usage_seen and not 0 < record.output_tokens <= body["max_tokens"]:
-                why = f"more than max_tokens {body['max_tokens']:,}" if record.output_tokens else "none"
+            # max_tokens caps what a server generates, and each content event carries a token at
+            # least: a count past the one or under the other (a proxy that recounts with another
+            # tokenizer) contradicts the request or the stream, and would price each gap wrongly
+            if record.usage_seen and not max(1, len(record.token_times)) <= record.output_tokens <= body["max_tokens"]:
+                why = f"more than max_tokens {body['max_tokens']:,}" if record.output_tokens > body["max_tokens"] else \
+                    "none" if not record.output_tokens else "fewer than the content events"
                 record.left_out.append(("usage.completion_tokens",
                                         f"usage.completion_tokens {record.output_tokens:,} is {why}; the stream's "
                                         f"{len(record.token_times):,} content events were counted instead"))
