@@ -374,6 +374,20 @@ class Merge(unittest.TestCase):
         self.assertAlmostEqual(merged["median_ttft_ms"], ttfts[math.ceil(0.5 * len(ttfts)) - 1], places=6)
         self.assertEqual(code2, 2)
         self.assertIn("--detailed", err2)
+        self.assertEqual(merged["config"]["model"], parts[0]["config"]["model"])
+
+    def test_reports_of_two_models_are_refused(self):
+        # helper-38: merged into one set of percentiles, the model dropped from the report
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
+            paths = self.record(server, folder, 5)
+            with open(paths[1]) as f:
+                other = json.load(f)
+            other["config"]["model"] = "llama-3.1-70b"
+            with open(paths[1], "w") as f:
+                json.dump(other, f)
+            code, out, err = call_cli("merge", *paths)
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("is of model llama-3.1-70b", err)
 
     def test_a_report_merged_with_itself_is_refused_and_gaps_do_not_count(self):
         with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
