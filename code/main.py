@@ -11450,6 +11450,10 @@ def cmd_calibrate(args) -> int:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
+            if report.get("failed"):        # as compare says it: the figures are of the requests that ended
+                sys.stderr.write(f"servesim: report {path}: {report['failed']:,.0f} of "
+                                 f"{report['failed'] + report.get('completed', 0):,.0f} requests failed; its figures, "
+                                 f"and the fit, are of the rest\n")
             config = report.get("config") or {}
             for key in ("model", "hardware", "engine", "engine_base"):
                 if config.get(key) is not None and not isinstance(config[key], str):
@@ -11539,6 +11543,13 @@ def cmd_calibrate(args) -> int:
                    f"{'on' if fitted.overlap else 'off'}) on {hardware.name} for {model.name}: {shown}; fit: {fit}")
     else:
         written = asdict(fitted)
+        # What --hardware would refuse is no device: reports whose token counts no run had, say.
+        outside = next((f"{name} {value:,.4g} is outside {low:g} to {high:,g}" for name, value in written.items()
+                        if name in PRESET_RANGES and isinstance(value, (int, float)) and not isinstance(value, bool)
+                        for low, high, _ in [PRESET_RANGES[name]] if not low <= value <= high), None)
+        if outside:
+            raise CapacityError(f"the fit is no device a hardware file can hold: {outside}; check the reports' token "
+                                f"counts and that --model is what they ran; nothing written")
         shown = figures({"bandwidth": f"{fitted.bandwidth_gbs:.2f} GB/s", "tflops": f"{fitted.tflops:.4g} TFLOPS"})
         knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
         summary = (f"calibrated {printable(fitted.name)} for {model.name}: {shown}, {fitted.step_overhead_ms:.2f} ms per step "

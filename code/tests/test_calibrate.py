@@ -367,6 +367,32 @@ class BadReports(unittest.TestCase):
             self.assertEqual(run_cli("calibrate", junk, one)[0], 2)
             self.assertEqual(run_cli("calibrate", os.path.join(tmp, "missing.json"))[0], 2)
 
+    def test_a_fit_no_hardware_file_could_hold_is_not_written_and_failed_requests_are_said(self):
+        # helper-38: 10^15 prompt tokens fitted 968,779,000,000 GB/s, written, then refused by
+        # --hardware; a report with failed requests was fitted without a word
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = {}
+            for clients in (1, 4):
+                out = run_cli("simulate", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--concurrency",
+                              clients, "--requests", 16, "--prompt-tokens", 40, "--output-tokens", 64, "--json")[1]
+                paths[clients] = os.path.join(tmp, f"c{clients}.json")
+                with open(paths[clients], "w") as f:
+                    f.write(out)
+            with open(paths[1]) as f:
+                report = json.load(f)
+            for name, edit in (("huge", {"total_input_tokens": 10**15}), ("failed", {"failed": 4})):
+                with open(os.path.join(tmp, f"{name}.json"), "w") as f:
+                    json.dump({**report, **edit}, f)
+            out_file = os.path.join(tmp, "fit.json")
+            code, _, err = run_cli("calibrate", os.path.join(tmp, "huge.json"), paths[4], "--model",
+                                   "smollm2-135m-q8_0", "--out", out_file)
+            self.assertEqual(code, 1, err)
+            self.assertIn("the fit is no device a hardware file can hold: bandwidth_gbs", err)
+            self.assertFalse(os.path.exists(out_file))
+            code, _, err = run_cli("calibrate", os.path.join(tmp, "failed.json"), paths[4], "--model", "smollm2-135m-q8_0")
+        self.assertEqual(code, 0, err)
+        self.assertIn("4 of 20 requests failed; its figures, and the fit, are of the rest", err)
+
     def test_a_servers_mean_batch_a_hair_under_one_is_one(self):
         # The real llama.cpp server at one client once read 0.9999967 sequences a decode: refused.
         with tempfile.TemporaryDirectory() as tmp:
