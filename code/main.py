@@ -5563,6 +5563,8 @@ def text_head(f, path: str, kind: str) -> bytes:
     head = f.read(65536)
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise UserError(f"{kind} {path}: is UTF-16 text; save it as UTF-8")
+    if head.startswith(b"\x1f\x8b"):
+        raise UserError(f"{kind} {path}: is gzip-compressed; pass it through zcat, as <(zcat {path})")
     if b"\0" in head:
         raise UserError(f"{kind} {path}: is a binary file, not text")
     return head
@@ -7138,7 +7140,10 @@ def first_model(client: Http) -> str:
     try:
         status, body = client.get("/v1/models")
         if status == 200:
-            model = json.loads(body)["data"][0]["id"]
+            listed = json.loads(body)["data"]
+            if listed == []:
+                raise CapacityError(f"{client.url}/v1/models lists no model (is one still loading?); pass --model")
+            model = listed[0]["id"]
             if isinstance(model, str) and model:
                 return model
             problem = f"its first model id is {model!r}"

@@ -4,6 +4,7 @@ in them, and every number a server sends is validated where it is read; a stream
 final scrape end within their bounds, and a pasted URL is understood. Each test runs main.py in
 its own process group, as a user does (bounded.py), against a server of its own on 127.0.0.1."""
 import base64
+import gzip
 import json
 import os
 import re
@@ -341,6 +342,21 @@ class Contradictions(unittest.TestCase):
         throughput = next(l for l in text.out.splitlines() if l.startswith("throughput"))
         tok_s = float(throughput.split()[1].replace(",", ""))
         self.assertTrue(shown or tok_s < 1e6, f"the text report shows no warning beside: {throughput}")
+
+    def test_a_server_listing_no_model_says_so_and_a_gzip_trace_says_how_to_read_it(self):
+        # helper-38: "(IndexError: list index out of range)"; "is a binary file, not text"
+        with FakeServer(paced(), models={"object": "list", "data": []}) as server:
+            r = run("loadgen", "--url", server.url, "--requests", 2)
+        self.assertEqual(r.code, 1, r.seen())
+        self.assertIn("lists no model", r.err)
+        self.assertNotIn("IndexError", r.err)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.jsonl.gz")
+            with gzip.open(path, "wt") as f:
+                f.write('{"arrival": 0, "prompt_tokens": 5, "output_tokens": 5}\n')
+            r = run("simulate", "--trace", path)
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertIn("is gzip-compressed; pass it through zcat", r.err)
 
     def test_a_metrics_page_over_1_mib_is_read_or_flagged_not_called_unknown(self):
         # issue 20 finding 20: a /metrics page over 1 MiB is silently truncated
