@@ -7352,6 +7352,9 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         kind = response.getheader("Content-Type") or ""
         if response.status != 200:
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
+            # A redirect is not followed (it would take the key to another host): say where it pointed.
+            where = response.getheader("Location") if 300 <= response.status < 400 else None
+            text = f"redirected to {redact_url(client.redact(where))[:200]}; pass that as --url" if where else text
             record.error = f"http {response.status}: {' '.join(text.split())[:200]}"
         elif kind and "event-stream" not in kind:
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))

@@ -170,6 +170,17 @@ class Transport(Hostile):
         self.assertIn("connection", r["errors_by_kind"])
         self.assertLess(took, 5)
 
+    def test_02b_a_redirect_says_where_it_pointed_and_is_not_followed(self):
+        # helper-38: "2 x http 307 (the first: )", the Location never shown
+        def on_post(conn, *request):
+            conn.sendall(b"HTTP/1.0 307 Temporary Redirect\r\nLocation: https://user:pw@other.example:9/v1/chat/"
+                         b"completions\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+        with RawServer(on_post) as server:
+            r, _ = self.run_failing(server, "http 307", "--model", "m",
+                                    mentions=("redirected to https://\\*\\*\\*@other.example:9", "pass that as --url"))
+        self.assertNotIn("pw", r["first_error_by_kind"]["http 307"])
+
     def test_03_more_than_100_response_headers(self):
         def on_post(conn, *request):
             conn.sendall(sse_head(extra=[f"X-Filler-{i}: {i}" for i in range(150)]) + good_stream())
