@@ -7629,7 +7629,11 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         return {}
     before, after = scrapes[0], scrapes[-1]
 
+    went_down = []
+
     def delta(name):     # a counter that went backwards (the server restarted) has no window
+        if name in after and name in before and after[name] < before[name]:
+            went_down.append(name)
         return after[name] - before[name] if name in after and name in before and after[name] >= before[name] \
             else None
 
@@ -7686,8 +7690,22 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         }
     else:
         window = {"server": "unknown"}
+    # Each figure held to what a server can give: no count of requests or tokens below 0, no share
+    # of the cache or of prefix lookups above 1. One that is not is left out and said.
+    bad = {key: value for key, value in window.items() if key in SERVER_LABELS and isinstance(value, (int, float))
+           and (value < 0 or (key in SHARES and value > 1))}
+    if bad:
+        window.update(dict.fromkeys(bad))
+        window["impossible"] = "left out, as no server gives them: " + ", ".join(
+            f"{SERVER_LABELS[key][0]} {value:,.4g}" for key, value in bad.items())
+    if went_down:
+        window["went_down"] = (f"{', '.join(printable(n) for n in sorted(set(went_down)))} went down between the "
+                               f"first scrape and the last (the server restarted?): their window is left out")
     window["scrapes"] = len(scrapes)
     return window
+
+
+SHARES = ("peak_kv_cache_usage", "peak_token_usage", "prefix_hit_rate")
 
 
 def timings_report(records: list[StreamRecord]) -> Optional[dict]:
@@ -9894,7 +9912,7 @@ def print_server(result: dict, w) -> None:
         if server.get("generated_tokens") is not None:
             w(f"{'':<12}client counted {server['client_output_tokens']:,} output tokens, the server "
               f"{server['generated_tokens']:,.0f} (difference {server['client_minus_server_tokens']:,.0f})\n")
-    for note in ("final_scrape", "ignored_samples"):
+    for note in ("final_scrape", "ignored_samples", "impossible", "went_down"):
         if server.get(note):
             w(f"{'':<12}{server[note]}\n")
     timings = result.get("timings")

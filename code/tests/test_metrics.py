@@ -80,5 +80,30 @@ class EngineItl(unittest.TestCase):
         self.assertNotAlmostEqual(result["p99_itl_ms"], gaps[math.ceil(0.9 * n) - 1] * 1000, delta=0.0005)
 
 
+
+class ServerWindow(unittest.TestCase):
+    """helper-38: a cache 300% full, a 500% prefix hit rate and a negative mean batch were printed
+    as measured; a counter that went down (a restart) left its figures blank without a word."""
+
+    def test_what_no_server_gives_is_left_out_and_said(self):
+        before = {"vllm:num_requests_running": 1, "vllm:kv_cache_usage_perc": 0.5, "vllm:prefix_cache_queries_total": 10,
+                  "vllm:prefix_cache_hits_total": 0, "vllm:generation_tokens_total": 100}
+        after = {**before, "vllm:kv_cache_usage_perc": 3.0, "vllm:prefix_cache_queries_total": 20,
+                 "vllm:prefix_cache_hits_total": 50, "vllm:generation_tokens_total": 50}
+        w = main.server_window([before, after])
+        self.assertEqual((w["peak_kv_cache_usage"], w["prefix_hit_rate"], w["generated_tokens"]), (None, None, None))
+        self.assertEqual(w["impossible"], "left out, as no server gives them: peak kv cache usage 3, prefix hit rate 5")
+        self.assertIn("vllm:generation_tokens_total went down", w["went_down"])
+        self.assertEqual(w["peak_running"], 1)
+        llama = [{"llamacpp:n_decode_total": 100, "llamacpp:n_busy_slots_per_decode": 5.0},
+                 {"llamacpp:n_decode_total": 120, "llamacpp:n_busy_slots_per_decode": 0.5}]
+        w = main.server_window(llama)
+        self.assertIsNone(w["mean_batch_per_decode"])      # (0.5 x 120 - 5 x 100) / 20 = -22
+        self.assertIn("mean batch per decode -22", w["impossible"])
+        fine = main.server_window([before, {**before, "vllm:generation_tokens_total": 130}])
+        self.assertNotIn("impossible", fine)
+        self.assertEqual(fine["generated_tokens"], 30)
+
+
 if __name__ == "__main__":
     unittest.main()
