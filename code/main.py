@@ -7498,19 +7498,27 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
     """name -> value; samples that are not finite or beyond PROMETHEUS_LIMIT are left out (and
     counted by name in `ignored`)."""
     values: dict[str, float] = {}
+    series = set()
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         if "{" in line:
             name, _, rest = line.partition("{")
-            rest = rest.rsplit("}", 1)[-1]
+            labels, _, rest = rest.rpartition("}")
         else:
             name, _, rest = line.partition(" ")
+            labels = ""
         name = name.strip()
         parts = rest.split()
         if not parts or name.endswith("_created"):
             continue
+        if (name, labels) in series:      # one series twice (Prometheus refuses such a page): added, it counts twice
+            if ignored is not None:
+                key = f"{name} given twice"
+                ignored[key if key in ignored or len(ignored) < 32 else "other names"] += 1
+            continue
+        series.add((name, labels))
         try:
             value = float(parts[0])
         except ValueError:
@@ -8148,7 +8156,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     if sampler.ignored:
         names = client.redact(", ".join(f"{name[:80]} ({n:,})" for name, n in sampler.ignored.most_common(3)))
         result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
-                                               f"within +-10^15 and were left out: {names}")
+                                               f"within +-10^15, or repeated a series, and were left out: {names}")
     # The server's own shape, kept so that compare simulates this server and not the defaults.
     shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
     result["server"]["shape"] = shape or {"unknown": note}
@@ -9304,7 +9312,7 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                         f"({names}): nothing is left to diagnose")
     if left_out:
         sys.stderr.write(f"servesim: {name}: left out {sum(left_out.values()):,} sample(s) that are not a number in "
-                         f"range ({names}): the diagnosis does without them\n")
+                         f"range, or repeat a series ({names}): the diagnosis does without them\n")
     if any(k.startswith("vllm:") for k in m):
         queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),

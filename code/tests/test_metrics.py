@@ -100,6 +100,13 @@ class ServerWindow(unittest.TestCase):
         w = main.server_window(llama)
         self.assertIsNone(w["mean_batch_per_decode"])      # (0.5 x 120 - 5 x 100) / 20 = -22
         self.assertIn("mean batch per decode -22", w["impossible"])
+        # One series twice is left out, not added (it doubled the tokens); several engines' series add up.
+        ignored = Counter()
+        page = ('vllm:generation_tokens_total{model_name="a"} 30\nvllm:generation_tokens_total{model_name="a"} 30\n'
+                'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 4\n')
+        self.assertEqual(main.parse_prometheus(page, ignored),
+                         {"vllm:generation_tokens_total": 30.0, "vllm:num_requests_running": 7.0})
+        self.assertEqual(ignored, Counter({"vllm:generation_tokens_total given twice": 1}))
         fine = main.server_window([before, {**before, "vllm:generation_tokens_total": 130}])
         self.assertNotIn("impossible", fine)
         self.assertEqual(fine["generated_tokens"], 30)
