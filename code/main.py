@@ -7355,7 +7355,12 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             # A redirect is not followed (it would take the key to another host): say where it pointed.
             where = response.getheader("Location") if 300 <= response.status < 400 else None
             text = f"redirected to {redact_url(client.redact(where))[:200]}; pass that as --url" if where else text
-            record.error = f"http {response.status}: {' '.join(text.split())[:200]}"
+            # A server shedding load (429, 503) says when to come back: a lower --rate or --concurrency will.
+            after = response.getheader("Retry-After")
+            text = " ".join(text.split())[:200] or "(an empty body)"
+            if after:
+                text += f" (Retry-After: {client.redact(' '.join(after.split()))[:40]})"
+            record.error = f"http {response.status}: {text}"
         elif kind and "event-stream" not in kind:
             text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"

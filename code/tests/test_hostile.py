@@ -181,6 +181,14 @@ class Transport(Hostile):
                                     mentions=("redirected to https://\\*\\*\\*@other.example:9", "pass that as --url"))
         self.assertNotIn("pw", r["first_error_by_kind"]["http 307"])
 
+    def test_02c_a_429_with_an_empty_body_says_so_and_when_to_come_back(self):
+        # helper-38: "http 429 (the first: )"
+        def on_post(conn, *request):
+            conn.sendall(b"HTTP/1.0 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+        with RawServer(on_post) as server:
+            self.run_failing(server, "http 429", "--model", "m", mentions=(r"an empty body\) \(Retry-After: 1\)",))
+
     def test_03_more_than_100_response_headers(self):
         def on_post(conn, *request):
             conn.sendall(sse_head(extra=[f"X-Filler-{i}: {i}" for i in range(150)]) + good_stream())
