@@ -7636,6 +7636,9 @@ class MetricsSampler:
         self.close()
 
 
+SHARES = ("peak_kv_cache_usage", "peak_token_usage", "prefix_hit_rate")     # of the cache, of prefix lookups: 0 to 1
+
+
 def server_window(scrapes: list[dict[str, float]]) -> dict:
     """Before/after deltas of counters and before/peak/after of gauges, by server."""
     if len(scrapes) < 2:
@@ -7705,20 +7708,17 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         window = {"server": "unknown"}
     # Each figure held to what a server can give: no count of requests or tokens below 0, no share
     # of the cache or of prefix lookups above 1. One that is not is left out and said.
-    bad = {key: value for key, value in window.items() if key in SERVER_LABELS and isinstance(value, (int, float))
+    bad = {key: value for key, value in window.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
            and (value < 0 or (key in SHARES and value > 1))}
     if bad:
         window.update(dict.fromkeys(bad))
         window["impossible"] = "left out, as no server gives them: " + ", ".join(
-            f"{SERVER_LABELS[key][0]} {value:,.4g}" for key, value in bad.items())
+            f"{key} {value:,.4g}" for key, value in bad.items())
     if went_down:
         window["went_down"] = (f"{', '.join(printable(n) for n in sorted(set(went_down)))} went down between the "
                                f"first scrape and the last (the server restarted?): their window is left out")
     window["scrapes"] = len(scrapes)
     return window
-
-
-SHARES = ("peak_kv_cache_usage", "peak_token_usage", "prefix_hit_rate")
 
 
 def timings_report(records: list[StreamRecord]) -> Optional[dict]:

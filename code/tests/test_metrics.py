@@ -92,14 +92,14 @@ class ServerWindow(unittest.TestCase):
                  "vllm:prefix_cache_hits_total": 50, "vllm:generation_tokens_total": 50}
         w = main.server_window([before, after])
         self.assertEqual((w["peak_kv_cache_usage"], w["prefix_hit_rate"], w["generated_tokens"]), (None, None, None))
-        self.assertEqual(w["impossible"], "left out, as no server gives them: peak kv cache usage 3, prefix hit rate 5")
+        self.assertEqual(w["impossible"], "left out, as no server gives them: peak_kv_cache_usage 3, prefix_hit_rate 5")
         self.assertIn("vllm:generation_tokens_total went down", w["went_down"])
         self.assertEqual(w["peak_running"], 1)
         llama = [{"llamacpp:n_decode_total": 100, "llamacpp:n_busy_slots_per_decode": 5.0},
                  {"llamacpp:n_decode_total": 120, "llamacpp:n_busy_slots_per_decode": 0.5}]
         w = main.server_window(llama)
         self.assertIsNone(w["mean_batch_per_decode"])      # (0.5 x 120 - 5 x 100) / 20 = -22
-        self.assertIn("mean batch per decode -22", w["impossible"])
+        self.assertIn("mean_batch_per_decode -22", w["impossible"])
         # One series twice is left out, not added (it doubled the tokens); several engines' series add up.
         ignored = Counter()
         page = ('vllm:generation_tokens_total{model_name="a"} 30\nvllm:generation_tokens_total{model_name="a"} 30\n'
