@@ -6005,6 +6005,14 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         return float(value)
 
     starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
+    began = config.get("started_perf")
+    if isinstance(began, (int, float)) and not isinstance(began, bool) and math.isfinite(began):
+        # loadgen sends nothing before it starts: an earlier start time is an edited one, and
+        # would stretch the run (a start 100 s early merged into a 22-hour run).
+        early = next((i for i, t in enumerate(starts) if t < began - 1), None)
+        if early is not None:
+            raise UserError(f"{kind} {name}: request {early}'s start time {starts[early]:g} is before the run started "
+                            f"({began:g}, config.started_perf)")
     first_start = min(starts) if starts else 0.0
     if starts and max(starts) - first_start > MAX_ARRIVAL_S:
         raise UserError(f"{kind} {name}: its start_times span more than a year")
@@ -6030,6 +6038,9 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             raise UserError(f"{kind} {name}: request {i}'s itls must be a list of seconds between tokens, got "
                             f"{printable(str(gaps)[:40])!r}")
         gaps = [seconds(g, i, "gap between tokens") for g in gaps]
+        if len(gaps) > max(output - 1, 0) and output:       # a gap is between two of its tokens
+            raise UserError(f"{kind} {name}: request {i} has {len(gaps):,} gaps between tokens for an output of "
+                            f"{output:,} tokens; each gap is between two of them")
         first = sent + seconds(ttft, i, "ttft")
         latency = latencies[i] if latencies else None
         if latency is not None and seconds(latency, i, "latency") < first - sent - 0.001:

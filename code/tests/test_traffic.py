@@ -376,6 +376,24 @@ class Merge(unittest.TestCase):
         self.assertIn("--detailed", err2)
         self.assertEqual(merged["config"]["model"], parts[0]["config"]["model"])
 
+    def test_an_edited_start_time_or_more_gaps_than_tokens_are_refused(self):
+        # helper-38: a start 100 s early merged into a 22-hour run; 57 gaps for 8 tokens halved tok/s
+        with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
+            paths = self.record(server, folder, 5)
+            with open(paths[0]) as f:
+                report = json.load(f)
+            for edit, said in ((lambda r: r["start_times"].__setitem__(0, r["config"]["started_perf"] - 100),
+                                "is before the run started"),
+                               (lambda r: r["itls"].__setitem__(0, [0.01] * 57), "57 gaps between tokens for an output")):
+                bad = json.loads(json.dumps(report))
+                edit(bad)
+                with open(paths[1], "w") as f:
+                    json.dump(bad, f)
+                with self.subTest(said=said):
+                    code, out, err = call_cli("merge", paths[1])
+                    self.assertEqual(code, 2, err)
+                    self.assertIn(said, err)
+
     def test_reports_of_two_models_are_refused(self):
         # helper-38: merged into one set of percentiles, the model dropped from the report
         with tempfile.TemporaryDirectory() as folder, FakeServer(paced(tokens=3)) as server:
