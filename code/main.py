@@ -6038,7 +6038,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             raise UserError(f"{kind} {name}: request {i}'s itls must be a list of seconds between tokens, got "
                             f"{printable(str(gaps)[:40])!r}")
         gaps = [seconds(g, i, "gap between tokens") for g in gaps]
-        if len(gaps) > max(output - 1, 0) and output:       # a gap is between two of its tokens
+        if output and len(gaps) > output - 1:       # a gap is between two of its tokens
             raise UserError(f"{kind} {name}: request {i} has {len(gaps):,} gaps between tokens for an output of "
                             f"{output:,} tokens; each gap is between two of them")
         first = sent + seconds(ttft, i, "ttft")
@@ -7515,6 +7515,10 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
     counted by name in `ignored`)."""
     values: dict[str, float] = {}
     series = set()
+
+    def ignore(key: str) -> None:         # by name, the first 32 names: a page may hold thousands
+        if ignored is not None:
+            ignored[key if key in ignored or len(ignored) < 32 else "other names"] += 1
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -7530,9 +7534,7 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
         if not parts or name.endswith("_created"):
             continue
         if (name, labels) in series:      # one series twice (Prometheus refuses such a page): added, it counts twice
-            if ignored is not None:
-                key = f"{name} given twice"
-                ignored[key if key in ignored or len(ignored) < 32 else "other names"] += 1
+            ignore(f"{name} given twice")
             continue
         series.add((name, labels))
         try:
@@ -7543,8 +7545,8 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
             # A counter or a count over several label sets (a data-parallel server's engines) adds
             # up; a share of the KV cache does not: the fullest cache is the one that binds.
             values[name] = max(values.get(name, 0.0), value) if name in KV_GAUGES else values.get(name, 0.0) + value
-        elif ignored is not None:
-            ignored[name if name in ignored or len(ignored) < 32 else "other names"] += 1
+        else:
+            ignore(name)
     return values
 
 
@@ -9006,12 +9008,12 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         seen.update({mark: path for mark in marks})
         parts.append((path, measured, anchor))
         machines.append(machine_of(path, report))
-        models.setdefault(config.get("model") if isinstance(config.get("model"), str) else None, path)
+        if isinstance(config.get("model"), str):
+            models.setdefault(config["model"], path)
     if not parts:
         raise UserError("no report has a measured request to merge")
-    named = {model: path for model, path in models.items() if model is not None}
-    if len(named) > 1:        # one run's percentiles over two models' requests describe neither
-        (a, first), (b, second) = list(named.items())[:2]
+    if len(models) > 1:        # one run's percentiles over two models' requests describe neither
+        (a, first), (b, second) = list(models.items())[:2]
         raise UserError(f"report {second} is of model {printable(b[:80])}, report {first} of {printable(a[:80])}: "
                         f"merge the reports of one deployment")
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
@@ -9045,7 +9047,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
             result["request_goodput"] *= scale
         result["duration"] = busy
     result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
-                        "model": next(iter(named), None),
+                        "model": next(iter(models), None),
                         "reports": [path for path, _ in reports], "requests_each": [len(m.requests) for _, m, _ in parts],
                         "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
     if any(m["shard"] for m in machines):
