@@ -3638,8 +3638,9 @@ class RunSpec:
         "to be at least this share of its offered rate (requests sent a second)", "sustained", metavar="F")
     max_queue_growth: float = setting(
         0.05, "--max-queue-growth", fraction, "sustained needs the wait (queue time) of the requests sent in the "
-        "steady window to grow by at most this many seconds per second of run: the queue grows by at most this "
-        "share of the offered rate", "sustained", metavar="F")
+        "steady window to grow by at most this many seconds per second of run (the queue grows by at most this "
+        "share of the offered rate), and by less over the whole window than a request's lifetime (the median "
+        "time from its first token to its last)", "sustained", metavar="F")
 
     @property
     def gpus_per_replica(self) -> int:
@@ -4475,6 +4476,15 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # fail is what the server served, if the count is not lower still (a queue the wait does not
     # see, such as a disaggregated decode's, grows too): that is the figure reported and judged.
     # (A closed loop's is a count as any other: it is sustained by construction.)
+    # A wait growing more slowly than max_growth still grows: over a long enough window it adds
+    # more to every request than the request's own time in a batch, and its latencies are then the
+    # run's length speaking (at 38 req/s on the default H100, 12,501 requests: 0.049 s per s over
+    # 263 s, 12.9 s of queue on 7 s lifetimes, TTFT p95 13.7 s where 1,251 requests had 0.7 s).
+    lives = sorted(r.last_token_s - r.first_token_s for r in window if r.error is None and r.last_token_s is not None
+                   and r.first_token_s is not None)
+    life = lives[len(lives) // 2] if lives else 0.0
+    if not tests and growth > 0 and growth * (end - start) > life:
+        tests.append("wait")
     unfailed = offered * (1 - failed / len(window))
     if tests and not closed_loop:
         served = min(served, unfailed / (1 + growth))
@@ -4484,9 +4494,6 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     sustained = closed_loop or not tests
     # Too short a window can pass a server that cannot keep up, never fail one that can: what it
     # gives is a shortfall or a growing wait, which a longer window would only make plainer.
-    lives = sorted(r.last_token_s - r.first_token_s for r in window if r.error is None and r.last_token_s is not None
-                   and r.first_token_s is not None)
-    life = lives[len(lives) // 2] if lives else 0.0
     if sustained and not closed_loop and end - start < WINDOW_LIFETIMES * life:
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
                 "closed_loop": False, "lifetime_s": life,
@@ -4494,7 +4501,9 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
                         f"({life:,.3g} s each, the median from first token to last): too short a run to tell "
                         f"whether the server keeps up"}
     why = [] if sustained else [
-        *([f"wait grows {growth:.3g} s per s > {max_growth:g}"] if "wait" in tests else []),
+        *([f"wait grows {growth:.3g} s per s > {max_growth:g}" if growth > max_growth else
+           f"wait grows {growth:.3g} s per s, {growth * (end - start):,.3g} s over the window > a request's "
+           f"{life:,.3g} s lifetime"] if "wait" in tests else []),
         *([f"served {served / offered:.1%} < {least:.1%} of offered"
            + (f" ({failed:,} of the window's requests failed)" if failed else "")] if "served" in tests else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
@@ -4797,10 +4806,10 @@ def tidy(x: float, within: float) -> float:
 
 def highest_passing(passes: Callable[[float], bool], start: float, tolerance: float, integer: bool = False,
                     lowest: float = 1e-3, highest: float = 1e6,
-                    guess: Optional[Callable[[Optional[float], float], Optional[float]]] = None
-                    ) -> tuple[Optional[float], Optional[float]]:
+                    guess: Optional[Callable[[Optional[float], float], Optional[float]]] = None,
+                    factor: float = 2.0) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
-    until the answer changes, then narrow the bracket until the two are within `tolerance` of
+    (or multiply and divide by `factor`) until the answer changes, then narrow the bracket until the two are within `tolerance` of
     each other (relative; whole numbers also stop 1 apart). Every load at or below the first
     passed and every one at or above the second failed; on a curve that is not monotone, that is
     one boundary of several, not necessarily the highest. (None, x): even the lowest load failed;
@@ -4814,7 +4823,7 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
     row that did not halve the bracket are followed by a bisection, so it halves at least once
     every three probes; the answer means the same either way."""
     guess = None if integer else guess
-    step = (lambda x: x * 2) if passes(start) else (lambda x: x / 2)
+    step = (lambda x: x * factor) if passes(start) else (lambda x: x / factor)
     low, high = (start, None) if step(1) > 1 else (None, start)
     guided = False
     while True:
@@ -4825,6 +4834,8 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
             x = tidy(hint, tolerance * hint / 100)
         if integer:
             x = int(round(x))
+        elif factor != 2:      # (halves and doubles of a tidy start are tidy already)
+            x = tidy(x, tolerance * x / 100)
         if x > highest or x < lowest or x in (low, high):
             return low, high
         if passes(x):
@@ -4885,7 +4896,8 @@ class Probing:
     whatever --requests says, and passes only if the server keeps up in that window and the
     window's requests meet the SLO. Otherwise a burst: the trace played once passes if all its
     requests meet the SLO. Each probe runs `seeds` seeds (seed, seed + 1, ...), of which at least
-    `confidence` must pass."""
+    `confidence` must pass. A sustained highest rate is rechecked with probes `recheck` times as
+    long (see search_point)."""
     slo: Slo
     by: str = "rate"
     target: Optional[float] = None
@@ -4895,6 +4907,15 @@ class Probing:
     seeds: int = 1
     confidence: float = 1.0
     guided: bool = True        # narrow where the probes point (False: bisect, as bench compares)
+    recheck: int = 10
+
+    def rechecking(self) -> Optional["Probing"]:
+        """The probing that rechecks a sustained highest rate: the same, with a steady window
+        `recheck` times as long. None where there is nothing to recheck: a burst, a closed loop
+        (sustained by construction), or a recheck of 1."""
+        if not self.sustained or self.by != "rate" or self.recheck <= 1:
+            return None
+        return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1)
 
     def check(self, spec: RunSpec) -> None:
         if self.confidence < 1 and self.seeds == 1:
@@ -4908,6 +4929,11 @@ class Probing:
                              "within the shortfall allowed)" if floor < MAX_WINDOW_FLOOR else
                              f"(2 / (1 - min served), at most {MAX_WINDOW_FLOOR}: no shortfall, or almost none, is "
                              f"allowed)") + f"; give --steady-requests {floor} or more")
+        longest = self.steady_requests * (self.recheck if self.rechecking() else 1)
+        if longest > MAX_REQUESTS // 2:
+            raise UserError(f"--steady-requests {self.steady_requests:,} x --recheck {self.recheck} is "
+                            f"{longest:,} requests in a recheck's window, more than the {MAX_REQUESTS // 2:,} a run "
+                            f"holds there; lower one of them")
 
     def requests(self, spec: RunSpec) -> int:
         """Requests a sustained probe sends: the steady window's, after the transient it skips."""
@@ -5064,12 +5090,21 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                  probing: Probing, mapper: Callable = map) -> dict:
     """One deployment: its run at the target load, or its highest load that passes, found by
     highest_passing; for a trace, the highest load of a burst too (the trace played once). Each
-    probe's result is kept, with its `load`, its `misses` and how many seeds passed."""
+    probe's result is kept, with its `load`, its `misses` and how many seeds passed.
+
+    A sustained highest rate is then rechecked with probes probing.recheck times as long, and
+    stepped down until one holds: near capacity a queue settles far more slowly than one probe's
+    window, and the sustained rule's tolerances (a few percent of the offered rate unserved, a
+    wait growing 0.05 s per s) pass a few percent of overload, which a run ten times as long turns
+    into an SLO miss (the default search's 38.13 req/s: its 1,251-request probe met TTFT p95 1 s
+    and kept up; 12,510 requests at that rate were overloaded, TTFT p95 13.9 s). A target rate is
+    probed at the recheck's length from the start. The recheck's probes are kept too, marked
+    `recheck`; the answer is theirs."""
     point = shown_settings(settings)
     deployment = sweep_point(spec, settings)
     found = {"settings": point, "by": probing.by}
 
-    def searched(how: Probing) -> dict:
+    def searched(how: Probing, start: Optional[float] = None, highest: float = 1e6, factor: float = 2.0) -> dict:
         probes: list[dict] = []
         margins: dict[float, Optional[list[float]]] = {}     # load -> each bound's, on its worst seed
 
@@ -5118,6 +5153,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             result = runs[0] if len(runs) == 1 else seeded(runs)
             enough = passed >= need
             result["load"], result["seeds_passed"], result["seeds_run"] = load, passed, len(runs)
+            if how.recheck == 1 and probing.recheck > 1:
+                result["recheck"] = True
             if how.sustained:
                 result["probe_requests"] = probe.requests        # longer than usual if its window fell short
             if enough:
@@ -5132,7 +5169,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 result["missed_seed"] = seed
             probes.append(result)
             if progress:
-                progress(f"{how.by} {load:g}: " + ("meets the slo" if enough else "misses: " + result["misses"][0]))
+                progress(f"{how.by} {load:g}" + (f" ({probe.requests:,} requests)" if how.sustained else "") + ": " +
+                         ("meets the slo" if enough else "misses: " + result["misses"][0]))
             if not enough and how.by == "rate" and ran_alone(result) and not any(not p["misses"] for p in probes):
                 raise Alone()
             return enough
@@ -5145,17 +5183,39 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 steady = next(p for p in probes if p["load"] == high).get("steady_state") or {}
                 return how.boundary(low, margins.get(low), high, margins[high], steady)
 
-            low, high = highest_passing(passes, how.start(deployment), how.tolerance,
+            low, high = highest_passing(passes, start or how.start(deployment), how.tolerance,
                                         integer=how.by == "concurrency", lowest=how.lowest(deployment),
-                                        guess=guess if how.guided else None)
+                                        highest=highest, guess=guess if how.guided else None, factor=factor)
         except Alone:
             return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
                     "alone": True}
         return {"probes": probes, "highest_load": low, "lowest_missing_load": high,
                 "best": next((p for p in probes if p["load"] == low), None)}
 
+    def rechecked(first: dict, how: Probing) -> dict:
+        """The first search's answer rechecked with `how`'s longer probes: from that answer,
+        never above its miss, down a tolerance at a time until one holds (a long probe costs ten
+        short ones, and the first answer overshoots by a few percent: halving would take more)."""
+        low, high = first["highest_load"], first["lowest_missing_load"]
+        if low is None or first.get("alone"):
+            return first
+        # A step a hair under the tolerance: a pass one step below a miss ends the search.
+        second = searched(how, start=low, highest=high if high is not None else low,
+                          factor=1 + 0.98 * how.tolerance)
+        probes = first["probes"] + second["probes"]
+        if second.get("alone") or second["highest_load"] is None:
+            return {**second, "probes": probes}
+        return {"probes": probes, "highest_load": second["highest_load"],
+                "lowest_missing_load": second["lowest_missing_load"] or high, "best": second["best"]}
+
     try:
-        found.update(searched(probing))
+        longer = probing.rechecking()
+        if longer and probing.target is not None:
+            found.update(searched(longer))
+        else:
+            found.update(searched(probing))
+            if longer:
+                found.update(rechecked(found, longer))
         if deployment.trace and probing.target is None and probing.sustained:
             found["burst"] = searched(replace(probing, sustained=False))
     except Unfit as e:
@@ -5542,6 +5602,7 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
             "steady_requests": probing.steady_requests if probing.sustained else None,
             "probe_requests": probing.requests(spec) if probing.sustained else None,
+            "recheck": probing.recheck if probing.rechecking() else None,
             "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
             "tried": f"{len(found)} of {len(points)}" if stopped else None}
 
@@ -6578,7 +6639,8 @@ def collect_shards(paths: list[str], fingerprint: str, points: list[dict]) -> li
     for item in items:          # a deployment's best probe is one of its probes, as the search made it
         for part in (item, item.get("burst") or {}):
             if part.get("best") is not None:
-                part["best"] = next(p for p in part["probes"] if p["load"] == part["best"]["load"])
+                part["best"] = next(p for p in part["probes"] if p["load"] == part["best"]["load"]
+                                    and p.get("recheck") == part["best"].get("recheck"))
     return items
 
 
@@ -10261,7 +10323,8 @@ def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[di
                         if trace and probing.by == "rate" else [])
     columns += [(name.replace("_", " "), lambda r, key=key: number(probing.figures(r)[key]))
                 for name, key, _ in probing.slo.bounds]
-    if probing.sustained:
+    if probing.sustained:         # a probe lengthened, or rechecked, sent more than the usual
+        columns.append(("requests", lambda r: f"{r.get('probe_requests', 0):,}"))
         columns.append(("served", lambda r: "-" if (r.get("steady_state") or {}).get("sustained") is None else
                         f"{r['steady_state']['served_rate'] / r['steady_state']['offered_rate']:.0%}"))
     if probing.seeds > 1:
@@ -10298,12 +10361,18 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
              + " must pass (seeds stop once the verdict is certain)") if probing.seeds > 1 else ""
     if not probing.sustained:
         return f"each probe: the workload once, passing if all its requests meet the slo{seeds}"
+    longer, recheck = probing.rechecking(), ""
+    if longer and probing.target is not None:
+        probing = longer
+    elif longer:
+        recheck = (f"; the highest rate that passes is rechecked with probes of {longer.requests(spec):,} requests "
+                   f"({probing.recheck}x the window), {probing.tolerance:.0%} lower at a time until one holds")
     return (f"each probe: {probing.requests(spec):,} requests or more (--requests is not used), at least "
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
             f"{spec.min_served:.0%} of offered less its edges' uncertainty, wait growing <= "
-            f"{spec.max_queue_growth:g} s per s){seeds}")
+            f"{spec.max_queue_growth:g} s per s and by less than a request's lifetime over the window){seeds}{recheck}")
 
 
 def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
@@ -10723,9 +10792,13 @@ def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
                                                  (burst, item.get("burst"), "dashed", " played once")):
                 if not searched:
                     continue
-                probes = sorted(searched["probes"], key=lambda p: p["load"])
-                panel.add((named(item) or "probes") + suffix, [(p["load"], how.figures(p)[key]) for p in probes],
-                          style, color)
+                for rechecked in (False, True):     # the recheck's longer probes as a line of their own
+                    probes = sorted((p for p in searched["probes"] if bool(p.get("recheck")) == rechecked),
+                                    key=lambda p: p["load"])
+                    if probes:
+                        panel.add((named(item) or "probes") + suffix + (" rechecked" if rechecked else ""),
+                                  [(p["load"], how.figures(p)[key]) for p in probes],
+                                  "points" if rechecked else style, color)
                 best = searched.get("best")
                 if best:
                     panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g}"))
@@ -11205,7 +11278,12 @@ def cmd_search(args) -> int:
     # Checked as each probe runs, with the load the search puts on it; kept without one.
     spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
     spec = replace(spec, rate=None, concurrency=None)
-    probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    if args.recheck is not None and by == "concurrency":
+        raise UserError(f"--recheck {args.recheck}: a closed loop (--concurrency, --load concurrency) sends only when a "
+                        f"request ends, so it is sustained by construction and there is no rate to recheck; drop "
+                        f"--recheck")
+    probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
+                      recheck=Probing.recheck if args.recheck is None else args.recheck)
     probing.check(spec)
     problem = undefined_slo(spec, slo)
     if problem:
@@ -11784,6 +11862,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
                         "answer does not move with run length, only with its arrivals' luck (about 1/sqrt(N) of the "
                         "rate); at least 2 / (1 - --min-served), 40 at the default (default: %(default)s)")
+    g.add_argument("--recheck", type=whole(1, 100), metavar="X",
+                   help="recheck the highest sustained rate found with probes X times as long (X times "
+                        "--steady-requests in the window), stepping down until one holds: near capacity a queue "
+                        "settles more slowly than one probe shows, and a rate a probe passes can fall behind over a "
+                        "longer run; a --rate target is probed at that length from the start; 1: no recheck "
+                        f"(default: {Probing.recheck})")
     add_seed_args(g, search=True)
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "

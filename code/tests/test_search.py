@@ -113,6 +113,17 @@ class Bisection(unittest.TestCase):
         self.assertLess(high, 0.002)
         self.assertEqual(main.highest_passing(lambda x: True, 1.0, 0.05, highest=100)[1], None)
 
+    def test_a_factor_steps_down_a_tolerance_at_a_time_and_ends_without_narrowing(self):
+        # The recheck's steps: from a start that fails, down by the factor until one passes.
+        probes = []
+        low, high = main.highest_passing(lambda x: probes.append(x) or x <= 30.5, 38.13, 0.05, highest=39,
+                                         factor=1 + 0.98 * 0.05)
+        self.assertEqual(probes, [38.13, 36.35, 34.65, 33.03, 31.5, 30.03])
+        self.assertTrue(low <= 30.5 < high and high - low <= 0.05 * low, (low, high))
+        self.assertEqual(probes[-2:], [high, low])       # the last miss and the pass below it: no narrowing
+        # A start that passes stops at `highest` rather than step up past the first search's miss.
+        self.assertEqual(main.highest_passing(lambda x: True, 38.13, 0.05, highest=39, factor=1.049), (38.13, None))
+
     def test_on_a_curve_that_is_not_monotone_it_returns_a_true_boundary(self):
         # Noisy curves: pass/fail flips at random. Whatever the curve, the answer passed, the
         # bound above it failed, and the two are within the tolerance.
@@ -519,8 +530,10 @@ class Shards(unittest.TestCase):
     def test_a_target_rate_search_collects_the_same_ranking(self):
         with tempfile.TemporaryDirectory() as tmp:
             paths = self.shards(tmp, 2, "--rate", "0.5")
-            self.assertEqual(call_cli(*self.SEARCH, "--rate", "0.5", "--collect", *paths),
-                             call_cli(*self.SEARCH, "--rate", "0.5"))
+            whole, collected = [(code, out, re.sub(r"(?m)^search: .*\n", "", err)) for code, out, err in
+                                (call_cli(*self.SEARCH, "--rate", "0.5", "--collect", *paths),
+                                 call_cli(*self.SEARCH, "--rate", "0.5"))]
+            self.assertEqual(collected, whole)
 
     def test_a_set_that_misses_repeats_or_mixes_shards_is_one_line(self):
         with tempfile.TemporaryDirectory() as tmp:

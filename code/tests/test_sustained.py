@@ -39,9 +39,25 @@ class SteadyWindow(unittest.TestCase):
         self.assertFalse(w["sustained"])
 
     def test_the_thresholds_decide(self):
-        requests = [measured(i, i * 0.5, i * 0.5 * 0.04) for i in range(400)]     # wait grows 0.04 s per s
+        # Wait grows 0.04 s per s, 6.38 s over the 159.5 s window: less than a request's 9.9 s lifetime.
+        requests = [measured(i, i * 0.5, i * 0.5 * 0.04, 10.0) for i in range(400)]
         self.assertTrue(main.steady_window(requests, 0.2, 0.95, 0.05, False)["sustained"])
         self.assertFalse(main.steady_window(requests, 0.2, 0.95, 0.03, False)["sustained"])
+
+    def test_a_slow_growth_that_outgrows_a_requests_lifetime_is_an_overload(self):
+        # The same 0.04 s per s, under --max-queue-growth, on requests of a 0.9 s lifetime: their
+        # latency is soon mostly the queue the run's length built.
+        w = main.steady_window([measured(i, i * 0.5, i * 0.5 * 0.04) for i in range(400)], 0.2, 0.95, 0.05, False)
+        self.assertFalse(w["sustained"])
+        self.assertEqual(w["overloaded_on"], ["wait"])
+        self.assertRegex(w["overloaded_by"][0], r"^wait grows 0.04 s per s, 6.38 s over the window > a request's "
+                                                r"0.9 s lifetime$")
+        # Shorter, it stays under the lifetime: 0.04 s per s over 16 s is 0.64 s.
+        short = main.steady_window([measured(i, i * 0.5, i * 0.5 * 0.04) for i in range(40)], 0.2, 0.95, 0.05, False)
+        self.assertIsNot(short["sustained"], False)
+        # A wait that does not grow never trips it, however long the run.
+        flat = main.steady_window([measured(i, i * 0.5, 0.3) for i in range(4000)], 0.2, 0.95, 0.05, False)
+        self.assertTrue(flat["sustained"])
 
     def test_a_closed_loop_is_sustained_by_construction(self):
         requests = [measured(i, i * 0.5, i * 0.5, 1.0) for i in range(200)]
@@ -273,6 +289,52 @@ class SustainedSearch(unittest.TestCase):
         steady = main.run(rerun)["steady_state"]
         self.assertTrue(steady["sustained"])
         self.assertLessEqual(steady["p95_ttft_ms"], 2000)
+
+    def test_a_rate_a_probe_passes_but_a_run_ten_times_as_long_misses_is_stepped_down(self):
+        # The default deployment and workload: the first search's answer (38.13 req/s) kept up and
+        # met TTFT p95 1 s over its 1,251-request probe; 12,501 requests at that rate miss it. The
+        # recheck steps down until a probe that long holds, and that probe is the answer's rerun.
+        slo = main.parse_slo("ttft_p95:1000")
+        spec = main.RunSpec(prompt_tokens=main.TokenRange(256, 1024), output_tokens=main.TokenRange(64, 256))
+        found = main.search_point(spec, {}, probing=main.Probing(slo))
+        first = max(p["load"] for p in found["probes"] if not p.get("recheck") and not p["misses"])
+        long = main.Probing(slo).rechecking()
+        self.assertEqual(long.steady_requests, 10_000)
+        missed = main.run(long.probe(spec, first))
+        self.assertTrue(long.misses(missed), "the first answer holds ten times as long: nothing to recheck here")
+        rechecked = [p for p in found["probes"] if p.get("recheck")]
+        self.assertEqual(rechecked[0]["load"], first)          # the recheck starts at the first answer
+        self.assertEqual(rechecked[0]["misses"], long.misses(missed))
+        best = found["best"]
+        self.assertTrue(best["recheck"])
+        self.assertEqual(best["probe_requests"], long.requests(spec))
+        self.assertEqual(best["misses"], [])
+        self.assertLess(found["highest_load"], first / 1.04)
+        self.assertTrue(all(p["misses"] for p in rechecked if p["load"] > found["highest_load"]))
+        # --recheck 1 keeps the first answer.
+        once = main.search_point(spec, {}, probing=main.Probing(slo, recheck=1))
+        self.assertEqual(once["highest_load"], first)
+        self.assertFalse(any(p.get("recheck") for p in once["probes"]))
+
+    def test_a_target_rate_is_probed_at_the_rechecks_length(self):
+        report = self.search("--rate", "0.5")
+        probe, = report["deployments"][0]["probes"]
+        self.assertEqual(probe["probe_requests"], main.math.ceil(3000 / 0.8) + 1)
+        self.assertTrue(probe["recheck"])
+        self.assertIn("--requests 3751 ", probe["rerun"])
+        _, out, _ = call_cli(*self.ARGS[:-3], "--rate", "0.5", "--recheck", "2", "--jobs", "1")
+        self.assertIn("each probe: 751 requests or more", out)
+
+    def test_a_recheck_with_nothing_to_recheck_or_too_long_is_refused(self):
+        for extra, said in ((("--load", "concurrency", "--recheck", "3"), "sustained by construction"),
+                            (("--concurrency", "8", "--recheck", "3"), "sustained by construction"),
+                            (("--steady-requests", "500000", "--recheck", "3"), "1,500,000 requests in a recheck"),
+                            (("--recheck", "0",), "--recheck"), (("--recheck", "101",), "--recheck")):
+            with self.subTest(extra=extra):
+                code, _, err = call_cli("search", "--slo", "ttft_p95:1000", *extra)
+                self.assertEqual(code, 2, err)
+                self.assertIn(said, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_every_probe_reruns_as_shown(self):
         item = self.search()["deployments"][0]
