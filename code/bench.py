@@ -122,7 +122,8 @@ def searched(found: list) -> str:
     runs = sum(p.get("seeds_run", 1) for item in found for p in item["probes"])
     widths = [(item["lowest_missing_load"] - item["highest_load"]) / item["highest_load"] for item in found
               if item.get("highest_load") and item.get("lowest_missing_load")]
-    return f"{probes} probes ({runs} runs), brackets {100 * sum(widths) / len(widths):.1f}% wide on average"
+    return f"{probes} probes ({runs} runs), " + (f"brackets {100 * sum(widths) / len(widths):.1f}% wide on average"
+                                                 if widths else "no brackets")
 
 
 search_s, found = best_of(1, lambda: list(main.search_points(spec, points, probing, jobs=jobs)))
@@ -135,9 +136,10 @@ once = main.replace(probing, recheck=1)
 once_s, unchecked = best_of(1, lambda: list(main.search_points(spec, points, once, jobs=jobs)))
 drops = [(u["highest_load"] - f["highest_load"]) / u["highest_load"] for u, f in zip(unchecked, found)
          if u.get("highest_load") and f.get("highest_load")]
-print(f"  without the recheck (--recheck 1): {once_s:.1f} s for {searched(unchecked)}; the recheck lowered "
-      f"{sum(d > 0 for d in drops)} of {len(drops)} answers, by {100 * sum(drops) / len(drops):.1f}% on average "
-      f"(at most {100 * max(drops):.1f}%)")
+print(f"  without the recheck (--recheck 1): {once_s:.1f} s for {searched(unchecked)}; " +
+      (f"the recheck lowered {sum(d > 0 for d in drops)} of {len(drops)} answers, by "
+       f"{100 * sum(drops) / len(drops):.1f}% on average (at most {100 * max(drops):.1f}%)" if drops else
+       "no deployment had an answer both ways"))
 bisect_s, bisected = best_of(1, lambda: list(main.search_points(spec, points, main.replace(once, guided=False),
                                                                 jobs=jobs)))
 print(f"  without the recheck, by bisection alone: {bisect_s:.1f} s for {searched(bisected)}")

@@ -3639,8 +3639,9 @@ class RunSpec:
     max_queue_growth: float = setting(
         0.05, "--max-queue-growth", fraction, "sustained needs the wait (queue time) of the requests sent in the "
         "steady window to grow by at most this many seconds per second of run (the queue grows by at most this "
-        "share of the offered rate), and by less over the whole window than a request's lifetime (the median "
-        "time from its first token to its last)", "sustained", metavar="F")
+        "share of the offered rate), and by less over the whole window than a request's time in service (the "
+        "median end-to-end latency less the wait) or than twice the wait's mean swing about its trend",
+        "sustained", metavar="F")
 
     @property
     def gpus_per_replica(self) -> int:
@@ -4477,13 +4478,20 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # see, such as a disaggregated decode's, grows too): that is the figure reported and judged.
     # (A closed loop's is a count as any other: it is sustained by construction.)
     # A wait growing more slowly than max_growth still grows: over a long enough window it adds
-    # more to every request than the request's own time in a batch, and its latencies are then the
-    # run's length speaking (at 38 req/s on the default H100, 12,501 requests: 0.049 s per s over
-    # 263 s, 12.9 s of queue on 7 s lifetimes, TTFT p95 13.7 s where 1,251 requests had 0.7 s).
-    lives = sorted(r.last_token_s - r.first_token_s for r in window if r.error is None and r.last_token_s is not None
-                   and r.first_token_s is not None)
+    # more to every request than the request's own time in service (end to end, less its wait),
+    # and its latencies are then the run's length speaking (at 38 req/s on the default H100, 12,501
+    # requests: 0.049 s per s over 263 s, 12.9 s of queue on 7 s in service, TTFT p95 13.7 s where
+    # 1,251 requests had 0.7 s). Only a growth past the wait's own swings about its trend counts: a
+    # slope drawn through noise is none (a client that cannot see the queue sees 1-token outputs
+    # served in 0 s, and any slope at all would pass that).
+    done = [r for r in window if r.error is None and r.last_token_s is not None and r.first_token_s is not None]
+    services = sorted(r.last_token_s - r.sent_s - (r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
+                      for r in done)
+    service = services[len(services) // 2] if services else 0.0
+    lives = sorted(r.last_token_s - r.first_token_s for r in done)
     life = lives[len(lives) // 2] if lives else 0.0
-    if not tests and growth > 0 and growth * (end - start) > life:
+    grown = growth * (end - start)
+    if not tests and grown > service and grown > 2 * mean_residual(waits):
         tests.append("wait")
     unfailed = offered * (1 - failed / len(window))
     if tests and not closed_loop:
@@ -4502,8 +4510,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
                         f"whether the server keeps up"}
     why = [] if sustained else [
         *([f"wait grows {growth:.3g} s per s > {max_growth:g}" if growth > max_growth else
-           f"wait grows {growth:.3g} s per s, {growth * (end - start):,.3g} s over the window > a request's "
-           f"{life:,.3g} s lifetime"] if "wait" in tests else []),
+           f"wait grows {growth:.3g} s per s, {grown:,.3g} s over the window > a request's {service:,.3g} s in "
+           f"service"] if "wait" in tests else []),
         *([f"served {served / offered:.1%} < {least:.1%} of offered"
            + (f" ({failed:,} of the window's requests failed)" if failed else "")] if "served" in tests else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
@@ -4809,8 +4817,10 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
                     guess: Optional[Callable[[Optional[float], float], Optional[float]]] = None,
                     factor: float = 2.0) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
-    (or multiply and divide by `factor`) until the answer changes, then narrow the bracket until the two are within `tolerance` of
-    each other (relative; whole numbers also stop 1 apart). Every load at or below the first
+    until the answer changes, then narrow the bracket until the two are within `tolerance` of
+    each other (relative; whole numbers also stop 1 apart). A `factor` under 2 steps by it,
+    twice, then by its square, its fourth power and so on up to 2: a walk that starts with small
+    steps (the recheck's) reaches an answer far away in a few more. Every load at or below the first
     passed and every one at or above the second failed; on a curve that is not monotone, that is
     one boundary of several, not necessarily the highest. (None, x): even the lowest load failed;
     (x, None): `highest` passed.
@@ -4823,11 +4833,13 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
     row that did not halve the bracket are followed by a bisection, so it halves at least once
     every three probes; the answer means the same either way."""
     guess = None if integer else guess
-    step = (lambda x: x * factor) if passes(start) else (lambda x: x / factor)
-    low, high = (start, None) if step(1) > 1 else (None, start)
-    guided = False
+    up = passes(start)
+    low, high = (start, None) if up else (None, start)
+    guided, steps, ratio = False, 0, factor
     while True:
-        x = step(high if low is None else low)
+        steps += 1
+        ratio = min(2.0, ratio * ratio) if steps > 2 else ratio
+        x = low * ratio if up else high / ratio
         hint = guess(None, high) if low is None and guess and not guided else None
         guided = hint is not None and math.isfinite(hint) and x < hint and hint * (1 + tolerance) < high
         if guided:
@@ -5104,7 +5116,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     deployment = sweep_point(spec, settings)
     found = {"settings": point, "by": probing.by}
 
-    def searched(how: Probing, start: Optional[float] = None, highest: float = 1e6, factor: float = 2.0) -> dict:
+    def searched(how: Probing, start: Optional[float] = None, highest: float = 1e6, factor: float = 2.0,
+                 count: Optional[int] = None) -> dict:
         probes: list[dict] = []
         margins: dict[float, Optional[list[float]]] = {}     # load -> each bound's, on its worst seed
 
@@ -5125,7 +5138,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             try:
                 # The first seed sets the probe's length: longer, while its steady window holds
                 # fewer requests than asked for (its first requests ended late).
-                probe = how.probe(deployment, load)
+                probe = how.probe(deployment, load, count)
                 runs = [run(probe)]
                 for _ in range(MAX_LENGTHENINGS):
                     longer = how.longer(probe, runs[0])
@@ -5193,15 +5206,18 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 "best": next((p for p in probes if p["load"] == low), None)}
 
     def rechecked(first: dict, how: Probing) -> dict:
-        """The first search's answer rechecked with `how`'s longer probes: from that answer,
-        never above its miss, down a tolerance at a time until one holds (a long probe costs ten
-        short ones, and the first answer overshoots by a few percent: halving would take more)."""
+        """The first search's answer rechecked with `how`'s longer probes, each at least
+        probing.recheck times the probe that passed (which may have been lengthened): from that
+        answer, never above its miss, down a tolerance at a time, twice, then faster (a long probe
+        costs ten short ones, and the first answer overshoots by a few percent: halving would take
+        more), then narrowed as the first was."""
         low, high = first["highest_load"], first["lowest_missing_load"]
         if low is None or first.get("alone"):
             return first
-        # A step a hair under the tolerance: a pass one step below a miss ends the search.
-        second = searched(how, start=low, highest=high if high is not None else low,
-                          factor=1 + 0.98 * how.tolerance)
+        passed = first["best"].get("probe_requests", 0)
+        count = probing.recheck * passed if passed > probing.requests(deployment) else None
+        second = searched(how, start=low, highest=high if high is not None else low, factor=RECHECK_STEP(how.tolerance),
+                          count=count)
         probes = first["probes"] + second["probes"]
         if second.get("alone") or second["highest_load"] is None:
             return {**second, "probes": probes}
@@ -5224,6 +5240,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
 
 
 MAX_LENGTHENINGS = 4       # a probe whose steady window is short is run longer at most this often
+# The recheck's first steps: a hair under the tolerance, so a pass one step below a miss ends it.
+RECHECK_STEP = lambda tolerance: 1 + 0.98 * tolerance
 MAX_PROBE_GROWTH = 16      # ... and to at most this many times its usual requests
 
 
@@ -5601,8 +5619,12 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
             "steady_requests": probing.steady_requests if probing.sustained else None,
-            "probe_requests": probing.requests(spec) if probing.sustained else None,
+            # A target is probed at the recheck's length; a highest load's answer is a recheck's probe.
+            "probe_requests": None if not probing.sustained else
+            (probing.rechecking() or probing).requests(spec) if probing.target is not None else probing.requests(spec),
             "recheck": probing.recheck if probing.rechecking() else None,
+            "recheck_requests": probing.rechecking().requests(spec) if probing.rechecking() and probing.target is None
+            else None,
             "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
             "tried": f"{len(found)} of {len(points)}" if stopped else None}
 
@@ -10365,14 +10387,16 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
     if longer and probing.target is not None:
         probing = longer
     elif longer:
-        recheck = (f"; the highest rate that passes is rechecked with probes of {longer.requests(spec):,} requests "
-                   f"({probing.recheck}x the window), {probing.tolerance:.0%} lower at a time until one holds")
+        step = 1 - 1 / RECHECK_STEP(probing.tolerance)
+        recheck = (f"; the highest rate that passes is rechecked with probes {probing.recheck}x as long "
+                   f"({longer.requests(spec):,} requests or more), {100 * step:.2g}% lower at a time, twice, then "
+                   f"more, until one holds")
     return (f"each probe: {probing.requests(spec):,} requests or more (--requests is not used), at least "
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
             f"{spec.min_served:.0%} of offered less its edges' uncertainty, wait growing <= "
-            f"{spec.max_queue_growth:g} s per s and by less than a request's lifetime over the window){seeds}{recheck}")
+            f"{spec.max_queue_growth:g} s per s and over the window by less than a request's time in service){seeds}{recheck}")
 
 
 def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
@@ -10402,7 +10426,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     workload = (f"trace {trace}" if trace else
                 f"prompt {spec.prompt_tokens}  output {spec.output_tokens}"
                 + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
-    unit = "req/s" if by == "rate" else "clients"
+    unit = ("conversations/s" if spec.turns > 1 else "req/s") if by == "rate" else "clients"
     load = (f"at {target:g} {unit}" if target is not None else
             f"highest {by} within {100 * probing.tolerance:.3g}%" if by == "rate" else "highest concurrency")
     where = "" if "hardware" in axes else f" on {spec.hardware.name}"
@@ -11017,6 +11041,15 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
+def add_recheck_arg(g, what: str = "the highest sustained rate found") -> None:
+    g.add_argument("--recheck", type=whole(1, 100), metavar="X",
+                   help=f"recheck {what} with probes X times as long (X times --steady-requests in the window), "
+                        "stepping down (by --tolerance twice, then by more while it keeps missing) until one holds: "
+                        "near capacity a queue settles more slowly than one probe shows, and a rate a probe passes "
+                        "can fall behind over a longer run; a search's --rate target is probed at that length from "
+                        f"the start; 1: no recheck (default: {Probing.recheck})")
+
+
 def add_seed_args(g, search: bool = False) -> None:
     g.add_argument("--seeds", type=whole(1, MAX_SEEDS), default=1, metavar="N",
                    help="run each point with N seeds (--seed, --seed + 1, ...) and report every figure as their mean "
@@ -11230,7 +11263,8 @@ def cmd_plan(args) -> int:
         raise UserError(problem)
     if args.plot:
         check_writable(args.plot, "--plot", args)
-    probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence)
+    probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
+                      recheck=Probing.recheck if args.recheck is None else args.recheck)
     probing.check(spec)
     scaling = Scaling(args.window, args.min_replicas, args.max_replicas, args.scale_down_after, args.ahead, delay)
     report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
@@ -11278,7 +11312,7 @@ def cmd_search(args) -> int:
     # Checked as each probe runs, with the load the search puts on it; kept without one.
     spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
     spec = replace(spec, rate=None, concurrency=None)
-    if args.recheck is not None and by == "concurrency":
+    if (args.recheck or 1) > 1 and by == "concurrency":
         raise UserError(f"--recheck {args.recheck}: a closed loop (--concurrency, --load concurrency) sends only when a "
                         f"request ends, so it is sustained by construction and there is no rate to recheck; drop "
                         f"--recheck")
@@ -11363,7 +11397,8 @@ def cmd_search(args) -> int:
              if len(ranked) > 1 else f"the deployment does not fit ({unfit[0]['does_not_fit']})"] if unfit else []
     if not chosen and len(unfit) < len(ranked):    # the question had no answer: no load, or not this one
         absorbed = [item["burst"]["best"]["load"] for item in ranked if (item.get("burst") or {}).get("best")]
-        unit = "req/s" if by == "rate" else "client" if target == 1 else "clients"
+        unit = ("conversations/s" if spec.turns > 1 else "req/s") if by == "rate" else \
+            "client" if target == 1 else "clients"
         lines.append("no deployment meets the slo " + (f"at {target:g} {unit}"
                      if target is not None else "at a sustained load" if absorbed else "at any load tried")
                      + (f" (played once, the trace meets it up to {max(absorbed):.4g} req/s)" if absorbed else "")
@@ -11831,8 +11866,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", help="the highest load within an SLO, or the cheapest deployment that serves a load",
                        description="Without --rate or --concurrency: find the highest Poisson rate (or, with --load "
                                    "concurrency, the most clients; with a --trace, the rate its arrivals are scaled "
-                                   "to) at which every --slo bound holds, doubling then bisecting, each probe exactly "
-                                   "the simulate run its rerun command shows. With --rate R (or --concurrency N): "
+                                   "to) at which every --slo bound holds and the server keeps up, doubling then "
+                                   "bisecting, then rechecking that rate with probes ten times as long (--recheck), "
+                                   "each probe exactly the simulate run its rerun command shows. With --rate R (or --concurrency N): "
                                    "run every deployment of the grid the list flags describe (--hardware, -tp, -dp, "
                                    "--max-num-seqs, --quantization, ...) at that load and rank the ones that meet "
                                    "the SLO by cost; a deployment that does not fit is listed with the reason. Exit "
@@ -11852,7 +11888,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the highest-load search varies (default: %(default)s)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
                    help="stop narrowing when the highest pass and lowest miss are within this share of each "
-                        "other (clients: or 1 apart) (default: %(default)s)")
+                        "other (clients: or 1 apart); the recheck's first steps down are this share too "
+                        "(default: %(default)s)")
     g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="search deployments (or, with fewer deployments, each probe's seeds) in N processes; the "
                         "output is the same as with 1 (default: the number of cores, %(default)s here)")
@@ -11860,14 +11897,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests each probe sends inside its steady window: it sends N / (1 - --steady-skip) in "
                         "all, whatever --requests says, and more if its first requests end so late that the window "
                         "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
-                        "answer does not move with run length, only with its arrivals' luck (about 1/sqrt(N) of the "
-                        "rate); at least 2 / (1 - --min-served), 40 at the default (default: %(default)s)")
-    g.add_argument("--recheck", type=whole(1, 100), metavar="X",
-                   help="recheck the highest sustained rate found with probes X times as long (X times "
-                        "--steady-requests in the window), stepping down until one holds: near capacity a queue "
-                        "settles more slowly than one probe shows, and a rate a probe passes can fall behind over a "
-                        "longer run; a --rate target is probed at that length from the start; 1: no recheck "
-                        f"(default: {Probing.recheck})")
+                        "answer does not move with --requests; it moves with N: a longer window sees more of a queue "
+                        "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
+                        "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, and at most "
+                        f"{MAX_REQUESTS // 2:,} / --recheck (default: %(default)s)")
+    add_recheck_arg(g)
     add_seed_args(g, search=True)
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "
@@ -11925,6 +11959,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how close the one-replica capacity the first guesses start from is found (default: %(default)s)")
     g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
                    help="requests each probe sends in its steady window, as search's (default: %(default)s)")
+    add_recheck_arg(g, "the one-replica capacity")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.svg",
                      help="draw the load over the period and the replicas needed, asked for and serving (default: off)")

@@ -113,14 +113,22 @@ class Bisection(unittest.TestCase):
         self.assertLess(high, 0.002)
         self.assertEqual(main.highest_passing(lambda x: True, 1.0, 0.05, highest=100)[1], None)
 
-    def test_a_factor_steps_down_a_tolerance_at_a_time_and_ends_without_narrowing(self):
-        # The recheck's steps: from a start that fails, down by the factor until one passes.
+    def test_a_factor_steps_down_a_tolerance_at_a_time_then_faster(self):
+        # The recheck's walk: from a start that fails, down by the factor twice, then by its square,
+        # its fourth power...; a pass one or two steps down ends it without narrowing.
         probes = []
-        low, high = main.highest_passing(lambda x: probes.append(x) or x <= 30.5, 38.13, 0.05, highest=39,
+        low, high = main.highest_passing(lambda x: probes.append(x) or x <= 35, 38.13, 0.05, highest=39,
                                          factor=1 + 0.98 * 0.05)
-        self.assertEqual(probes, [38.13, 36.35, 34.65, 33.03, 31.5, 30.03])
-        self.assertTrue(low <= 30.5 < high and high - low <= 0.05 * low, (low, high))
-        self.assertEqual(probes[-2:], [high, low])       # the last miss and the pass below it: no narrowing
+        self.assertEqual(probes, [38.13, 36.35, 34.65])
+        self.assertEqual((low, high), (34.65, 36.35))
+        # Far below, the steps grow, then the bracket is narrowed as usual: helper-39's tolerance
+        # of 0.1% took 116 steps of 0.1% to walk 10% down.
+        for tolerance, answer in ((0.05, 20.0), (1e-3, 34.3), (1e-3, 0.5)):
+            probes = []
+            low, high = main.highest_passing(lambda x: probes.append(x) or x <= answer, 38.13, tolerance, highest=39,
+                                             factor=1 + 0.98 * tolerance)
+            self.assertTrue(low <= answer < high and high - low <= tolerance * low, (tolerance, answer, low, high))
+            self.assertLess(len(probes), 30, (tolerance, answer, probes))
         # A start that passes stops at `highest` rather than step up past the first search's miss.
         self.assertEqual(main.highest_passing(lambda x: True, 38.13, 0.05, highest=39, factor=1.049), (38.13, None))
 

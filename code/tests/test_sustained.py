@@ -39,25 +39,40 @@ class SteadyWindow(unittest.TestCase):
         self.assertFalse(w["sustained"])
 
     def test_the_thresholds_decide(self):
-        # Wait grows 0.04 s per s, 6.38 s over the 159.5 s window: less than a request's 9.9 s lifetime.
+        # Wait grows 0.04 s per s, 6.38 s over the 159.5 s window: less than a request's 10 s in service.
         requests = [measured(i, i * 0.5, i * 0.5 * 0.04, 10.0) for i in range(400)]
         self.assertTrue(main.steady_window(requests, 0.2, 0.95, 0.05, False)["sustained"])
         self.assertFalse(main.steady_window(requests, 0.2, 0.95, 0.03, False)["sustained"])
 
-    def test_a_slow_growth_that_outgrows_a_requests_lifetime_is_an_overload(self):
-        # The same 0.04 s per s, under --max-queue-growth, on requests of a 0.9 s lifetime: their
-        # latency is soon mostly the queue the run's length built.
+    def test_a_slow_growth_that_outgrows_a_requests_time_in_service_is_an_overload(self):
+        # The same 0.04 s per s, under --max-queue-growth, on requests served in 1 s: their latency
+        # is soon mostly the queue the run's length built.
         w = main.steady_window([measured(i, i * 0.5, i * 0.5 * 0.04) for i in range(400)], 0.2, 0.95, 0.05, False)
         self.assertFalse(w["sustained"])
         self.assertEqual(w["overloaded_on"], ["wait"])
         self.assertRegex(w["overloaded_by"][0], r"^wait grows 0.04 s per s, 6.38 s over the window > a request's "
-                                                r"0.9 s lifetime$")
+                                                r"1 s in service$")
         # Shorter, it stays under the lifetime: 0.04 s per s over 16 s is 0.64 s.
         short = main.steady_window([measured(i, i * 0.5, i * 0.5 * 0.04) for i in range(40)], 0.2, 0.95, 0.05, False)
         self.assertIsNot(short["sustained"], False)
         # A wait that does not grow never trips it, however long the run.
         flat = main.steady_window([measured(i, i * 0.5, 0.3) for i in range(4000)], 0.2, 0.95, 0.05, False)
         self.assertTrue(flat["sustained"])
+        # helper-39: 1-token outputs seen by a client (no queue time: TTFT is the wait) are served
+        # in 0 s; a slope of a few microseconds a second through the wait's noise is no overload.
+        def one_token(i):
+            r = measured(i, i * 0.5, 0.0, 0.05 + 0.01 * (i % 7) + 2e-6 * i)
+            r.queue_s, r.first_token_s = None, r.last_token_s
+            return r
+        noisy = main.steady_window([one_token(i) for i in range(4000)], 0.2, 0.95, 0.05, False)
+        self.assertGreater(noisy["wait_growth_s_per_s"], 0)
+        self.assertTrue(noisy["sustained"], noisy.get("overloaded_by"))
+        # ... while the same requests with a wait that outgrows its swings are overloaded.
+        def growing(i):
+            r = one_token(i)
+            r.first_token_s = r.last_token_s = r.last_token_s + 0.0005 * i
+            return r
+        self.assertFalse(main.steady_window([growing(i) for i in range(4000)], 0.2, 0.95, 0.05, False)["sustained"])
 
     def test_a_closed_loop_is_sustained_by_construction(self):
         requests = [measured(i, i * 0.5, i * 0.5, 1.0) for i in range(200)]
@@ -335,6 +350,25 @@ class SustainedSearch(unittest.TestCase):
                 self.assertEqual(code, 2, err)
                 self.assertIn(said, err)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_a_recheck_of_1_is_no_recheck_for_a_closed_loop_too(self):
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--concurrency", "8", "--recheck", "1",
+                                  "--steady-requests", "50", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("cheapest that meets the slo at 8 clients", out)
+
+    def test_the_recheck_is_x_times_the_probe_that_passed_when_that_probe_was_lengthened(self):
+        # helper-39: with 40 steady requests the probe is lengthened (its window must last two
+        # lifetimes) past what a recheck of twice the window sends; the recheck sends twice the probe.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--steady-requests", "40", "--recheck", "2",
+                                  "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        item = main.json.loads(out)["deployments"][0]
+        short = max((p for p in item["probes"] if not p.get("recheck") and not p["misses"]), key=lambda p: p["load"])
+        self.assertGreater(short["probe_requests"], main.math.ceil(40 / 0.8) + 1)        # lengthened
+        first_recheck = next(p for p in item["probes"] if p.get("recheck"))
+        self.assertEqual(first_recheck["load"], short["load"])
+        self.assertGreaterEqual(first_recheck["probe_requests"], 2 * short["probe_requests"])
 
     def test_every_probe_reruns_as_shown(self):
         item = self.search()["deployments"][0]
