@@ -5074,6 +5074,12 @@ class Probing:
         return missed
 
 
+def recheck_step(tolerance: float) -> float:
+    """The recheck's first steps down: a hair under the tolerance, so a pass one step below a
+    miss ends it."""
+    return 1 + 0.98 * tolerance
+
+
 def undefined_slo(spec: RunSpec, slo: Slo) -> Optional[str]:
     """Why a bound of the SLO cannot be measured on this workload: TPOT and ITL need outputs of
     two tokens or more."""
@@ -5109,7 +5115,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     window, and the sustained rule's tolerances (a few percent of the offered rate unserved, a
     wait growing 0.05 s per s) pass a few percent of overload, which a run ten times as long turns
     into an SLO miss (the default search's 38.13 req/s: its 1,251-request probe met TTFT p95 1 s
-    and kept up; 12,510 requests at that rate were overloaded, TTFT p95 13.9 s). A target rate is
+    and kept up; 12,501 requests at that rate are overloaded, TTFT p95 13.7 s). A target rate is
     probed at the recheck's length from the start. The recheck's probes are kept too, marked
     `recheck`; the answer is theirs."""
     point = shown_settings(settings)
@@ -5216,7 +5222,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             return first
         passed = first["best"].get("probe_requests", 0)
         count = probing.recheck * passed if passed > probing.requests(deployment) else None
-        second = searched(how, start=low, highest=high if high is not None else low, factor=RECHECK_STEP(how.tolerance),
+        second = searched(how, start=low, highest=high if high is not None else low, factor=recheck_step(how.tolerance),
                           count=count)
         probes = first["probes"] + second["probes"]
         if second.get("alone") or second["highest_load"] is None:
@@ -5240,8 +5246,6 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
 
 
 MAX_LENGTHENINGS = 4       # a probe whose steady window is short is run longer at most this often
-# The recheck's first steps: a hair under the tolerance, so a pass one step below a miss ends it.
-RECHECK_STEP = lambda tolerance: 1 + 0.98 * tolerance
 MAX_PROBE_GROWTH = 16      # ... and to at most this many times its usual requests
 
 
@@ -10387,7 +10391,7 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
     if longer and probing.target is not None:
         probing = longer
     elif longer:
-        step = 1 - 1 / RECHECK_STEP(probing.tolerance)
+        step = 1 - 1 / recheck_step(probing.tolerance)
         recheck = (f"; the highest rate that passes is rechecked with probes {probing.recheck}x as long "
                    f"({longer.requests(spec):,} requests or more), {100 * step:.2g}% lower at a time, twice, then "
                    f"more, until one holds")
