@@ -3658,6 +3658,9 @@ class RunSpec:
             return self.concurrency
         return None if self.trace or self.rate or self.ramp_up or self.rate_profile else DEFAULT_CLIENTS
 
+    def rate_unit(self) -> str:
+        return "conversations/s" if self.turns > 1 else "req/s"     # a rate starts conversations
+
     def arrivals(self) -> str:
         chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
         if self.clients():
@@ -3665,7 +3668,7 @@ class RunSpec:
         if self.trace:
             return f"trace arrivals ({self.trace.name})"
         shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
-        unit = "conversations/s" if self.turns > 1 else "req/s"     # a rate starts conversations
+        unit = self.rate_unit()
         if self.ramp_up:
             strategy, start, end = self.ramp_up
             return f"{shape} ramp {strategy} {start:g} to {end:g} {unit}" + chats
@@ -4450,8 +4453,10 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     lag = latencies[len(latencies) // 2] if latencies else 0.0
     offered = (len(window) - 1) / (end - start)
     served = sum(1 for r in ended if start + lag <= r.last_token_s < end + lag) / (end - start)
-    waits = [(r.sent_s, r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
-             for r in window if r.error is None and r.first_token_s is not None]
+
+    def wait(r) -> float:       # its TTFT where a client cannot see the queue
+        return r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s
+    waits = [(r.sent_s, wait(r)) for r in window if r.error is None and r.first_token_s is not None]
     growth = slope(waits)
     # A request whose latency differs from the trend by d lands on the other side of an edge if it
     # was sent within d of it: about offered x (mean |latency - trend|) requests can cross each edge,
@@ -4485,8 +4490,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # slope drawn through noise is none (a client that cannot see the queue sees 1-token outputs
     # served in 0 s, and any slope at all would pass that).
     done = [r for r in window if r.error is None and r.last_token_s is not None and r.first_token_s is not None]
-    services = sorted(r.last_token_s - r.sent_s - (r.queue_s if r.queue_s is not None else r.first_token_s - r.sent_s)
-                      for r in done)
+    services = sorted(r.last_token_s - r.sent_s - wait(r) for r in done)
     service = services[len(services) // 2] if services else 0.0
     lives = sorted(r.last_token_s - r.first_token_s for r in done)
     life = lives[len(lives) // 2] if lives else 0.0
@@ -5620,15 +5624,15 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
                 if probe.get("missed_seed") is not None:     # its figures are the mean; the miss is this seed's
                     probe["rerun_missed_seed"] = simulate_command(replace(ran, seed=probe["missed_seed"]), sources)
     ranked = cheapest_first(found) if probing.target is not None else found
+    longer = probing.rechecking()
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
             "steady_requests": probing.steady_requests if probing.sustained else None,
             # A target is probed at the recheck's length; a highest load's answer is a recheck's probe.
             "probe_requests": None if not probing.sustained else
-            (probing.rechecking() or probing).requests(spec) if probing.target is not None else probing.requests(spec),
-            "recheck": probing.recheck if probing.rechecking() else None,
-            "recheck_requests": probing.rechecking().requests(spec) if probing.rechecking() and probing.target is None
-            else None,
+            (longer or probing).requests(spec) if probing.target is not None else probing.requests(spec),
+            "recheck": probing.recheck if longer else None,
+            "recheck_requests": longer.requests(spec) if longer and probing.target is None else None,
             "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
             "tried": f"{len(found)} of {len(points)}" if stopped else None}
 
@@ -10430,7 +10434,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     workload = (f"trace {trace}" if trace else
                 f"prompt {spec.prompt_tokens}  output {spec.output_tokens}"
                 + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
-    unit = ("conversations/s" if spec.turns > 1 else "req/s") if by == "rate" else "clients"
+    unit = spec.rate_unit() if by == "rate" else "clients"
     load = (f"at {target:g} {unit}" if target is not None else
             f"highest {by} within {100 * probing.tolerance:.3g}%" if by == "rate" else "highest concurrency")
     where = "" if "hardware" in axes else f" on {spec.hardware.name}"
@@ -11401,8 +11405,7 @@ def cmd_search(args) -> int:
              if len(ranked) > 1 else f"the deployment does not fit ({unfit[0]['does_not_fit']})"] if unfit else []
     if not chosen and len(unfit) < len(ranked):    # the question had no answer: no load, or not this one
         absorbed = [item["burst"]["best"]["load"] for item in ranked if (item.get("burst") or {}).get("best")]
-        unit = ("conversations/s" if spec.turns > 1 else "req/s") if by == "rate" else \
-            "client" if target == 1 else "clients"
+        unit = spec.rate_unit() if by == "rate" else "client" if target == 1 else "clients"
         lines.append("no deployment meets the slo " + (f"at {target:g} {unit}"
                      if target is not None else "at a sustained load" if absorbed else "at any load tried")
                      + (f" (played once, the trace meets it up to {max(absorbed):.4g} req/s)" if absorbed else "")
