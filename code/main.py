@@ -1258,12 +1258,14 @@ class Engine:
 
 
 def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
-             progress: Optional[Callable[[float], None]] = None) -> None:
+             progress: Optional[Callable[[float], None]] = None,
+             stop: Optional[Callable[[], Optional[str]]] = None) -> Optional[str]:
     """Run requests to the end on an engine (or on several sharing one clock: see Replicas).
     Open loop: each request (each conversation's first turn) is sent at its sent_s. Closed loop:
     `concurrency` clients, each starting its next conversation the moment its last one ends. A
     conversation's next turn is sent think_s after the turn before it ends. Whatever comes first,
-    an arrival or the engine's next step, happens next."""
+    an arrival or the engine's next step, happens next. `stop`, asked every STOP_CHECK_STEPS
+    steps, may end the run early with its reason, which is returned."""
     def send(request: Request, at: float, now: bool = False) -> None:
         request.sent_s = at
         server.deliver(at, request, now)
@@ -1275,7 +1277,8 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
         starts.clear()
     dones = [engine.scheduler.done for engine in server.engines]
     seen = [0] * len(dones)               # how much of each engine's done list has been looked at
-    active = next_report = 0              # conversations started and not ended
+    active = 0                            # conversations started and not ended
+    next_report = next_check = 0          # the step counts at which to report, and to ask `stop`
 
     # Only a closed loop's clients and conversations' next turns wait on what ends.
     waits = bool(concurrency) or any(r.next_turn for r in requests)
@@ -1318,7 +1321,15 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
             if progress and server.steps >= next_report:
                 progress(server.clock)
                 next_report = server.steps + 4096
+            if stop and server.steps >= next_check:
+                why = stop()
+                if why:
+                    return why
+                next_check = server.steps + STOP_CHECK_STEPS
         now = server.clock
+
+
+STOP_CHECK_STEPS = 256     # steps between two asks whether a run may stop (a few hundred to a run's thousands)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4178,10 +4189,13 @@ def schedule_report(schedule: ReplicaSchedule, spans: list, delay: float, durati
 
 
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False,
-        requests_out: Optional[list] = None) -> dict:
+        requests_out: Optional[list] = None, stop_on: Optional["Slo"] = None) -> dict:
     """Simulate one run; the result has vllm bench serve's keys plus engine, config (and link);
     with `timeline`, per-second stats in the shape vLLM logs them; `requests_out` is given the
-    measured requests themselves, for a caller that summarises them its own way."""
+    measured requests themselves, for a caller that summarises them its own way. With `stop_on`,
+    an open loop without conversations stops once it misses that SLO for certain (CertainMiss):
+    its result says where and why under `stopped`, its figures are those of the requests ended
+    by then, and it has no steady window."""
     schedule = spec.replica_schedule
     if schedule:
         spec = replace(spec, data_parallel_size=schedule.most)
@@ -4205,7 +4219,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if progress:
         report = lambda clock: progress(f"{sum(len(e.scheduler.done) for e in engines):,}/{len(requests):,} "
                                         f"requests done, {clock:,.1f} s simulated")
-    simulate(server, requests, spec.clients(), report)
+    watch = CertainMiss(stop_on, requests, [e.scheduler.done for e in engines], spec.steady_skip,
+                        bool(spec.reasoning_tokens or (spec.trace and spec.trace.reasoning))) \
+        if stop_on and apart else None
+    stopped = simulate(server, requests, spec.clients(), report, watch)
     done = [r for e in engines for r in e.scheduler.done if r.measured]
     if requests_out is not None:
         requests_out.extend(done)
@@ -4213,9 +4230,17 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if spec.warmup:
         result["warmup_requests"] = spec.warmup
     everyone = [r for e in engines for r in e.scheduler.done]
-    result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served, spec.max_queue_growth,
-                                           bool(spec.clients()), dict(spec.goodput),
-                                           may_stay_in_step(spec) if spec.clients() else None)
+    if stopped:
+        at = server.clock - min(r.sent_s for r in requests)
+        result["stopped"] = {"at_s": at, "requests_ended": len(everyone), "requests": len(requests), "why": stopped,
+                             "slo": watch.missed}
+        result["steady_state"] = {"sustained": None, "stopped": True,
+                                  "note": f"{stopped}; stopped at {at:,.1f} s, {len(everyone):,} of {len(requests):,} "
+                                          f"requests ended"}
+    else:
+        result["steady_state"] = steady_window(everyone, spec.steady_skip, spec.min_served, spec.max_queue_growth,
+                                               bool(spec.clients()), dict(spec.goodput),
+                                               may_stay_in_step(spec) if spec.clients() else None)
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
     decode = engines[-1]
@@ -4553,6 +4578,63 @@ def overload_reason(steady: dict) -> str:
     """Which of the sustained rule's tests a window failed (a merged report of several seeds: how
     many seeds failed)."""
     return "; ".join(steady.get("overloaded_by") or ["its verdict's reasons were not kept"])
+
+
+class CertainMiss:
+    """Whether a run, partway, already misses an SLO whatever the rest of it does: search's long
+    probes stop there (a recheck that misses does so a quarter of the way in, as a rule: its queue
+    grows from the start). Only what cannot change is counted. A request's latencies are final once
+    it has ended; the steady window (see steady_window) starts no earlier than the send after the
+    first `skip` share and the first end seen so far, and holds at most the measured requests sent
+    from the first of those to the last send. A nearest-rank percentile over n samples exceeds its
+    bound once more than n - ceil(p n / 100) of them do, and that count only grows with n: so a
+    count of ended requests over the bound past the most the whole window could allow is a miss
+    for certain; so is a failed request in it. Means can still move either way: never stopped on.
+    For an open loop without conversations, whose sends are all known from the start."""
+
+    VALUES = {"ttft": lambda r: r.first_token_s - r.sent_s, "e2el": lambda r: r.last_token_s - r.sent_s,
+              "queue": lambda r: r.queue_s,
+              "tpot": lambda r: (r.last_token_s - r.first_token_s) / (r.output_tokens - 1)
+              if r.output_tokens > 1 and r.last_token_s > r.first_token_s else None}
+
+    def __init__(self, slo: "Slo", requests: list, dones: list[list], skip: float, thinking: bool):
+        sends = sorted(r.sent_s for r in requests)
+        self.floor, self.last = sends[min(len(sends) - 1, math.ceil(skip * len(sends)))], sends[-1]
+        window = sum(1 for r in requests if self.floor <= r.sent_s and getattr(r, "measured", True))
+        self.bounds = []            # (name, value of a request in seconds, bound in s, most allowed over it)
+        for name, _, ms in slo.bounds:
+            metric, _, stat = name.partition("_")
+            metric = "ttft" if metric == "ttfa" and not thinking else metric
+            if metric in self.VALUES and stat != "mean":
+                p = 50 if stat == "p50" else int(stat[1:])
+                self.bounds.append((name, self.VALUES[metric], ms / 1000, window - math.ceil(p * window / 100)))
+        self.over = [0] * len(self.bounds)
+        self.dones, self.seen, self.window = dones, [0] * len(dones), window
+        self.first_end = math.inf
+        self.missed: Optional[str] = None       # the bound missed, once one is
+
+    def __call__(self) -> Optional[str]:
+        """Why the run misses for certain, from what has ended since the last call; None if it may not."""
+        fresh = []
+        for i, done in enumerate(self.dones):
+            fresh += done[self.seen[i]:]
+            self.seen[i] = len(done)
+        self.first_end = min([self.first_end] + [r.last_token_s for r in fresh if r.error is None])
+        start = max(self.floor, self.first_end)
+        for r in fresh:
+            if not start <= r.sent_s <= self.last or not getattr(r, "measured", True):
+                continue
+            if r.error is not None:
+                return f"a request in the steady window failed ({r.error})"
+            for i, (name, value, bound, allowed) in enumerate(self.bounds):
+                seconds = value(r)
+                self.over[i] += seconds is not None and seconds > bound
+                if self.over[i] > allowed:
+                    self.missed = name
+                    return (f"{name} > {1000 * bound:g} for certain: {self.over[i]:,} of the steady window's "
+                            f"requests ({self.window:,} at most) are over it already, more than the {allowed:,} it "
+                            f"allows")
+        return None
 
 
 def may_stay_in_step(spec: RunSpec) -> bool:
@@ -4924,6 +5006,7 @@ class Probing:
     confidence: float = 1.0
     guided: bool = True        # narrow where the probes point (False: bisect, as bench compares)
     recheck: int = 10
+    stop_early: bool = False   # a probe stops once it misses for certain (the recheck's: see stop_on)
 
     def rechecking(self) -> Optional["Probing"]:
         """The probing that rechecks a sustained highest rate: the same, with a steady window
@@ -4931,7 +5014,17 @@ class Probing:
         (sustained by construction), or a recheck of 1."""
         if not self.sustained or self.by != "rate" or self.recheck <= 1:
             return None
-        return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1)
+        return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1,
+                       stop_early=self.target is None)
+
+    def stop_on(self) -> Optional[Slo]:
+        """The SLO a probe's first seed stops on once it misses it for certain (run's stop_on), or
+        None. Only the recheck's long probes stop: they are most of a search's time, and a miss
+        costs a quarter of one; a short probe's whole run guides the next (its served rate, its
+        margins). Only where one seed's miss settles the probe, and never for a target rate,
+        whose figures are the answer."""
+        one_miss_settles = math.ceil(self.confidence * self.seeds - 1e-9) == self.seeds
+        return self.slo if self.stop_early and one_miss_settles else None
 
     def check(self, spec: RunSpec) -> None:
         if self.confidence < 1 and self.seeds == 1:
@@ -4975,6 +5068,8 @@ class Probing:
         sent before that are not in it: as many more are sent, and a tenth for the longer run's
         slower first requests. At most MAX_PROBE_GROWTH times the usual length."""
         steady = result.get("steady_state") or {}
+        if result.get("stopped"):          # a certain miss: no longer run can be needed to tell
+            return None
         held = steady.get("requests") or 0
         # Lengthened a quarter past the lifetimes a window needs: the other seeds' windows, of other
         # lengths, are to hold them too.
@@ -5033,6 +5128,8 @@ class Probing:
         """Each SLO bound's margin on the worst of the runs (a probe's seeds): log(figure / bound),
         above 0 where the bound is missed; None where a figure is missing. A figure under a
         hundredth of its bound counts as that: a queue of 0 ms says the bound is far, not where."""
+        if any(r.get("stopped") for r in runs):       # its figures are of the requests ended by then
+            return None
         worst, figures = [], [self.figures(r) for r in runs]
         for _, key, bound in self.slo.bounds:
             values = [f.get(key) for f in figures]
@@ -5063,7 +5160,10 @@ class Probing:
         return min(guesses, default=None)
 
     def misses(self, result: dict) -> list[str]:
-        """Why a run misses: the SLO's bounds, failed requests, and a server that did not keep up."""
+        """Why a run misses: the SLO's bounds, failed requests, and a server that did not keep up
+        (a run stopped early: why it stopped)."""
+        if result.get("stopped"):
+            return [result["steady_state"]["note"]]
         steady = result.get("steady_state") or {}
         missed = self.slo.misses(self.figures(result))
         if self.sustained and steady.get("sustained") is None:
@@ -5149,13 +5249,13 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 # The first seed sets the probe's length: longer, while its steady window holds
                 # fewer requests than asked for (its first requests ended late).
                 probe = how.probe(deployment, load, count)
-                runs = [run(probe)]
+                runs = [run(probe, stop_on=how.stop_on())]
                 for _ in range(MAX_LENGTHENINGS):
                     longer = how.longer(probe, runs[0])
                     if longer is None:
                         break
                     probe = longer
-                    runs = [run(probe)]
+                    runs = [run(probe, stop_on=how.stop_on())]
                 rest = [replace(probe, seed=probe.seed + i) for i in range(1, how.seeds)]
                 if mapper is map:
                     for spec_ in rest:
@@ -10351,8 +10451,10 @@ def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[di
     load = ("rate" if probing.by == "rate" else "clients", lambda r: load_text(r["load"]))
     columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")]
                         if trace and probing.by == "rate" else [])
-    columns += [(name.replace("_", " "), lambda r, key=key: number(probing.figures(r)[key]))
-                for name, key, _ in probing.slo.bounds]
+    columns += [(name.replace("_", " "), lambda r, name=name, key=key, bound=bound:
+                 number(probing.figures(r)[key]) if not r.get("stopped") else
+                 f">{bound:,g}" if r["stopped"]["slo"] == name else "-")
+                for name, key, bound in probing.slo.bounds]
     if probing.sustained:         # a probe lengthened, or rechecked, sent more than the usual
         columns.append(("requests", lambda r: f"{r.get('probe_requests', 0):,}"))
         columns.append(("served", lambda r: "-" if (r.get("steady_state") or {}).get("sustained") is None else
@@ -10806,15 +10908,15 @@ def plan_svg(report: dict, title: str) -> str:
     return svg_figure(title, [load, replicas], columns=1, width=760, height=300)
 
 
-def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
+def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> str:
     """Max load: each deployment's probes, load against the SLO's first metric (in the steady
     window, when sustained), its answer ringed; for a trace, the burst probes dashed beside them.
-    Target load: cost against that metric for every deployment, with the Pareto front (no
-    cheaper deployment is faster) and the SLO drawn."""
+    A probe stopped once it missed that bound for certain is drawn on the bound: its figure is
+    over it, by how much it did not run to tell. Target load: cost against that metric for every
+    deployment, with the Pareto front (no cheaper deployment is faster) and the SLO drawn."""
     slo = probing.slo
     name, key, bound = slo.bounds[0]
     label = name.replace("_", " ") + " (ms)"
-    unit = "requests/s" if report["by"] == "rate" else "clients"
     named = lambda item: "  ".join(f"{short_label(a)} {value_label(a, item['settings'][a])}" for a in axes)
     if report["target"] is None:
         panel = Panel(f"{name.replace('_', ' ')} against load", unit, label)
@@ -10827,10 +10929,12 @@ def search_svg(report: dict, axes: list[str], probing: Probing) -> str:
                 for rechecked in (False, True):     # the recheck's longer probes as a line of their own
                     probes = sorted((p for p in searched["probes"] if bool(p.get("recheck")) == rechecked),
                                     key=lambda p: p["load"])
-                    if probes:
-                        panel.add((named(item) or "probes") + suffix + (" rechecked" if rechecked else ""),
-                                  [(p["load"], how.figures(p)[key]) for p in probes],
-                                  "points" if rechecked else style, color)
+                    ran = [(p["load"], how.figures(p)[key]) for p in probes if not p.get("stopped")]
+                    over = [(p["load"], bound) for p in probes if (p.get("stopped") or {}).get("slo") == name]
+                    for points, words in ((ran, ""), (over, ", stopped: over the slo")):
+                        if points:
+                            panel.add((named(item) or "probes") + suffix + (" rechecked" if rechecked else "") +
+                                      words, points, "points" if rechecked or words else style, color)
                 best = searched.get("best")
                 if best:
                     panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g}"))
@@ -11396,7 +11500,8 @@ def cmd_search(args) -> int:
     elif not (args.confirm and chosen and not stopped):
         write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing
-        write_file(args.plot, search_svg(report, axes, probing))
+        write_file(args.plot, search_svg(report, axes, probing,
+                                         spec.rate_unit() if probing.by == "rate" else "clients"))
     if stopped:
         raise stopped
     unfit = [item for item in ranked if item.get("does_not_fit")]

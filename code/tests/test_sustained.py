@@ -1,6 +1,7 @@
 """A capacity is a sustained capacity: the steady window of a run, its offered and served rates,
 the growth of its wait, and the verdict; search's highest load is the highest sustained one."""
 import unittest
+from unittest import mock
 
 from helpers import MAIN, call_cli, main, run_cli
 
@@ -319,7 +320,10 @@ class SustainedSearch(unittest.TestCase):
         self.assertTrue(long.misses(missed), "the first answer holds ten times as long: nothing to recheck here")
         rechecked = [p for p in found["probes"] if p.get("recheck")]
         self.assertEqual(rechecked[0]["load"], first)          # the recheck starts at the first answer
-        self.assertEqual(rechecked[0]["misses"], long.misses(missed))
+        # ... and stops once its miss is certain: a quarter of the way in, not at the end.
+        self.assertEqual(rechecked[0]["misses"], long.misses(main.run(long.probe(spec, first), stop_on=slo)))
+        self.assertEqual(rechecked[0]["stopped"]["slo"], "ttft_p95")
+        self.assertLess(rechecked[0]["stopped"]["requests_ended"], long.requests(spec) / 2)
         best = found["best"]
         self.assertTrue(best["recheck"])
         self.assertEqual(best["probe_requests"], long.requests(spec))
@@ -470,6 +474,67 @@ class SustainedSearch(unittest.TestCase):
         self.assertEqual(code, 1, err)             # no answer: exit 1, one line on stderr
         self.assertEqual(err.strip().splitlines()[-1], "servesim: no deployment meets the slo at any load tried")
         self.assertIn("the slo is missed even at", out)
+
+
+class CertainMiss(unittest.TestCase):
+    """A run stopped once it misses an SLO for certain: the whole run misses it too, and a run
+    that is not stopped is the same run."""
+
+    def test_a_run_stops_only_where_the_whole_run_misses_that_bound(self):
+        rng = main.random.Random(7)
+        stopped = kept = 0
+        for trial in range(24):
+            stat = rng.choice(["p50", "p90", "p95", "p99"])
+            metric = rng.choice(["ttft", "e2el", "tpot", "queue", "ttfa"])
+            bound = {"ttft": rng.choice([300, 800, 2000]), "e2el": rng.choice([3000, 8000]),
+                     "tpot": rng.choice([15, 30, 60]), "queue": rng.choice([50, 500]),
+                     "ttfa": rng.choice([300, 1000])}[metric]
+            slo = main.parse_slo(f"{metric}_{stat}:{bound}")
+            spec = main.RunSpec(rate=rng.choice([20, 35, 40, 50]), requests=rng.choice([600, 1500]),
+                                seed=trial, warmup=rng.choice([0, 100]),
+                                data_parallel_size=rng.choice([1, 1, 2]), steady_skip=rng.choice([0.1, 0.2, 0.3]))
+            if spec.data_parallel_size > 1:
+                spec = main.replace(spec, rate=2 * spec.rate)
+            whole, early = main.run(spec), main.run(spec, stop_on=slo)
+            key = slo.bounds[0][1]
+            if early.get("stopped"):
+                stopped += 1
+                self.assertEqual(early["stopped"]["slo"], f"{metric}_{stat}")
+                self.assertTrue(main.Probing(slo).misses(whole))
+                if whole["steady_state"]["sustained"] is not None:     # else a miss for being too short
+                    self.assertGreater(main.Probing(slo).figures(whole)[key], bound, (trial, spec, slo))
+                self.assertLess(early["stopped"]["requests_ended"], spec.requests)
+            else:
+                kept += 1
+                self.assertEqual(early, whole, (trial, spec, slo))
+        self.assertGreater(stopped, 3)
+        self.assertGreater(kept, 3)
+
+    def test_a_failed_request_in_the_window_stops_a_run(self):
+        spec = main.RunSpec(rate=5, requests=400, prompt_tokens=main.TokenRange(100, 3000), max_model_len=2500)
+        early = main.run(spec, stop_on=main.parse_slo("ttft_p99:100000"))
+        self.assertIn("a request in the steady window failed", early["stopped"]["why"])
+        self.assertIsNone(early["stopped"]["slo"])
+        self.assertTrue(main.Probing(main.parse_slo("ttft_p99:100000")).misses(early))
+
+    def test_means_and_closed_loops_never_stop(self):
+        overloaded = main.RunSpec(rate=200, requests=1000)
+        self.assertNotIn("stopped", main.run(overloaded, stop_on=main.parse_slo("ttft_mean:100")))
+        closed = main.RunSpec(concurrency=256, requests=1000)
+        self.assertNotIn("stopped", main.run(closed, stop_on=main.parse_slo("ttft_p50:1")))
+
+    def test_a_rechecked_search_gives_the_answer_it_gives_running_every_probe_whole(self):
+        slo = main.parse_slo("ttft_p95:1000")
+        spec = main.RunSpec(prompt_tokens=main.TokenRange(256, 1024), output_tokens=main.TokenRange(64, 256))
+        found = main.search_point(spec, {}, probing=main.Probing(slo))
+        with mock.patch.object(main.Probing, "stop_on", lambda self: None):
+            whole = main.search_point(spec, {}, probing=main.Probing(slo))
+        self.assertEqual(found["highest_load"], whole["highest_load"])
+        self.assertEqual(found["best"], whole["best"])
+        self.assertEqual([p["load"] for p in found["probes"]], [p["load"] for p in whole["probes"]])
+        self.assertTrue(any(p.get("stopped") for p in found["probes"]))
+        self.assertFalse(any(p.get("stopped") for p in whole["probes"]))
+        self.assertTrue(all(p["misses"] for p in found["probes"] if p.get("stopped")))
 
 
 class TraceRepeats(unittest.TestCase):
