@@ -10,9 +10,9 @@
    per request and per second, so the target is within 1.5x the time and memory).
 3. A sweep with --jobs 1 and --jobs N.
 4. The highest sustained rate of 100 deployments (5 GPUs x TP 1/2 x 5 --max-num-seqs x 2 token
-   budgets), 2 seeds a probe: the target is under a minute; the same without the recheck (what
-   it costs, and how far it moves the answers); and that narrowing by bisection alone, for the
-   probes its guesses save.
+   budgets), 2 seeds a probe: the target is under a minute; how far into their runs the rechecks
+   that missed stopped; the same without the recheck (what it costs, and how far it moves the
+   answers); and that narrowing by bisection alone, for the probes its guesses save.
 5. loadgen's dispatch lag at 50 requests/s against the scripted test server (code/tests/fake_server.py):
    how late each send left its schedule; the target is under 5 ms.
 
@@ -128,10 +128,14 @@ def searched(found: list) -> str:
 
 search_s, found = best_of(1, lambda: list(main.search_points(spec, points, probing, jobs=jobs)))
 long = sum(1 for item in found for p in item["probes"] if p.get("recheck"))
+stops = [p["stopped"]["requests_ended"] / p["stopped"]["requests"] for item in found for p in item["probes"]
+         if p.get("stopped")]
 print(f"highest sustained rate of {len(points)} deployments, 2 seeds, {probing.requests(spec):,}-request probes, "
       f"rechecked with {probing.rechecking().requests(spec):,}-request probes, --jobs {jobs}: {search_s:.1f} s for "
       f"{searched(found)}, {long} of them rechecks (one run {one_s:.2f} s); target under 60 s: "
       f"{'met' if search_s < 60 else 'NOT met'}")
+print(f"  {len(stops)} rechecks stopped once their miss was certain, with "
+      + (f"{100 * sum(stops) / len(stops):.0f}% of their requests ended on average" if stops else "none stopped"))
 once = main.replace(probing, recheck=1)
 once_s, unchecked = best_of(1, lambda: list(main.search_points(spec, points, once, jobs=jobs)))
 drops = [(u["highest_load"] - f["highest_load"]) / u["highest_load"] for u, f in zip(unchecked, found)

@@ -10500,7 +10500,7 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
         step = 1 - 1 / recheck_step(probing.tolerance)
         recheck = (f"; the highest rate that passes is rechecked with probes {probing.recheck}x as long "
                    f"({longer.requests(spec):,} requests or more), {100 * step:.2g}% lower at a time, twice, then "
-                   f"more, until one holds")
+                   f"more, until one holds" + (", each stopping once its miss is certain" if longer.stop_on() else ""))
     return (f"each probe: {probing.requests(spec):,} requests or more (--requests is not used), at least "
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
@@ -11158,7 +11158,8 @@ def add_recheck_arg(g, what: str = "the highest sustained rate found") -> None:
                    help=f"recheck {what} with probes X times as long (X times --steady-requests in the window), "
                         "stepping down (by --tolerance twice, then by more while it keeps missing) until one holds: "
                         "near capacity a queue settles more slowly than one probe shows, and a rate a probe passes "
-                        "can fall behind over a longer run; a search's --rate target is probed at that length from "
+                        "can fall behind over a longer run; a long probe stops once a percentile bound is missed "
+                        "for certain; a search's --rate target is probed at that length from "
                         f"the start; 1: no recheck (default: {Probing.recheck})")
 
 
