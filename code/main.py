@@ -11153,7 +11153,17 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
-def add_recheck_arg(g, what: str = "the highest sustained rate found") -> None:
+def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
+    """How long a probe runs (search's, and plan's for its one-replica capacity)."""
+    g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2),
+                   default=Probing.steady_requests, metavar="N",
+                   help="requests each probe sends inside its steady window: it sends N / (1 - --steady-skip) in "
+                        "all, whatever --requests says, and more if its first requests end so late that the window "
+                        "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
+                        "answer does not move with --requests; it moves with N: a longer window sees more of a queue "
+                        "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
+                        "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, and at most "
+                        f"{MAX_REQUESTS // 2:,} / --recheck (default: %(default)s)")
     g.add_argument("--recheck", type=whole(1, 100), metavar="X",
                    help=f"recheck {what} with probes X times as long (X times --steady-requests in the window), "
                         "stepping down (by --tolerance twice, then by more while it keeps missing) until one holds: "
@@ -12006,15 +12016,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="search deployments (or, with fewer deployments, each probe's seeds) in N processes; the "
                         "output is the same as with 1 (default: the number of cores, %(default)s here)")
-    g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
-                   help="requests each probe sends inside its steady window: it sends N / (1 - --steady-skip) in "
-                        "all, whatever --requests says, and more if its first requests end so late that the window "
-                        "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
-                        "answer does not move with --requests; it moves with N: a longer window sees more of a queue "
-                        "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
-                        "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, and at most "
-                        f"{MAX_REQUESTS // 2:,} / --recheck (default: %(default)s)")
-    add_recheck_arg(g)
+    add_probe_args(g)
     add_seed_args(g, search=True)
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "
@@ -12070,9 +12072,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip simulating the whole period with the schedule (default: simulate it)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
                    help="how close the one-replica capacity the first guesses start from is found (default: %(default)s)")
-    g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2), default=1000, metavar="N",
-                   help="requests each probe sends in its steady window, as search's (default: %(default)s)")
-    add_recheck_arg(g, "the one-replica capacity")
+    add_probe_args(g, "the one-replica capacity")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.svg",
                      help="draw the load over the period and the replicas needed, asked for and serving (default: off)")
