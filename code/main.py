@@ -4231,6 +4231,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         result["warmup_requests"] = spec.warmup
     everyone = [r for e in engines for r in e.scheduler.done]
     if stopped:
+        # Latencies of the requests ended by then are the quick ones: left out, not to be read
+        # as the run's (the bound it missed is over, for certain; the rest were not run to tell).
+        result.update({key: None for key in result if key.endswith("_ms")})
         at = server.clock - min(r.sent_s for r in requests)
         result["stopped"] = {"at_s": at, "requests_ended": len(everyone), "requests": len(requests), "why": stopped,
                              "slo": watch.missed}
@@ -4592,22 +4595,25 @@ class CertainMiss:
     for certain; so is a failed request in it. Means can still move either way: never stopped on.
     For an open loop without conversations, whose sends are all known from the start."""
 
-    VALUES = {"ttft": lambda r: r.first_token_s - r.sent_s, "e2el": lambda r: r.last_token_s - r.sent_s,
-              "queue": lambda r: r.queue_s,
-              "tpot": lambda r: (r.last_token_s - r.first_token_s) / (r.output_tokens - 1)
+    # In ms, as summarize() works each one out to the last bit: a figure equal to its bound is
+    # within it, and the same float must say so here.
+    VALUES = {"ttft": lambda r: (r.first_token_s - r.sent_s) * 1000,
+              "e2el": lambda r: (r.last_token_s - r.sent_s) * 1000,
+              "queue": lambda r: r.queue_s * 1000 if r.queue_s is not None else None,
+              "tpot": lambda r: (r.last_token_s - r.first_token_s) * 1000 / (r.output_tokens - 1)
               if r.output_tokens > 1 and r.last_token_s > r.first_token_s else None}
 
     def __init__(self, slo: "Slo", requests: list, dones: list[list], skip: float, thinking: bool):
         sends = sorted(r.sent_s for r in requests)
         self.floor, self.last = sends[min(len(sends) - 1, math.ceil(skip * len(sends)))], sends[-1]
         window = sum(1 for r in requests if self.floor <= r.sent_s and getattr(r, "measured", True))
-        self.bounds = []            # (name, value of a request in seconds, bound in s, most allowed over it)
+        self.bounds = []            # (name, value of a request in ms, bound in ms, most allowed over it)
         for name, _, ms in slo.bounds:
             metric, _, stat = name.partition("_")
             metric = "ttft" if metric == "ttfa" and not thinking else metric
             if metric in self.VALUES and stat != "mean":
                 p = 50 if stat == "p50" else int(stat[1:])
-                self.bounds.append((name, self.VALUES[metric], ms / 1000, window - math.ceil(p * window / 100)))
+                self.bounds.append((name, self.VALUES[metric], ms, window - math.ceil(p * window / 100)))
         self.over = [0] * len(self.bounds)
         self.dones, self.seen, self.window = dones, [0] * len(dones), window
         self.first_end = math.inf
@@ -4627,11 +4633,11 @@ class CertainMiss:
             if r.error is not None:
                 return f"a request in the steady window failed ({r.error})"
             for i, (name, value, bound, allowed) in enumerate(self.bounds):
-                seconds = value(r)
-                self.over[i] += seconds is not None and seconds > bound
+                ms = value(r)
+                self.over[i] += ms is not None and ms > bound
                 if self.over[i] > allowed:
                     self.missed = name
-                    return (f"{name} > {1000 * bound:g} for certain: {self.over[i]:,} of the steady window's "
+                    return (f"{name} > {bound:g} for certain: {self.over[i]:,} of the steady window's "
                             f"requests ({self.window:,} at most) are over it already, more than the {allowed:,} it "
                             f"allows")
         return None
@@ -5369,6 +5375,8 @@ class Alone(Exception):
 
 
 def ran_alone(result: dict) -> bool:
+    if result.get("stopped"):     # what ran by then does not say
+        return False
     engine = result.get("engine") or {}
     return engine.get("mean_batch", 2.0) <= 1.001 and not result.get("p99_queue_ms")   # 0.1% of steps shared, no wait
 
@@ -10500,13 +10508,24 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
         step = 1 - 1 / recheck_step(probing.tolerance)
         recheck = (f"; the highest rate that passes is rechecked with probes {probing.recheck}x as long "
                    f"({longer.requests(spec):,} requests or more), {100 * step:.2g}% lower at a time, twice, then "
-                   f"more, until one holds" + (", each stopping once its miss is certain" if longer.stop_on() else ""))
+                   f"more, until one holds" + stops_early_text(spec, longer))
     return (f"each probe: {probing.requests(spec):,} requests or more (--requests is not used), at least "
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
             f"{spec.min_served:.0%} of offered less its edges' uncertainty, wait growing <= "
             f"{spec.max_queue_growth:g} s per s and over the window by less than a request's time in service){seeds}{recheck}")
+
+
+def stops_early_text(spec: RunSpec, longer: Probing) -> str:
+    """Whether the recheck's probes stop once they miss for certain, said after its walk: not where
+    what is sent next waits on what ends (conversations), and, with means alone to judge, only
+    at a failed request."""
+    sessions = spec.turns > 1 or (spec.trace and any(p >= 0 for p in spec.trace.parents))
+    if not longer.stop_on() or sessions:
+        return ""
+    percentiles = any(not name.endswith("_mean") and not name.startswith("itl_") for name, _, _ in longer.slo.bounds)
+    return ", each stopping once its miss is certain" if percentiles else ", each stopping once a request fails"
 
 
 def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
@@ -10912,7 +10931,8 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
     """Max load: each deployment's probes, load against the SLO's first metric (in the steady
     window, when sustained), its answer ringed; for a trace, the burst probes dashed beside them.
     A probe stopped once it missed that bound for certain is drawn on the bound: its figure is
-    over it, by how much it did not run to tell. Target load: cost against that metric for every
+    over it, by how much it did not run to tell (one stopped on another bound, or at a failed
+    request, is left out: this figure was not run to the end). Target load: cost against that metric for every
     deployment, with the Pareto front (no cheaper deployment is faster) and the SLO drawn."""
     slo = probing.slo
     name, key, bound = slo.bounds[0]

@@ -510,6 +510,22 @@ class CertainMiss(unittest.TestCase):
         self.assertGreater(stopped, 3)
         self.assertGreater(kept, 3)
 
+    def test_a_bound_equal_to_the_runs_own_figure_is_met_and_never_stops_it(self):
+        # The watch works each latency out as the report does: the same float, to the last bit.
+        spec = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], rate=1, requests=300, seed=3)
+        whole = main.run(spec)
+        for key, name in (("p95_tpot_ms", "tpot_p95"), ("p90_ttft_ms", "ttft_p90"), ("p99_e2el_ms", "e2el_p99")):
+            slo = main.parse_slo(f"{name}:{whole['steady_state'][key]!r}")
+            self.assertEqual(main.Probing(slo).misses(whole), [], name)
+            self.assertNotIn("stopped", main.run(spec, stop_on=slo), name)
+
+    def test_a_stopped_run_shows_no_latency_it_did_not_run_to_the_end(self):
+        stopped = main.run(main.RunSpec(rate=60, requests=3000), stop_on=main.parse_slo("ttft_p95:1000"))
+        self.assertTrue(stopped["stopped"])
+        self.assertTrue(all(stopped[k] is None for k in stopped if k.endswith("_ms")))
+        self.assertGreater(stopped["output_throughput"], 0)
+        self.assertFalse(main.ran_alone(stopped))
+
     def test_a_failed_request_in_the_window_stops_a_run(self):
         spec = main.RunSpec(rate=5, requests=400, prompt_tokens=main.TokenRange(100, 3000), max_model_len=2500)
         early = main.run(spec, stop_on=main.parse_slo("ttft_p99:100000"))
