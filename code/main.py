@@ -5044,6 +5044,10 @@ class Probing:
                              "within the shortfall allowed)" if floor < MAX_WINDOW_FLOOR else
                              f"(2 / (1 - min served), at most {MAX_WINDOW_FLOOR}: no shortfall, or almost none, is "
                              f"allowed)") + f"; give --steady-requests {floor} or more")
+        if self.sustained and spec.warmup >= self.requests(spec):      # (--requests is not what a probe sends)
+            raise UserError(f"--warmup {spec.warmup:,} leaves no request to measure in a probe, which sends "
+                            f"{self.requests(spec):,} (--steady-requests {self.steady_requests:,} after the first "
+                            f"{spec.steady_skip:.0%}): lower --warmup or raise --steady-requests")
         longest = self.steady_requests * (self.recheck if self.rechecking() else 1)
         if longest > MAX_REQUESTS // 2:
             raise UserError(f"--steady-requests {self.steady_requests:,} x --recheck {self.recheck} is "
@@ -11452,9 +11456,11 @@ def cmd_search(args) -> int:
     if args.trace and (by == "concurrency" or args.time_scale is not None):
         raise UserError("search scales a --trace's arrivals itself: give --rate R (or nothing, to find the highest "
                         "rate), not --concurrency, --load concurrency or --time-scale")
-    # Checked as each probe runs, with the load the search puts on it; kept without one.
-    spec = spec_from_args(args, RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
-    spec = replace(spec, rate=None, concurrency=None)
+    # Checked as each probe runs, with the load the search puts on it; kept without one. The
+    # warm-up is checked against what a probe sends (Probing.check), not against --requests.
+    spec = spec_from_args(argparse.Namespace(**{**vars(args), "warmup": None}),
+                          RunSpec(**at_load(RunSpec(), by, 1)) if not args.trace else None)
+    spec = replace(spec, rate=None, concurrency=None, warmup=args.warmup or 0)
     if (args.recheck or 1) > 1 and by == "concurrency":
         raise UserError(f"--recheck {args.recheck}: a closed loop (--concurrency, --load concurrency) sends only when a "
                         f"request ends, so it is sustained by construction and there is no rate to recheck; drop "
@@ -11471,7 +11477,7 @@ def cmd_search(args) -> int:
                          f"GPU left out: the experts have nowhere to spread (the same as with it off)\n")
     for point in points:       # a bad combination is refused before anything runs, with a load on it
         with contextlib.suppress(CapacityError):
-            build_engines(sweep_point(replace(spec, **at_load(spec, by, 1)), point))
+            build_engines(probing.probe(sweep_point(spec, point), 1))
     if args.confirm:
         confirm_check(args.confirm, spec)
     if args.plot:

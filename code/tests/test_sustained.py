@@ -460,6 +460,17 @@ class SustainedSearch(unittest.TestCase):
                 self.assertEqual(code, 2)
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
 
+    def test_a_warm_up_is_checked_against_what_a_probe_sends_not_against_requests(self):
+        code, _, err = call_cli("search", "--slo", "ttft_p95:1000", "--warmup", "300", "--steady-requests", "60",
+                                "--recheck", "5")
+        self.assertEqual(code, 2)
+        self.assertIn("in a probe, which sends 76", err)
+        self.assertIn("raise --steady-requests", err)
+        # 300 is more than --requests' default (256) and less than a probe's 1,251: it runs.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--warmup", "300", "--recheck", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("--warmup 300", out)
+
     def test_what_an_interrupted_search_kept_and_a_miss_at_one_client_read_right(self):
         self.assertEqual(main.kept_of(0, 1, "deployment"), "0 of 1 deployment: none had finished, so the output holds none")
         self.assertEqual(main.kept_of(3, 8, "point"), "3 of 8 points; the output holds the finished ones")
