@@ -5235,6 +5235,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     point = shown_settings(settings)
     deployment = sweep_point(spec, settings)
     found = {"settings": point, "by": probing.by}
+    kept: dict[bool, list[dict]] = {True: [], False: []}     # each probe as it ends, sustained or a burst
 
     def searched(how: Probing, start: Optional[float] = None, highest: float = 1e6, factor: float = 2.0,
                  count: Optional[int] = None) -> dict:
@@ -5301,6 +5302,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                                     "the one seed run misses"]
                 result["missed_seed"] = seed
             probes.append(result)
+            kept[how.sustained].append(result)
             if progress:
                 progress(f"{how.by} {load:g}" + (f" ({probe.requests:,} requests)" if how.sustained else "") + ": " +
                          ("meets the slo" if enough else "misses: " + result["misses"][0]))
@@ -5344,6 +5346,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         return {"probes": probes, "highest_load": second["highest_load"],
                 "lowest_missing_load": second["lowest_missing_load"] or high, "best": second["best"]}
 
+    answered = False
     try:
         longer = probing.rechecking()
         if longer and probing.target is not None:
@@ -5352,10 +5355,19 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             found.update(searched(probing))
             if longer:
                 found.update(rechecked(found, longer))
+        answered = True
         if deployment.trace and probing.target is None and probing.sustained:
             found["burst"] = searched(replace(probing, sustained=False))
     except Unfit as e:
         return {**found, "probes": found.get("probes", []), "does_not_fit": str(e), "best": None}
+    except BaseException as e:
+        # Whatever stopped it (a signal, above all), the probes that ended are kept, for a caller
+        # to report beside the finished deployments; an answer only if the search that gives it
+        # ended (a first answer not yet rechecked is none).
+        cut = {"best": None, "highest_load": None, "lowest_missing_load": None, "interrupted": True}
+        e.partial = {**found, "burst": {**cut, "probes": kept[False]}} if answered else \
+            {**found, **cut, "probes": kept[True]}
+        raise
     return found
 
 
@@ -5746,7 +5758,7 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
             "recheck": probing.recheck if longer else None,
             "recheck_requests": longer.requests(spec) if longer and probing.target is None else None,
             "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
-            "tried": f"{len(found)} of {len(points)}" if stopped else None}
+            "tried": f"{sum(not item.get('interrupted') for item in found)} of {len(points)}" if stopped else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7977,11 +7989,15 @@ class Stopped(Exception):
         return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
 
 
-def kept_of(done: int, total: int, noun: str) -> str:
-    """What an interrupted sweep or search kept, for Stopped.by_signal."""
+def kept_of(done: int, total: int, noun: str, probes: int = 0) -> str:
+    """What an interrupted sweep or search kept, for Stopped.by_signal (`probes`: the ended probes
+    of a deployment a search was in the middle of)."""
+    more = f"the {probes:,} ended probe{'s' * (probes != 1)} of the one interrupted"
     if not done:
-        return f"0 of {total:,} {noun}{'s' * (total != 1)}: none had finished, so the output holds none"
-    return f"{done:,} of {total:,} {noun}{'s' * (total != 1)}; the output holds the finished ones"
+        return f"0 of {total:,} {noun}{'s' * (total != 1)}: none had finished, so the output holds " + \
+            (more if probes else "none")
+    return f"{done:,} of {total:,} {noun}{'s' * (total != 1)}; the output holds the finished ones" + \
+        (f" and {more}" if probes else "")
 
 
 # Ctrl-C and SIGTERM, once main() has installed on_signal. The first one stops the work (raised as
@@ -10492,6 +10508,9 @@ def search_table(axes: list[str], found: list[dict], columns, probes: bool, key:
             cells.append(labels + ["-"] * (len(columns) - 1) + ["does not fit: " + item["does_not_fit"]])
             continue
         searched = item[key] if key else item
+        if not probes and not searched["probes"]:      # interrupted before a probe ended
+            cells.append(labels + ["-"] * (len(columns) - 1) + ["interrupted before a probe ended"])
+            continue
         for result in (searched["probes"] if probes else [searched["best"] or searched["probes"][-1]]):
             cells.append(labels + [cell(result) for _, cell in columns])
     aligned = table([[""] + row[:-1] for row in cells])      # an empty first column: every cell right-aligned
@@ -10535,6 +10554,11 @@ def stops_early_text(spec: RunSpec, longer: Probing) -> str:
 def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> list[str]:
     """A deployment's highest passing load, in words, with the command that reruns it."""
     low, high = item["highest_load"], item["lowest_missing_load"]
+    if item.get("interrupted"):
+        probes = len(item["probes"])
+        return [f"{what}: interrupted before an answer" + (
+            f"; its {probes} probes that ended are in the table" if probes > 1 else
+            "; its one probe that ended is in the table" if probes else ", before a probe ended")]
     if low is None:
         return [f"{what}: the slo is missed even at {high:.4g} {unit if high != 1 else unit.rstrip('s')}"
                 + (", where every request ran alone: no load meets it; it needs a faster deployment or shorter "
@@ -11498,8 +11522,14 @@ def cmd_search(args) -> int:
                 found.append(item)
                 progress(f"{len(found)}/{len(mine)} deployments done")
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
+        # The deployment searched in this process when the signal came: its ended probes, marked.
+        # (Not in a shard's report, which collect would take as a finished deployment.)
+        partial = getattr(e, "partial", None) if not (args.shard or args.collect) else None
+        probes = len(partial["probes"]) + len((partial.get("burst") or {}).get("probes", [])) if partial else 0
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
-            Stopped.by_signal(e, kept_of(len(found), len(mine), "deployment"))
+            Stopped.by_signal(e, kept_of(len(found), len(mine), "deployment", probes))
+        if partial:
+            found.append(partial)
     if args.shard:            # a shard's report is for collect: JSON, whatever the format asked
         write_json(shard_report(found, args.shard, fingerprint, len(points), complete=not stopped))
         if stopped:

@@ -530,6 +530,24 @@ class Interrupts(unittest.TestCase):
                 for point in points:
                     self.assertEqual(point["completed"] + point["failed"], 20000)
 
+    def test_search_keeps_the_probes_of_the_deployment_it_was_in(self):
+        # One deployment, probes of 25,001 requests: a signal after the first ends leaves it mid-search.
+        search = ["search", "--slo", "ttft_p95:1000", "--steady-requests", "20000"]
+        for signum, extra in ((signal.SIGINT, ["--json"]), (signal.SIGTERM, [])):
+            with self.subTest(signal=signum.name):
+                code, out, err = self.interrupt(search + extra, signum, when="search: rate")
+                self.check(code, err, signum)
+                self.assertIn("output holds the", err)
+                if extra:
+                    deployment = no_nan(out)["deployments"][0]
+                    self.assertTrue(deployment["interrupted"])
+                    self.assertIsNone(deployment["highest_load"])
+                    self.assertGreaterEqual(len(deployment["probes"]), 1)
+                    self.assertTrue(all("rerun" in p for p in deployment["probes"]))
+                else:
+                    self.assertIn("interrupted before an answer; its ", out)
+                    self.assertIn("25,001", out)       # a probe's row
+
     def test_sweep_text_and_parallel_jobs(self):
         for argv in (self.SWEEP, self.SWEEP[:-2] + ["--jobs", "2", "--json"]):
             for signum in (signal.SIGINT, signal.SIGTERM):

@@ -474,9 +474,65 @@ class SustainedSearch(unittest.TestCase):
     def test_what_an_interrupted_search_kept_and_a_miss_at_one_client_read_right(self):
         self.assertEqual(main.kept_of(0, 1, "deployment"), "0 of 1 deployment: none had finished, so the output holds none")
         self.assertEqual(main.kept_of(3, 8, "point"), "3 of 8 points; the output holds the finished ones")
+        self.assertEqual(main.kept_of(0, 1, "deployment", 1),
+                         "0 of 1 deployment: none had finished, so the output holds the 1 ended probe of the one "
+                         "interrupted")
+        self.assertEqual(main.answer_text({"interrupted": True, "probes": [{}, {}], "highest_load": None,
+                                           "lowest_missing_load": None}, "req/s", "rate", None, "highest"),
+                         ["highest: interrupted before an answer; its 2 probes that ended are in the table"])
+        self.assertEqual(main.answer_text({"interrupted": True, "probes": [{}], "highest_load": None,
+                                           "lowest_missing_load": None}, "req/s", "rate", None, "highest"),
+                         ["highest: interrupted before an answer; its one probe that ended is in the table"])
         item = {"highest_load": None, "lowest_missing_load": 1}
         self.assertEqual(main.answer_text(item, "clients", "concurrency", None, "highest"),
                          ["highest: the slo is missed even at 1 client"])
+
+    def test_an_interrupted_deployment_keeps_its_ended_probes_and_only_a_finished_answer(self):
+        real = main.run
+
+        def stopping(when):
+            def run(spec, *args, **kwargs):
+                if when(spec):
+                    raise KeyboardInterrupt
+                return real(spec, *args, **kwargs)
+            return run
+
+        slo = main.parse_slo("ttft_p95:1000")
+        calls = []
+        with mock.patch.object(main, "run", stopping(lambda spec: calls.append(spec) or len(calls) > 3)):
+            with self.assertRaises(KeyboardInterrupt) as caught:
+                main.search_point(main.RunSpec(), {}, probing=main.Probing(slo))
+        partial = caught.exception.partial
+        self.assertTrue(partial["interrupted"])
+        whole = main.search_point(main.RunSpec(), {}, probing=main.Probing(slo))
+        self.assertGreaterEqual(len(partial["probes"]), 2)      # 3 runs: a probe may have been run longer
+        self.assertEqual(partial["probes"], whole["probes"][:len(partial["probes"])])
+        self.assertIsNone(partial["highest_load"])       # the first answer had not been rechecked
+        # Interrupted in the burst search, after the sustained one ended: its answer stands.
+        trace = main.replace(main.RunSpec(hardware=main.HARDWARE["l4-24gb"]), trace=main.read_trace(BURST))
+        with mock.patch.object(main, "run", stopping(lambda spec: spec.trace_repeats == 1)):
+            with self.assertRaises(KeyboardInterrupt) as caught:
+                main.search_point(trace, {}, probing=main.Probing(main.parse_slo("ttft_p95:2000"), recheck=1))
+        partial = caught.exception.partial
+        self.assertIsNotNone(partial["highest_load"])
+        self.assertEqual(partial["burst"]["probes"], [])
+        self.assertTrue(partial["burst"]["interrupted"])
+
+    def test_an_interrupted_target_search_counts_only_the_deployments_it_finished(self):
+        real, calls = main.run, []
+
+        def run(spec, *args, **kwargs):
+            calls.append(spec)
+            if len(calls) > 1:
+                raise KeyboardInterrupt
+            return real(spec, *args, **kwargs)
+        with mock.patch.object(main, "run", run):
+            code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--hardware", "l4-24gb,h100-sxm-80gb",
+                                      "--jobs", "1", "--rate", "1")
+        self.assertEqual(code, 130, err)
+        self.assertIn("among the 1 of 2 deployments tried before the stop", out)
+        self.assertIn("interrupted before a probe ended", out)
+        self.assertIn("interrupted after 1 of 2 deployments", err)
 
     def test_a_search_that_never_passes_stops_above_a_year_of_arrivals(self):
         # 70,000 requests at the lowest rates would span years; a probe's size is the search's own.
