@@ -16,7 +16,7 @@ from unittest import mock
 
 from helpers import FIXTURES, ROOT, call_cli, main, main_command
 
-PROGRESS = ("simulate:", "sweep:", "loadgen:")
+PROGRESS = ("simulate:", "sweep:", "loadgen:", "search:")
 REPORT = os.path.join(FIXTURES, "llamacpp-c8.json")     # a loadgen --json report from llama.cpp
 CASE_SECONDS = 60                                      # an in-process case that takes longer hangs
 
