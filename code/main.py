@@ -4194,8 +4194,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     with `timeline`, per-second stats in the shape vLLM logs them; `requests_out` is given the
     measured requests themselves, for a caller that summarises them its own way. With `stop_on`,
     an open loop without conversations stops once it misses that SLO for certain (CertainMiss):
-    its result says where and why under `stopped`, its figures are those of the requests ended
-    by then, and it has no steady window."""
+    its result says where and why under `stopped`, it has no latency figures (None) and no
+    steady window, and its counts and throughput are those of the requests ended by then."""
     schedule = spec.replica_schedule
     if schedule:
         spec = replace(spec, data_parallel_size=schedule.most)
@@ -5365,8 +5365,11 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         # to report beside the finished deployments; an answer only if the search that gives it
         # ended (a first answer not yet rechecked is none).
         cut = {"best": None, "highest_load": None, "lowest_missing_load": None, "interrupted": True}
-        e.partial = {**found, "burst": {**cut, "probes": kept[False]}} if answered else \
-            {**found, **cut, "probes": kept[True]}
+        if not answered:
+            e.partial = {**found, **cut, "probes": kept[True]}
+        else:             # only a trace's burst search was left, if anything
+            e.partial = {**found, "burst": {**cut, "probes": kept[False]}} if deployment.trace and \
+                probing.target is None and probing.sustained else found
         raise
     return found
 
@@ -10960,8 +10963,9 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
     window, when sustained), its answer ringed; for a trace, the burst probes dashed beside them.
     A probe stopped once it missed that bound for certain is drawn on the bound: its figure is
     over it, by how much it did not run to tell (one stopped on another bound, or at a failed
-    request, is left out: this figure was not run to the end). Target load: cost against that metric for every
-    deployment, with the Pareto front (no cheaper deployment is faster) and the SLO drawn."""
+    request, is left out: this figure was not run to the end). Target load: cost against that
+    metric for every deployment, with the Pareto front (no cheaper deployment is faster) and the
+    SLO drawn."""
     slo = probing.slo
     name, key, bound = slo.bounds[0]
     label = name.replace("_", " ") + " (ms)"
