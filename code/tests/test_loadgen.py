@@ -127,8 +127,11 @@ class Timing(unittest.TestCase):
             code, r, _ = loadgen(server, "--requests", 1, "--max-tokens", 10, own_process=True)
         self.assertEqual(code, 0)
         self.assertEqual(r["total_output_tokens"], 10)
-        self.assertTrue(60 / 9 <= r["mean_tpot_ms"] < 90 / 9, r["mean_tpot_ms"])   # not 60 / 1
-        self.assertTrue(60 <= r["mean_itl_ms"] < 90, r["mean_itl_ms"])
+        # 60 ms between the two events, over 9 gaps between tokens: not 60 / 1. (On a loaded machine
+        # the client can read the first event late and the second at once: the gap then measures a
+        # little under 60 ms, 58.2 in one CI run.)
+        self.assertTrue(40 / 9 <= r["mean_tpot_ms"] < 90 / 9, r["mean_tpot_ms"])
+        self.assertTrue(40 <= r["mean_itl_ms"] < 90, r["mean_itl_ms"])
 
     def test_keep_alive_comments_crlf_lines_and_chunked_encoding(self):
         stream = scripted(": keep-alive\r\n\r\n", data(chunk({"content": "a"}), "\r\n"), ": ping\r\n\r\n",
