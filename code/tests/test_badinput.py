@@ -552,8 +552,11 @@ class Interrupts(unittest.TestCase):
         for argv in (self.SWEEP, self.SWEEP[:-2] + ["--jobs", "2", "--json"]):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 with self.subTest(argv=argv, signal=signum.name):
-                    # Parallel points print nothing until one ends: a second in, they are running.
-                    code, out, err = self.interrupt(argv, signum, when="sweep:" if argv is self.SWEEP else None)
+                    # Parallel points print nothing until one ends: three seconds in, they are running
+                    # (the whole sweep takes about 7 s; one second in, a loaded CI machine was still
+                    # starting main.py, and a signal then leaves no JSON, as test_hostile_limits expects).
+                    code, out, err = self.interrupt(argv, signum, after=3.0,
+                                                    when="sweep:" if argv is self.SWEEP else None)
                     self.check(code, err, signum)
                     if "--json" in argv:
                         self.assertIsInstance(no_nan(out), list)
