@@ -1436,6 +1436,15 @@ def profile_arrivals(windows: tuple, end_s: float, rng: random.Random, burstines
 
 PERCENTILES = (50, 90, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
+# A finished request's own figures in ms (None: it has none), worked out once here, so whatever
+# compares one with a bound gets the float the report's percentiles are drawn from.
+REQUEST_MS = {
+    "ttft": lambda r: (r.first_token_s - r.sent_s) * 1000,
+    "tpot": lambda r: (r.last_token_s - r.first_token_s) * 1000 / (r.output_tokens - 1)
+    if r.output_tokens > 1 and r.last_token_s > r.first_token_s else None,
+    "e2el": lambda r: (r.last_token_s - r.sent_s) * 1000,
+    "queue": lambda r: r.queue_s * 1000 if r.queue_s is not None else None,
+}
 
 
 def distribution(samples) -> dict:
@@ -1474,14 +1483,8 @@ def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict
     end = max(map(operator.attrgetter("last_token_s"), done), default=start)
     duration = end - start
     ms = 1000
-    samples = {
-        "ttft": [(r.first_token_s - r.sent_s) * ms for r in done],
-        "tpot": [(r.last_token_s - r.first_token_s) * ms / (r.output_tokens - 1)
-                 for r in done if r.output_tokens > 1 and r.last_token_s > r.first_token_s],
-        "itl": Counter({gap * ms: count for gap, count in itl.items()}),
-        "e2el": [(r.last_token_s - r.sent_s) * ms for r in done],
-        "queue": [r.queue_s * ms for r in done if r.queue_s is not None],
-    }
+    samples = {name: [v for v in map(figure, done) if v is not None] for name, figure in REQUEST_MS.items()}
+    samples["itl"] = Counter({gap * ms: count for gap, count in itl.items()})
     total_in = sum(map(operator.attrgetter("prompt_tokens"), done))
     total_out = sum(map(operator.attrgetter("output_tokens"), done))
     per_second = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
@@ -4595,14 +4598,6 @@ class CertainMiss:
     for certain; so is a failed request in it. Means can still move either way: never stopped on.
     For an open loop without conversations, whose sends are all known from the start."""
 
-    # In ms, as summarize() works each one out to the last bit: a figure equal to its bound is
-    # within it, and the same float must say so here.
-    VALUES = {"ttft": lambda r: (r.first_token_s - r.sent_s) * 1000,
-              "e2el": lambda r: (r.last_token_s - r.sent_s) * 1000,
-              "queue": lambda r: r.queue_s * 1000 if r.queue_s is not None else None,
-              "tpot": lambda r: (r.last_token_s - r.first_token_s) * 1000 / (r.output_tokens - 1)
-              if r.output_tokens > 1 and r.last_token_s > r.first_token_s else None}
-
     def __init__(self, slo: "Slo", requests: list, dones: list[list], skip: float, thinking: bool):
         sends = sorted(r.sent_s for r in requests)
         self.floor, self.last = sends[min(len(sends) - 1, math.ceil(skip * len(sends)))], sends[-1]
@@ -4611,9 +4606,9 @@ class CertainMiss:
         for name, _, ms in slo.bounds:
             metric, _, stat = name.partition("_")
             metric = "ttft" if metric == "ttfa" and not thinking else metric
-            if metric in self.VALUES and stat != "mean":
+            if metric in REQUEST_MS and stat != "mean":     # (a figure equal to its bound is within it)
                 p = 50 if stat == "p50" else int(stat[1:])
-                self.bounds.append((name, self.VALUES[metric], ms, window - math.ceil(p * window / 100)))
+                self.bounds.append((name, REQUEST_MS[metric], ms, window - math.ceil(p * window / 100)))
         self.over = [0] * len(self.bounds)
         self.dones, self.seen, self.window = dones, [0] * len(dones), window
         self.first_end = math.inf
@@ -5012,7 +5007,7 @@ class Probing:
     confidence: float = 1.0
     guided: bool = True        # narrow where the probes point (False: bisect, as bench compares)
     recheck: int = 10
-    stop_early: bool = False   # a probe stops once it misses for certain (the recheck's: see stop_on)
+    rechecks: bool = False     # this is the recheck's probing (rechecking()): its probes are long
 
     def rechecking(self) -> Optional["Probing"]:
         """The probing that rechecks a sustained highest rate: the same, with a steady window
@@ -5020,8 +5015,7 @@ class Probing:
         (sustained by construction), or a recheck of 1."""
         if not self.sustained or self.by != "rate" or self.recheck <= 1:
             return None
-        return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1,
-                       stop_early=self.target is None)
+        return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1, rechecks=True)
 
     def stop_on(self) -> Optional[Slo]:
         """The SLO a probe's first seed stops on once it misses it for certain (run's stop_on), or
@@ -5030,7 +5024,7 @@ class Probing:
         margins). Only where one seed's miss settles the probe, and never for a target rate,
         whose figures are the answer."""
         one_miss_settles = math.ceil(self.confidence * self.seeds - 1e-9) == self.seeds
-        return self.slo if self.stop_early and one_miss_settles else None
+        return self.slo if self.rechecks and self.target is None and one_miss_settles else None
 
     def check(self, spec: RunSpec) -> None:
         if self.confidence < 1 and self.seeds == 1:
@@ -5287,7 +5281,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             result = runs[0] if len(runs) == 1 else seeded(runs)
             enough = passed >= need
             result["load"], result["seeds_passed"], result["seeds_run"] = load, passed, len(runs)
-            if how.recheck == 1 and probing.recheck > 1:
+            if how.rechecks:
                 result["recheck"] = True
             if how.sustained:
                 result["probe_requests"] = probe.requests        # longer than usual if its window fell short
@@ -11439,7 +11433,7 @@ def cmd_plan(args) -> int:
     if args.plot:
         check_writable(args.plot, "--plot", args)
     probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
-                      recheck=Probing.recheck if args.recheck is None else args.recheck)
+                      recheck=args.recheck or Probing.recheck)
     probing.check(spec)
     scaling = Scaling(args.window, args.min_replicas, args.max_replicas, args.scale_down_after, args.ahead, delay)
     report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
@@ -11494,7 +11488,7 @@ def cmd_search(args) -> int:
                         f"request ends, so it is sustained by construction and there is no rate to recheck; drop "
                         f"--recheck")
     probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
-                      recheck=Probing.recheck if args.recheck is None else args.recheck)
+                      recheck=args.recheck or Probing.recheck)
     probing.check(spec)
     problem = undefined_slo(spec, slo)
     if problem:
