@@ -4734,9 +4734,50 @@ def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], 
 
 
 def quiet_worker() -> None:
-    """Sweep workers leave Ctrl-C and SIGTERM to the parent, which stops them."""
+    """Workers leave Ctrl-C (which a terminal sends to each process of the group) to the parent,
+    which stops them; the parent's stop request (STOP_SIGNAL), and SIGTERM (which `timeout` sends
+    the whole group), cut the point in hand short (see stoppable)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, stop_worker)
+    if STOP_SIGNAL is not None:
+        signal.signal(STOP_SIGNAL, stop_worker)
+
+
+# A parallel search's workers each hold a deployment part way through when a signal reaches the
+# parent; killed, they would take its ended probes with them. So the parent first sends them
+# STOP_SIGNAL: a worker cuts its point short as Ctrl-C cuts a point run in the parent (a search
+# keeps its ended probes), returns that, and starts no other; then the parent kills them.
+STOP_SIGNAL = getattr(signal, "SIGUSR1", None)     # None where there is none: the workers are killed
+STOP_WAIT_S = 10.0       # how long the parent waits for its workers' cut points before killing them
+worker_state = {"busy": False, "stopping": False}
+
+
+def stop_worker(signum, frame) -> None:
+    worker_state["stopping"] = True
+    if worker_state["busy"]:       # raised once, inside the point only (never in the pool's own code)
+        worker_state["busy"] = False
+        raise KeyboardInterrupt
+
+
+@dataclass
+class Cut:
+    """A point a worker was stopped in: what it kept (`partial`, a search's ended probes), or None."""
+    partial: Optional[dict] = None
+
+
+def stoppable(task: Callable, settings: dict):
+    """task(settings) in a worker, or the Cut it was stopped at (a worker stopped starts nothing)."""
+    if worker_state["stopping"]:
+        return Cut()
+    done = None
+    worker_state["busy"] = True
+    try:
+        done = task(settings)
+    except KeyboardInterrupt as e:
+        return done if done is not None else Cut(getattr(e, "partial", None))
+    finally:
+        worker_state["busy"] = False
+    return done
 
 
 class WorkerDied(CapacityError):
@@ -4753,19 +4794,20 @@ class PointRunner:
     progress lines); the results are the same. A worker that dies is WorkerDied, not a wait
     forever. However the iteration ends (done, a dead worker, Ctrl-C), the workers are stopped;
     finished() then gives the points that did finish but were not yielded, having waited behind
-    an unfinished one."""
+    an unfinished one, and those a stop cut short that kept something (the `partial` a task
+    attaches to the exception that stopped it: a search's ended probes)."""
 
     def __init__(self, task: Callable, points: list[dict], jobs: int = 1,
                  progress: Optional[Callable[[str], None]] = None, spread: bool = False):
         self.task, self.points, self.progress = task, points, progress
-        self.executor, self.futures, self.next, self.rest = None, [], 0, None
+        self.executor, self.futures, self.next, self.rest, self.cut = None, [], 0, None, []
         # spread: the points run here, one after another, each spreading its own seeds over the
         # processes (the task takes a `mapper`); else the points themselves are spread.
         self.seeds = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker) \
             if spread and jobs > 1 else None
         if jobs > 1 and len(points) > 1 and not self.seeds:
             self.executor = concurrent.futures.ProcessPoolExecutor(min(jobs, len(points)), initializer=quiet_worker)
-            self.futures = [self.executor.submit(task, settings) for settings in points]
+            self.futures = [self.executor.submit(stoppable, task, settings) for settings in points]
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -4784,23 +4826,34 @@ class PointRunner:
             else:
                 result = self.futures[self.next].result()
         except concurrent.futures.BrokenExecutor:
-            lost = [point_label(p) for p, f in zip(self.points, self.futures) if not self.succeeded(f)] \
-                or [point_label(p) for p in self.points[self.next:]]
-            raise WorkerDied(f"a worker process died (killed, perhaps by the out-of-memory killer) before "
-                             f"{len(lost):,} of {len(self.points):,} points finished, the first "
-                             f"{lost[0] or 'the only one'}; the output holds the points that finished") from None
+            raise self.died() from None
+        except BaseException as e:
+            if getattr(e, "partial", None) is not None:
+                self.cut = [(self.next, e.partial)]
+            raise
+        if isinstance(result, Cut):     # a stop sent by someone else than this process
+            raise self.died("was stopped by a signal")
         self.next += 1
         return result
+
+    def died(self, how: str = "died (killed, perhaps by the out-of-memory killer)") -> WorkerDied:
+        lost = [point_label(p) for p, f in zip(self.points, self.futures) if not self.succeeded(f)] \
+            or [point_label(p) for p in self.points[self.next:]]
+        return WorkerDied(f"a worker process {how} before {len(lost):,} of {len(self.points):,} points finished, "
+                          f"the first {lost[0] or 'the only one'}; the output holds the points that finished")
 
     @staticmethod
     def succeeded(future) -> bool:
         return future.done() and not future.cancelled() and future.exception() is None
 
     def finished(self) -> list[tuple[int, dict]]:
-        """(index, result) of the points after the last one yielded that finished anyway; the
-        workers stop."""
+        """(index, result) of the points after the last one yielded that finished anyway, or were
+        cut short keeping something; the workers stop."""
         if self.rest is None:
-            self.rest = [(i, f.result()) for i, f in enumerate(self.futures) if i >= self.next and self.succeeded(f)]
+            self.stop_workers()
+            rest = [(i, f.result()) for i, f in enumerate(self.futures) if i >= self.next and self.succeeded(f)]
+            self.rest = sorted(self.cut + [(i, r.partial if isinstance(r, Cut) else r) for i, r in rest
+                                           if not isinstance(r, Cut) or r.partial is not None], key=lambda x: x[0])
             for executor in (self.executor, self.seeds):
                 if executor is not None:
                     for process in list((getattr(executor, "_processes", None) or {}).values()):
@@ -4809,6 +4862,18 @@ class PointRunner:
                     executor.shutdown(wait=True, cancel_futures=True)
             self.executor = self.seeds = None
         return self.rest
+
+    def stop_workers(self) -> None:
+        """Ask the workers still running a point to cut it short, and wait (a while) for what they kept."""
+        running = [f for f in self.futures[self.next:] if not f.done()]
+        if not running or STOP_SIGNAL is None:
+            return
+        for future in running:
+            future.cancel()           # those no worker has taken yet
+        for process in list((getattr(self.executor, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.kill(process.pid, STOP_SIGNAL)
+        concurrent.futures.wait(running, timeout=STOP_WAIT_S)
 
 
 def map_points(task: Callable, points: list[dict], jobs: int = 1,
@@ -5622,9 +5687,12 @@ def shard_indices(shard: tuple[int, int], count: int) -> list[int]:
     return list(range(k - 1, count, n))
 
 
-def shard_report(found: list[dict], shard: tuple[int, int], fingerprint: str, count: int, complete: bool) -> dict:
+def shard_report(found: list[dict], shard: tuple[int, int], fingerprint: str, count: int, indices: list[int],
+                 complete: bool) -> dict:
+    """A shard's deployments and their indices in the whole search (those that finished, which an
+    interrupted shard's need not be the first of its share)."""
     return {"search_shard": {"shard": shard[0], "of": shard[1], "fingerprint": fingerprint, "deployments": count,
-                             "indices": shard_indices(shard, count)[:len(found)], "complete": complete},
+                             "indices": indices, "complete": complete},
             "found": found}
 
 
@@ -5730,9 +5798,10 @@ def applicable(spec: RunSpec, points: list[dict]) -> tuple[list[dict], int]:
 
 
 def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
-                  sources: Optional[dict] = None, stopped: bool = False) -> dict:
+                  sources: Optional[dict] = None, stopped_of: Optional[int] = None) -> dict:
     """What a search found, as one report: each probe with the simulate command that reruns it,
-    the deployments ranked cheapest first when they were all run at one load."""
+    the deployments ranked cheapest first when they were all run at one load. `points` are the
+    settings of each of `found`; a search that was stopped had `stopped_of` deployments to try."""
     for item, settings in zip(found, points):
         deployment = sweep_point(spec, settings)
         for how, probes in ((probing, item["probes"]), (replace(probing, sustained=False),
@@ -5755,7 +5824,7 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
             "recheck": probing.recheck if longer else None,
             "recheck_requests": longer.requests(spec) if longer and probing.target is None else None,
             "seeds": probing.seeds, "confidence": probing.confidence, "deployments": ranked,
-            "tried": f"{sum(not item.get('interrupted') for item in found)} of {len(points)}" if stopped else None}
+            "tried": f"{sum(not item.get('interrupted') for item in found)} of {stopped_of}" if stopped_of else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -7986,10 +8055,11 @@ class Stopped(Exception):
         return cls(code, f"{'terminated' if code == 143 else 'interrupted'} after {what}")
 
 
-def kept_of(done: int, total: int, noun: str, probes: int = 0) -> str:
+def kept_of(done: int, total: int, noun: str, probes: int = 0, cut: int = 1) -> str:
     """What an interrupted sweep or search kept, for Stopped.by_signal (`probes`: the ended probes
-    of a deployment a search was in the middle of)."""
-    more = f"the {probes:,} ended probe{'s' * (probes != 1)} of the one interrupted"
+    of the `cut` deployments a search was in the middle of)."""
+    more = f"the {probes:,} ended probe{'s' * (probes != 1)} of the " + ("one interrupted" if cut == 1 else
+                                                                          f"{cut} interrupted")
     if not done:
         return f"0 of {total:,} {noun}{'s' * (total != 1)}: none had finished, so the output holds " + \
             (more if probes else "none")
@@ -11512,37 +11582,48 @@ def cmd_search(args) -> int:
     progress = Progress("search")
     found, stopped = [], None
     mine = [points[i] for i in shard_indices(args.shard, len(points))] if args.shard else points
+    done: dict[int, dict] = {}       # index in `mine` -> its deployment
+    runner = None
     try:
         if args.collect:
             found = collect_shards(args.collect, fingerprint, points)
         else:
-            for item in search_points(spec, mine, probing, args.jobs, progress):
-                found.append(item)
-                progress(f"{len(found)}/{len(mine)} deployments done")
+            runner = search_points(spec, mine, probing, args.jobs, progress)
+            for item in runner:
+                done[len(done)] = item
+                progress(f"{len(done)}/{len(mine)} deployments done")
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
-        # The deployment searched in this process when the signal came: its ended probes, marked.
-        # (Not in a shard's report, which collect would take as a finished deployment.)
-        partial = getattr(e, "partial", None) if not (args.shard or args.collect) else None
-        probes = len(partial["probes"]) + len((partial.get("burst") or {}).get("probes", [])) if partial else 0
+        hold_signals()
+        # Deployments that finished behind an unfinished one, and those the stop cut short with
+        # their ended probes, marked interrupted (not in a shard's report, which collect would take
+        # as finished deployments).
+        done.update((i, item) for i, item in (runner.finished() if runner else [])
+                    if not (args.shard and item.get("interrupted")))
+        whole = sum(not item.get("interrupted") for item in done.values())
+        parts = [item for item in done.values() if item.get("interrupted")]
+        probes = sum(len(item["probes"]) + len((item.get("burst") or {}).get("probes", [])) for item in parts)
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
-            Stopped.by_signal(e, kept_of(len(found), len(mine), "deployment", probes))
-        if partial:
-            found.append(partial)
+            Stopped.by_signal(e, kept_of(whole, len(mine), "deployment", probes, len(parts)))
+    searched = points if args.collect else [mine[i] for i in sorted(done)]    # the settings of each found
+    if not args.collect:
+        found = [done[i] for i in sorted(done)]
     if args.shard:            # a shard's report is for collect: JSON, whatever the format asked
-        write_json(shard_report(found, args.shard, fingerprint, len(points), complete=not stopped))
+        indices = shard_indices(args.shard, len(points))
+        write_json(shard_report(found, args.shard, fingerprint, len(points), [indices[i] for i in sorted(done)],
+                                complete=not stopped))
         if stopped:
             raise stopped
         return 0
     sources = {load_preset("hardware", h, HARDWARE, Hardware): h for h in (args.hardware or [])}
     sources[spec.model] = args.model or spec.model.name
-    report = search_report(spec, points, found, probing, sources, bool(stopped))
+    report = search_report(spec, searched, found, probing, sources, len(points) if stopped else None)
     ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
     confirmed = None
     if args.confirm and chosen and not stopped:
         if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
             write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing)))
-        deployment = sweep_point(spec, points[found.index(chosen)])
+        deployment = sweep_point(spec, searched[found.index(chosen)])
         try:
             report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
                                                    args.confirm_requests, args.timeout, Progress("confirm"))

@@ -461,11 +461,12 @@ class Interrupts(unittest.TestCase):
     SIMULATE = ["simulate", "--requests", "500000", "--concurrency", "256"]
     SWEEP = ["sweep", "--requests", "20000", "--concurrency", "1,8,32,128,256", "--jobs", "1"]
 
-    def interrupt(self, argv, signum, after=1.0, when=None):
+    def interrupt(self, argv, signum, after=1.0, when=None, group=False):
         """Start argv, send signum `after` seconds in (or once a stderr line contains `when`: a
         progress line says the run is under way however long the start took on a busy machine;
-        a signal before main() runs is test_hostile_limits' case)."""
-        proc = subprocess.Popen([*main_command(), *argv], cwd=ROOT,
+        a signal before main() runs is test_hostile_limits' case); to its whole process group with
+        `group`, as a terminal's Ctrl-C and `timeout` send it."""
+        proc = subprocess.Popen([*main_command(), *argv], cwd=ROOT, start_new_session=group,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err, seen = [], [], threading.Event()
 
@@ -483,7 +484,10 @@ class Interrupts(unittest.TestCase):
             else:
                 time.sleep(after)
             self.assertIsNone(proc.poll(), f"the run ended before the signal: {''.join(err)}")
-            proc.send_signal(signum)
+            if group:
+                os.killpg(proc.pid, signum)
+            else:
+                proc.send_signal(signum)
             code = proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
@@ -547,6 +551,27 @@ class Interrupts(unittest.TestCase):
                 else:
                     self.assertIn("interrupted before an answer; its ", out)
                     self.assertIn("25,001", out)       # a probe's row
+
+    def test_a_parallel_search_keeps_the_probes_of_each_deployment_its_workers_were_in(self):
+        # Two deployments in two worker processes, each some 25,001-request probes into its search:
+        # both come back marked interrupted. Ctrl-C reaches the workers too (they leave it to the
+        # parent, which asks them to stop); SIGTERM sent to the group stops them itself.
+        search = ["search", "--slo", "ttft_p95:1000", "--steady-requests", "20000", "--hardware",
+                  "h100-sxm-80gb,l4-24gb", "--jobs", "2", "--json"]
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with self.subTest(signal=signum.name):
+                code, out, err = self.interrupt(search, signum, after=6.0, group=True)
+                self.check(code, err, signum)
+                report = no_nan(out)
+                self.assertEqual(report["tried"], "0 of 2")
+                deployments = report["deployments"]
+                self.assertEqual([d["settings"]["hardware"] for d in deployments], ["h100-sxm-80gb", "l4-24gb"])
+                for deployment in deployments:
+                    self.assertTrue(deployment["interrupted"])
+                    self.assertIsNone(deployment["highest_load"])
+                    self.assertTrue(all("rerun" in p for p in deployment["probes"]))
+                probes = sum(len(d["probes"]) for d in deployments)
+                self.assertIn(f"of the 2 interrupted" if probes else "so the output holds none", err)
 
     def test_sweep_text_and_parallel_jobs(self):
         for argv in (self.SWEEP, self.SWEEP[:-2] + ["--jobs", "2", "--json"]):

@@ -1,5 +1,8 @@
 """A capacity is a sustained capacity: the steady window of a run, its offered and served rates,
 the growth of its wait, and the verdict; search's highest load is the highest sustained one."""
+import os
+import signal
+import time
 import unittest
 from unittest import mock
 
@@ -15,6 +18,17 @@ def measured(i, sent, queue, service=1.0):
     r.first_token_s = sent + queue + 0.1
     r.last_token_s = sent + queue + service
     return r
+
+
+def napping(settings, progress=None):
+    """A point for a worker: the first sleeps until it is stopped, keeping a part; the rest end at once."""
+    if settings["n"] == 0:
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt as e:
+            e.partial = {"interrupted": True, "n": 0}
+            raise
+    return {"n": settings["n"]}
 
 
 class SteadyWindow(unittest.TestCase):
@@ -474,6 +488,9 @@ class SustainedSearch(unittest.TestCase):
     def test_what_an_interrupted_search_kept_and_a_miss_at_one_client_read_right(self):
         self.assertEqual(main.kept_of(0, 1, "deployment"), "0 of 1 deployment: none had finished, so the output holds none")
         self.assertEqual(main.kept_of(3, 8, "point"), "3 of 8 points; the output holds the finished ones")
+        self.assertEqual(main.kept_of(2, 5, "deployment", 6, 2),
+                         "2 of 5 deployments; the output holds the finished ones and the 6 ended probes of the 2 "
+                         "interrupted")
         self.assertEqual(main.kept_of(0, 1, "deployment", 1),
                          "0 of 1 deployment: none had finished, so the output holds the 1 ended probe of the one "
                          "interrupted")
@@ -517,6 +534,45 @@ class SustainedSearch(unittest.TestCase):
         self.assertIsNotNone(partial["highest_load"])
         self.assertEqual(partial["burst"]["probes"], [])
         self.assertTrue(partial["burst"]["interrupted"])
+
+    def test_a_worker_stopped_in_a_point_returns_what_the_point_kept(self):
+        # stoppable and stop_worker, in this process: the stop signal inside a point cuts it, keeping
+        # its partial; one between points cuts nothing, and no point starts after it.
+        def kept(settings):
+            e = KeyboardInterrupt()
+            e.partial = {"probes": [settings]}
+            raise e
+
+        def signalled(settings):
+            os.kill(os.getpid(), main.STOP_SIGNAL)
+            time.sleep(10)
+            return "ended"
+        old = signal.signal(main.STOP_SIGNAL, main.stop_worker)
+        try:
+            self.assertEqual(main.stoppable(kept, {"x": 1}), main.Cut({"probes": [{"x": 1}]}))
+            self.assertEqual(main.stoppable(lambda settings: "ended", {}), "ended")
+            self.assertFalse(main.worker_state["stopping"])
+            started = time.monotonic()
+            self.assertEqual(main.stoppable(signalled, {}), main.Cut())
+            self.assertLess(time.monotonic() - started, 5)
+            self.assertTrue(main.worker_state["stopping"])
+            self.assertEqual(main.stoppable(lambda settings: self.fail("a point started after the stop"), {}),
+                             main.Cut())
+            main.worker_state["stopping"] = False
+            os.kill(os.getpid(), main.STOP_SIGNAL)           # between points: noted, nothing raised
+            self.assertTrue(main.worker_state["stopping"])
+        finally:
+            signal.signal(main.STOP_SIGNAL, old)
+            main.worker_state.update(busy=False, stopping=False)
+
+    def test_a_stop_keeps_points_done_behind_a_running_one_and_what_the_running_one_kept(self):
+        runner = main.map_points(napping, [{"n": 0}, {"n": 1}, {"n": 2}], jobs=2)
+        deadline = time.monotonic() + 60
+        while not all(f.done() for f in runner.futures[1:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        self.assertEqual(runner.finished(), [(0, {"interrupted": True, "n": 0}), (1, {"n": 1}), (2, {"n": 2})])
+        self.assertLess(time.monotonic() - started, main.STOP_WAIT_S)
 
     def test_an_interrupted_target_search_counts_only_the_deployments_it_finished(self):
         real, calls = main.run, []
