@@ -1257,6 +1257,9 @@ class Engine:
         return {"hardware": self.hardware.name, **self.stats.report([self.scheduler], span)}
 
 
+TURN_FAILED = "conversation stopped"      # the error kind of a turn after one that failed (here or on a server)
+
+
 def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
              progress: Optional[Callable[[float], None]] = None,
              stop: Optional[Callable[[], Optional[str]]] = None) -> Optional[str]:
@@ -1298,7 +1301,7 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
                 elif request.error is None:
                     send(follow, max(request.last_token_s + request.think_s, follow.not_before))
                 else:                 # a conversation cannot go on past a failed turn
-                    server.engines[i].scheduler.fail(follow, f"conversation stopped: turn {request.turn} failed")
+                    server.engines[i].scheduler.fail(follow, f"{TURN_FAILED}: turn {request.turn} failed")
 
     now = 0.0
     while True:
@@ -5442,10 +5445,12 @@ class Unfit(Exception):
 
 
 def never_served(result: dict) -> Optional[str]:
-    """The first failure of a request the deployment rejects outright (Scheduler.rejection: too
-    long for its context, its token budget or its cache), which no lower load would serve."""
+    """The first failure of a request the deployment cannot serve at any load. In a simulation
+    that is every failure: a request Scheduler.rejection refuses (too long for its context, its
+    token budget, a llama.cpp slot or its cache) or one that fits no step even when the engine is
+    idle; a conversation's later turns fail only after such a turn."""
     return next((first for kind, first in (result.get("first_error_by_kind") or {}).items()
-                 if kind.startswith(("longer than", "larger than"))), None)
+                 if kind != TURN_FAILED), None)
 
 
 class Alone(Exception):
@@ -8323,7 +8328,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                     for later in range(turn + 1, turns + 1):
                         if unit * turns + later - 1 < limit:
                             records.append(StreamRecord(unit * turns + later - 1, turn=later, sent_s=record.sent_s,
-                                                        error=f"conversation stopped: turn {turn} failed"))
+                                                        error=f"{TURN_FAILED}: turn {turn} failed"))
                 return
             history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
             if stop.wait(config.think_time_s):
@@ -8344,7 +8349,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                     later = turn + 1
                     while child is not None:
                         records.append(StreamRecord(child, turn=later, sent_s=record.sent_s,
-                                                    error=f"conversation stopped: turn {turn} failed"))
+                                                    error=f"{TURN_FAILED}: turn {turn} failed"))
                         child, later = child_of.get(child), later + 1
                 return
             history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]

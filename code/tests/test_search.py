@@ -321,6 +321,23 @@ class Search(unittest.TestCase):
         self.assertIn("longer than --max-model-len", found["does_not_fit"])
         self.assertIn("no load can serve", err)
 
+    def test_every_kind_of_request_no_load_can_serve_ends_the_search(self):
+        # A llama.cpp slot too small for a request, whatever its words: before, the search halved
+        # the rate to 1/200 of its start and called it "every request ran alone". A conversation's
+        # later turns fail after it; those are not the cause named.
+        for extra in ([], ["--turns", "3"]):
+            with self.subTest(extra=extra):
+                code, out, err = call_cli("search", "--slo", "ttft_p95:5000", "--kv-layout", "slots", "--kv-tokens",
+                                          "8192", "--max-num-seqs", "8", "--prompt-tokens", "256-1500",
+                                          "--steady-requests", "200", "--json", "--jobs", "1", *extra)
+                self.assertEqual(code, 1, err)
+                found = json.loads(out)["deployments"][0]
+                self.assertEqual(found["probes"], [])
+                self.assertIn("the request exceeds the available context size", found["does_not_fit"])
+                self.assertNotIn(main.TURN_FAILED, found["does_not_fit"])
+        self.assertEqual(main.never_served({"first_error_by_kind": {main.TURN_FAILED: "conversation stopped: turn 1 "
+                                                                                       "failed"}}), None)
+
     def test_a_figure_just_over_its_bound_shows_that_it_is(self):
         slo = main.parse_slo("tpot_p95:25,ttft_p95:1000")
         self.assertEqual(slo.misses({"p95_tpot_ms": 25.0312, "p95_ttft_ms": 1234.56, "failed": 0}),
