@@ -4742,6 +4742,7 @@ def quiet_worker() -> None:
     the whole group), cut the point in hand short (see stoppable)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop_worker)
+    worker_state["parent"] = os.getppid()
     if STOP_SIGNAL is not None:
         signal.signal(STOP_SIGNAL, stop_worker)
 
@@ -4752,10 +4753,12 @@ def quiet_worker() -> None:
 # keeps its ended probes), returns that, and starts no other; then the parent kills them.
 STOP_SIGNAL = getattr(signal, "SIGUSR1", None)     # None where there is none: the workers are killed
 STOP_WAIT_S = 10.0       # how long the parent waits for its workers' cut points before killing them
-worker_state = {"busy": False, "stopping": False}
+worker_state = {"busy": False, "stopping": False, "parent": None}
 
 
 def stop_worker(signum, frame) -> None:
+    if os.getppid() != worker_state["parent"]:      # orphaned (the parent was killed): nobody wants its part
+        os._exit(128 + signum)
     worker_state["stopping"] = True
     if worker_state["busy"]:       # raised once, inside the point only (never in the pool's own code)
         worker_state["busy"] = False
