@@ -115,6 +115,10 @@ class Hardware:
     interconnect_gbs: float = 0.0
     interconnect_latency_us: float = 1.0
     link_efficiency: float = 0.85      # share of interconnect_gbs an all-reduce's bytes move at (see Parallel)
+    # Whether every GPU reaches every other over NVLink (or AMD's Infinity Fabric), and, over PCIe,
+    # whether two can read each other's memory: what lets an engine run its own all-reduce (Parallel).
+    nvlink: bool = False
+    peer_to_peer: bool = True
     price_per_hour: float = 0.0        # typical on-demand USD per GPU-hour (see the presets' sources)
     # What the kernel model charges each kernel, however small: its floor inside a CUDA graph, and
     # the launch it adds outside one (0 on a CPU: llama.cpp's overheads are calibrated instead).
@@ -228,7 +232,9 @@ HARDWARE = {h.name: h for h in [
     # 4090 (151-169 TFLOPS, apache/tvm flash_perf); bandwidth from clpeak on the 4090 (921 GB/s,
     # krrishnarraj/clpeak#106). Devices without a measurement keep the defaults (0.8, 0.6, 0.9).
     # Interconnect per direction: NVLink 4 450 GB/s (H100, H200), NVLink 3 300 (A100), NVLink 5 900
-    # (B200), Infinity Fabric 7 x 64 (MI300X); PCIe Gen4 x16 31.5, Gen5 x16 63. A step of a ring
+    # (B200), Infinity Fabric 7 x 64 (MI300X); PCIe Gen4 x16 31.5, Gen5 x16 63. The GeForce RTX 4090's
+    # driver gives two of them no peer-to-peer access (tinygrad/open-gpu-kernel-modules, a patch to
+    # turn it back on), so vLLM's own all-reduce refuses them and NCCL runs. A step of a ring
     # all-reduce costs NCCL's hwLat: 0.6 us on NVLink, 1.0 us over PCIe (NVIDIA/nccl src/graph/tuning.cc
     # at 5067397c, LL protocol; see Parallel). A kernel's floor in a CUDA graph, 1.3 us, and the 1.2 us
     # a launch adds outside one: a streaming kernel on 64 KB takes 1.3 us graphed and 2.5 us eager on
@@ -240,17 +246,17 @@ HARDWARE = {h.name: h for h in [
     # x16 31.5 GB/s (A100, L4, RTX 4090, L40S), Gen5 x16 63 (H100, H200, B200, RTX PRO 6000,
     # MI300X). Host memory is stated only where the priced instance is one GPU: AWS g6.xlarge, 16 GiB.
     Hardware("h100-sxm-80gb", 79.6, 3350, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=3.99, host_link_gbs=63),
+             interconnect_gbs=450, interconnect_latency_us=0.6, nvlink=True, price_per_hour=3.99, host_link_gbs=63),
     Hardware("a100-sxm-80gb", 80.0, 2039, 312, gemm_efficiency=0.86, attention_efficiency=0.6,
-             interconnect_gbs=300, interconnect_latency_us=0.6, price_per_hour=2.79, host_link_gbs=31.5),
+             interconnect_gbs=300, interconnect_latency_us=0.6, nvlink=True, price_per_hour=2.79, host_link_gbs=31.5),
     Hardware("h200-141gb", 140.4, 4800, 989, fp8_tflops=1979, gemm_efficiency=0.80, attention_efficiency=0.75,
-             interconnect_gbs=450, interconnect_latency_us=0.6, price_per_hour=4.29, host_link_gbs=63),
+             interconnect_gbs=450, interconnect_latency_us=0.6, nvlink=True, price_per_hour=4.29, host_link_gbs=63),
     Hardware("l4-24gb", 22.5, 300, 121, reserve_gib=1.5, fp8_tflops=242.5,
              interconnect_gbs=31.5, interconnect_latency_us=1.0, price_per_hour=0.80, host_link_gbs=31.5,
              host_memory_gib=16),
     Hardware("rtx-4090-24gb", 24.0, 1008, 165.2, reserve_gib=1.5, fp8_tflops=330.3, gemm_efficiency=0.9,
              attention_efficiency=0.9, bandwidth_efficiency=0.91, interconnect_gbs=31.5,
-             interconnect_latency_us=1.0, price_per_hour=0.74, host_link_gbs=31.5),
+             interconnect_latency_us=1.0, peer_to_peer=False, price_per_hour=0.74, host_link_gbs=31.5),
     # Memory as nvidia-smi (or rocm-smi) reports it. L40S datasheet; RTX PRO Blackwell architecture
     # whitepaper table 4 (Workstation Edition; FP8 is twice its BF16); NVIDIA HGX B200 table;
     # AMD Instinct MI300X (1,307.4 BF16 = 2,100 MHz x 1,216 matrix cores x 512 FLOPs per clock).
@@ -264,9 +270,9 @@ HARDWARE = {h.name: h for h in [
     # does not name the edition.
     replace(RTX_PRO_6000, name="rtx-pro-6000-server-96gb", bandwidth_gbs=1598),
     Hardware("b200-180gb", 179.06, 7700, 2250, fp8_tflops=4500, gemm_efficiency=0.78, interconnect_gbs=900,
-             interconnect_latency_us=0.6, price_per_hour=6.69, host_link_gbs=63),
+             interconnect_latency_us=0.6, nvlink=True, price_per_hour=6.69, host_link_gbs=63),
     Hardware("mi300x-192gb", 191.69, 5300, 1307.4, fp8_tflops=2614.9, gemm_efficiency=0.60, interconnect_gbs=448,
-             interconnect_latency_us=0.6, price_per_hour=3.45, host_link_gbs=63),
+             interconnect_latency_us=0.6, nvlink=True, price_per_hour=3.45, host_link_gbs=63),
     # Effective figures for a 4-vCPU box running llama.cpp, meant to be calibrated: the
     # efficiencies are folded into the peaks (20 GB/s achieved, 0.1 TFLOPS achieved).
     Hardware("cpu-4vcpu", 16.0, 20, 0.1, mbu=1.0, mfu=1.0, step_overhead_ms=2.0, reserve_gib=0.5,
@@ -1599,7 +1605,7 @@ def detailed_arrays(requests: list) -> dict:
 # The kernel model's one fitted constant: how much longer a real step's kernels take than the
 # kernel model prices them. Fitted by `validate` on every source of the published runs (it prints
 # the fit); validate scores each source with the fit from the others alone.
-KERNEL_SCALE = 1.26
+KERNEL_SCALE = 1.27
 
 
 @dataclass(frozen=True)
@@ -2187,13 +2193,29 @@ def tensor_shard(model: ModelSpec, tp: int) -> ModelSpec:
                    vocab_size=-(-model.vocab_size // tp))
 
 
-# An all-reduce priced as NCCL's tuning model prices a ring (NVIDIA/nccl src/graph/tuning.cc at
-# 5067397c, LL protocol): a base latency of 6.6 us, plus 2(N - 1) steps of the link's latency
-# (interconnect_latency_us), plus 2(N - 1)/N of the bytes at the link's achieved bandwidth: by
-# default 0.85 of its peak (H200 NVSwitch copies at 88%, an A100 all-reduce at 80% of NVLink:
-# stas00/ml-engineering network/README.md), or a device's own link_efficiency where it was
-# measured. vLLM's custom all-reduce runs small messages in the same time: 9-12 us up to 32 KB on
-# 2-8 H100s, launch included (sgl-project/sglang#2904).
+# An all-reduce inside one node, as the engines run it. vLLM (and SGLang and TensorRT-LLM, whose
+# kernels are of the same two kinds) sends a message under 8 MiB through its own kernel when the
+# group is a pair of GPUs with peer-to-peer access or up to 8 GPUs all joined by NVLink
+# (vllm-project/vllm vllm/distributed/device_communicators/custom_all_reduce.py: max_size
+# 8192 * 1024, _SUPPORTED_WORLD_SIZES, "not supported on more than two PCIe-only GPUs"):
+# - one-shot, each GPU reading every peer's whole message and summing: on a pair always, and on
+#   up to 4 GPUs below 512 KiB, up to 8 below 256 KiB (csrc/custom_all_reduce.cuh);
+# - two-shot, a reduce-scatter then an all-gather, above that.
+# Their fixed times and rates are read off vLLM's CUDA-graphed microbenchmark of both kernels on
+# four H100s (vllm-project/vllm#24532: one-shot 10, 14, 19, 23, 30, 38 us and two-shot 17, 18,
+# 25, 26, 35, 42 us at 0.5, 1, 1.5, 2, 3, 4 MiB; #24111's run agrees within 1 us but two-shot at
+# 1.5 MiB, 27): one-shot 6 us plus (N - 1) messages at the link's achieved rate, two-shot 10 us
+# plus twice its 2(N - 1)/N of the message, within 3 us of each figure. The same constants stand
+# for every device and group size: no other was measured this way.
+#
+# Anything else goes to NCCL, priced as its tuning model prices a ring (NVIDIA/nccl
+# src/graph/tuning.cc at 5067397c, LL protocol): a base latency of 6.6 us, plus 2(N - 1) steps of
+# the link's latency (interconnect_latency_us), plus 2(N - 1)/N of the bytes at the link's
+# achieved bandwidth: by default 0.85 of its peak (H200 NVSwitch copies at 88%, an A100 all-reduce
+# at 80% of NVLink: stas00/ml-engineering network/README.md), or a device's own link_efficiency
+# where it was measured.
+CUSTOM_ALL_REDUCE_MAX_BYTES = 8 * 2**20
+ONE_SHOT_US, TWO_SHOT_US = 6.0, 10.0
 ALLREDUCE_BASE_US = 6.6
 
 
@@ -2201,7 +2223,7 @@ class Parallel:
     """One device's step in a tensor-parallel group: its own share of the work, plus the group's
     two all-reduces a layer (after attention and after the MLP), each of one step's activations."""
 
-    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int):
+    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, engine: str = "vllm"):
         if hardware.interconnect_gbs <= 0:
             raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
                             f"add it to the hardware JSON to run {tp} of them as one group")
@@ -2210,10 +2232,25 @@ class Parallel:
         self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
+        # llama.cpp has no such kernel: its ring is the one priced.
+        self.custom = engine != "llamacpp" and tp <= 8 and (hardware.nvlink or (tp == 2 and hardware.peer_to_peer))
+
+    def kernel(self, message: float) -> str:
+        """Which all-reduce a message of this many bytes takes: one-shot, two-shot or ring (NCCL's)."""
+        if not self.custom or message >= CUSTOM_ALL_REDUCE_MAX_BYTES:
+            return "ring"
+        return "one-shot" if self.tp == 2 or message < (512 if self.tp <= 4 else 256) * 1024 else "two-shot"
+
+    def all_reduce_seconds(self, message: float) -> float:
+        n, kernel = self.tp, self.kernel(message)
+        if kernel == "one-shot":
+            return ONE_SHOT_US / 1e6 + (n - 1) * message / self.link
+        if kernel == "two-shot":
+            return TWO_SHOT_US / 1e6 + 2 * (2 * (n - 1) / n) * message / self.link
+        return self.latency + 2 * (n - 1) / n * message / self.link
 
     def communication_seconds(self, tokens: float) -> float:
-        ring = 2 * (self.tp - 1) / self.tp
-        return 2 * self.layers * (self.latency + ring * tokens * self.activation_bytes / self.link)
+        return 2 * self.layers * self.all_reduce_seconds(tokens * self.activation_bytes)
 
     def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
@@ -3999,7 +4036,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
-        cost = Parallel(cost, hardware, stage, tp)
+        cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules)
     if ep > 1:
         cost = ExpertParallel(cost, hardware, model, ep)
     if pp > 1:
@@ -4020,7 +4057,8 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         if draft:
             draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec))
             if spec.tensor_parallel_size > 1:
-                draft_cost = Parallel(draft_cost, hardware, spec.draft_model, spec.tensor_parallel_size)
+                draft_cost = Parallel(draft_cost, hardware, spec.draft_model, spec.tensor_parallel_size,
+                                      engine_profile(spec).rules)
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):
@@ -5988,7 +6026,7 @@ PRESET_RANGES = {
     "host_link_gbs": (0, 10_000, "GB/s per direction between a GPU and host memory, 0 for none"),
     "host_memory_gib": (0, 1_000_000, "GiB of host memory per GPU, 0 if not stated"),
 }
-PRESET_SWITCHES = ("tie_word_embeddings",)
+PRESET_SWITCHES = ("tie_word_embeddings", "nvlink", "peer_to_peer")
 INTERNAL_FIELDS = ("expert_share",)        # set by --enable-expert-parallel, never by a file
 
 
@@ -10767,9 +10805,14 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     parallel = cost.inner if isinstance(cost, ExpertParallel) else cost
     if isinstance(parallel, Parallel):
         share = parallel.communication_seconds(1) * 1000 * pp       # every stage's group all-reduces its layers
+        kernel = parallel.kernel(parallel.activation_bytes)
+        fixed = {"one-shot": f"{ONE_SHOT_US:g} us", "two-shot": f"{TWO_SHOT_US:g} us"}.get(
+            kernel, f"{ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x {h.interconnect_latency_us:g} us each")
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers * pp} layers over "
-                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x "
-                  f"{h.interconnect_latency_us:g} us each\n")
+                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), "
+                  + ("the engine's own one-shot kernel" if kernel == "one-shot" else
+                     "the engine's own two-shot kernel" if kernel == "two-shot" else "NCCL's ring")
+                  + f", {fixed}\n")
     if isinstance(cost, ExpertParallel):
         share = cost.communication_seconds(1) * 1000
         held = round(m.expert_share * m.experts)
