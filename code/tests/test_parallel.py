@@ -74,6 +74,14 @@ class TensorParallel(unittest.TestCase):
         self.assertEqual(kernel("rtx-pro-6000-96gb", 4, 8), "ring")              # over two PCIe GPUs
         self.assertEqual(kernel("rtx-4090-24gb", 2, 8), "ring")                  # no peer-to-peer access
         self.assertEqual(kernel("h100-sxm-80gb", 2, 8, engine="llamacpp"), "ring")
+        # A hardware file says yes or no, nothing else.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "linked.json")
+            with open(path, "w") as f:
+                json.dump({**main.asdict(main.HARDWARE["h100-sxm-80gb"]), "nvlink": 1}, f)
+            code, _, err = call_cli("simulate", "--hardware", path, "-tp", "2", "--requests", "5")
+            self.assertEqual(code, 2, err)
+            self.assertIn("field 'nvlink' must be true or false", err)
         # One all-reduce a layer's attention and one its MLP's, of the step's activations.
         h100, model = main.HARDWARE["h100-sxm-80gb"], main.MODELS["llama-3.1-8b"]
         cost = main.Parallel(main.Roofline(h100, model), h100, model, 2)
