@@ -2221,7 +2221,8 @@ ALLREDUCE_BASE_US = 6.6
 
 class Parallel:
     """One device's step in a tensor-parallel group: its own share of the work, plus the group's
-    two all-reduces a layer (after attention and after the MLP), each of one step's activations."""
+    two all-reduces a layer (after attention and after the MLP), each of one step's activations,
+    by the engine's own kernel where it runs one (`engine`: a profile's rules), else NCCL's ring."""
 
     def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, engine: str = "vllm"):
         if hardware.interconnect_gbs <= 0:
@@ -2233,11 +2234,11 @@ class Parallel:
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         self.layers = model.layers
         # llama.cpp has no such kernel: its ring is the one priced.
-        self.custom = engine != "llamacpp" and tp <= 8 and (hardware.nvlink or (tp == 2 and hardware.peer_to_peer))
+        self.own_kernel = engine != "llamacpp" and tp <= 8 and (hardware.nvlink or (tp == 2 and hardware.peer_to_peer))
 
     def kernel(self, message: float) -> str:
         """Which all-reduce a message of this many bytes takes: one-shot, two-shot or ring (NCCL's)."""
-        if not self.custom or message >= CUSTOM_ALL_REDUCE_MAX_BYTES:
+        if not self.own_kernel or message >= CUSTOM_ALL_REDUCE_MAX_BYTES:
             return "ring"
         return "one-shot" if self.tp == 2 or message < (512 if self.tp <= 4 else 256) * 1024 else "two-shot"
 
@@ -10805,14 +10806,12 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     parallel = cost.inner if isinstance(cost, ExpertParallel) else cost
     if isinstance(parallel, Parallel):
         share = parallel.communication_seconds(1) * 1000 * pp       # every stage's group all-reduces its layers
-        kernel = parallel.kernel(parallel.activation_bytes)
-        fixed = {"one-shot": f"{ONE_SHOT_US:g} us", "two-shot": f"{TWO_SHOT_US:g} us"}.get(
-            kernel, f"{ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x {h.interconnect_latency_us:g} us each")
+        how = {"one-shot": f"the engine's own one-shot kernel, {ONE_SHOT_US:g} us",
+               "two-shot": f"the engine's own two-shot kernel, {TWO_SHOT_US:g} us",
+               "ring": f"NCCL's ring, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x {h.interconnect_latency_us:g} us "
+                       f"each"}[parallel.kernel(parallel.activation_bytes)]
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers * pp} layers over "
-                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), "
-                  + ("the engine's own one-shot kernel" if kernel == "one-shot" else
-                     "the engine's own two-shot kernel" if kernel == "two-shot" else "NCCL's ring")
-                  + f", {fixed}\n")
+                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), {how}\n")
     if isinstance(cost, ExpertParallel):
         share = cost.communication_seconds(1) * 1000
         held = round(m.expert_share * m.experts)
