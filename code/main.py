@@ -4775,15 +4775,28 @@ def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], 
     return result
 
 
-def quiet_worker() -> None:
+def quiet_worker(stoppable: bool = False) -> None:
     """Workers leave Ctrl-C (which a terminal sends to each process of the group) to the parent,
-    which stops them; the parent's stop request (STOP_SIGNAL), and SIGTERM (which `timeout` sends
-    the whole group), cut the point in hand short (see stoppable)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, stop_worker)
+    which stops them. A worker of points (`stoppable`) cuts the point in hand short on the
+    parent's stop request (STOP_SIGNAL) and on SIGTERM (which `timeout` sends the whole group):
+    see stoppable(); any other dies of SIGTERM. A worker whose parent is gone (killed outright)
+    ends itself. The parent blocked these signals while it forked (see PointRunner): they are
+    let in once their handlers are set."""
     worker_state["parent"] = os.getppid()
-    if STOP_SIGNAL is not None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop_worker if stoppable else signal.SIG_DFL)
+    if STOP_SIGNAL is not None and stoppable:
         signal.signal(STOP_SIGNAL, stop_worker)
+    threading.Thread(target=outlive_no_parent, daemon=True).start()
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_WHILE_FORKING)
+
+
+def outlive_no_parent() -> None:
+    """A worker's watch: its parent killed outright (kill -9) leaves it waiting for work forever."""
+    while os.getppid() == worker_state["parent"]:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 # A parallel search's workers each hold a deployment part way through when a signal reaches the
@@ -4793,6 +4806,40 @@ def quiet_worker() -> None:
 STOP_SIGNAL = getattr(signal, "SIGUSR1", None)     # None where there is none: the workers are killed
 STOP_WAIT_S = 10.0       # how long the parent waits for its workers' cut points before killing them
 worker_state = {"busy": False, "stopping": False, "parent": None}
+BLOCKED_WHILE_FORKING = {signal.SIGINT, signal.SIGTERM} | ({STOP_SIGNAL} if STOP_SIGNAL else set())
+POOLS: set = set()       # the process pools alive now: a third Ctrl-C kills their workers as it quits
+
+
+def pool(jobs: int, stoppable: bool = False) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of `jobs` worker processes, registered in POOLS until kill_pool(). Its workers fork
+    at the first submit(): do that inside forking()."""
+    executor = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker, initargs=(stoppable,))
+    POOLS.add(executor)
+    return executor
+
+
+@contextlib.contextmanager
+def forking():
+    """Ctrl-C and SIGTERM held back while worker processes fork: a signal in between would reach a
+    child before its handlers are set (a traceback, or a worker left behind) or the parent half
+    way through starting them. Let in afterwards, they are raised here."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED_WHILE_FORKING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def kill_pool(executor) -> None:
+    """Stop a pool's workers now (whatever they are doing) and wait for them to go."""
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            process.kill()
+    executor.shutdown(wait=True, cancel_futures=True)
+    POOLS.discard(executor)
 
 
 def stop_worker(signum, frame) -> None:
@@ -4843,16 +4890,22 @@ class PointRunner:
     attaches to the exception that stopped it: a search's ended probes)."""
 
     def __init__(self, task: Callable, points: list[dict], jobs: int = 1,
-                 progress: Optional[Callable[[str], None]] = None, spread: bool = False):
-        self.task, self.points, self.progress = task, points, progress
+                 progress: Optional[Callable[[str], None]] = None, spread: bool = False, noun: str = "point"):
+        self.task, self.points, self.progress, self.noun = task, points, progress, noun
         self.executor, self.futures, self.next, self.rest, self.cut = None, [], 0, None, []
         # spread: the points run here, one after another, each spreading its own seeds over the
         # processes (the task takes a `mapper`); else the points themselves are spread.
-        self.seeds = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker) \
-            if spread and jobs > 1 else None
-        if jobs > 1 and len(points) > 1 and not self.seeds:
-            self.executor = concurrent.futures.ProcessPoolExecutor(min(jobs, len(points)), initializer=quiet_worker)
-            self.futures = [self.executor.submit(stoppable, task, settings) for settings in points]
+        self.seeds = pool(jobs) if spread and jobs > 1 else None
+        try:
+            with forking():
+                if self.seeds:      # started now, not at a first map() that a signal could cut short
+                    list(self.seeds.map(abs, range(jobs)))
+                if jobs > 1 and len(points) > 1 and not self.seeds:
+                    self.executor = pool(min(jobs, len(points)), stoppable=True)
+                    self.futures = [self.executor.submit(stoppable, task, settings) for settings in points]
+        except BaseException:       # a signal let in as the forking ends: nothing is left running
+            self.finished()
+            raise
 
     def __iter__(self) -> Iterator[dict]:
         try:
@@ -4870,11 +4923,11 @@ class PointRunner:
                 result = self.task(settings, point, **({"mapper": self.seeds.map} if self.seeds else {}))
             else:
                 result = self.futures[self.next].result()
-        except concurrent.futures.BrokenExecutor:
-            raise self.died() from None
         except BaseException as e:
-            if getattr(e, "partial", None) is not None:
+            if getattr(e, "partial", None) is not None:      # what the point ended, whatever stopped it
                 self.cut = [(self.next, e.partial)]
+            if isinstance(e, concurrent.futures.BrokenExecutor):
+                raise self.died() from None
             raise
         if isinstance(result, Cut):     # a stop sent by someone else than this process
             raise self.died("was stopped by a signal")
@@ -4882,10 +4935,13 @@ class PointRunner:
         return result
 
     def died(self, how: str = "died (killed, perhaps by the out-of-memory killer)") -> WorkerDied:
-        lost = [point_label(p) for p, f in zip(self.points, self.futures) if not self.succeeded(f)] \
+        lost = [point_label(p) for i, (p, f) in enumerate(zip(self.points, self.futures))
+                if i >= self.next and not (self.succeeded(f) and not isinstance(f.result(), Cut))] \
             or [point_label(p) for p in self.points[self.next:]]
-        return WorkerDied(f"a worker process {how} before {len(lost):,} of {len(self.points):,} points finished, "
-                          f"the first {lost[0] or 'the only one'}; the output holds the points that finished")
+        nouns = f"{self.noun}{'s' * (len(self.points) != 1)}"
+        first = f", the first {lost[0]}" if lost[0] and len(self.points) > 1 else ""
+        return WorkerDied(f"a worker process {how} before {len(lost):,} of {len(self.points):,} {nouns} finished"
+                          f"{first}; the output holds what had finished")
 
     @staticmethod
     def succeeded(future) -> bool:
@@ -4901,10 +4957,7 @@ class PointRunner:
                                            if not isinstance(r, Cut) or r.partial is not None], key=lambda x: x[0])
             for executor in (self.executor, self.seeds):
                 if executor is not None:
-                    for process in list((getattr(executor, "_processes", None) or {}).values()):
-                        with contextlib.suppress(OSError, ValueError, AttributeError):
-                            process.kill()
-                    executor.shutdown(wait=True, cancel_futures=True)
+                    kill_pool(executor)
             self.executor = self.seeds = None
         return self.rest
 
@@ -4915,6 +4968,8 @@ class PointRunner:
             return
         for future in running:
             future.cancel()           # those no worker has taken yet
+        if self.progress:
+            self.progress(f"stopping: keeping what the {len(running)} running {self.noun}s ended")
         for process in list((getattr(self.executor, "_processes", None) or {}).values()):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 os.kill(process.pid, STOP_SIGNAL)
@@ -4922,9 +4977,10 @@ class PointRunner:
 
 
 def map_points(task: Callable, points: list[dict], jobs: int = 1,
-               progress: Optional[Callable[[str], None]] = None, spread: bool = False) -> PointRunner:
+               progress: Optional[Callable[[str], None]] = None, spread: bool = False,
+               noun: str = "point") -> PointRunner:
     """Each point's task(settings, progress), in order (see PointRunner)."""
-    return PointRunner(task, points, jobs, progress, spread)
+    return PointRunner(task, points, jobs, progress, spread, noun)
 
 
 def iter_sweep(spec: RunSpec, points: list[dict], jobs: int = 1,
@@ -5512,7 +5568,7 @@ def search_points(spec: RunSpec, points: list[dict], probing: Probing, jobs: int
     deployments, or over each probe's seeds when there are fewer deployments than jobs. The
     results are the same either way."""
     return map_points(functools.partial(search_point, spec, probing=probing), points, jobs, progress,
-                      spread=probing.seeds > 1 and len(points) < jobs)
+                      spread=probing.seeds > 1 and len(points) < jobs, noun="deployment")
 
 
 # Plan: replicas window by window over a day of traffic. Each window's load (a rate profile's mean,
@@ -8129,6 +8185,10 @@ def on_signal(signum, frame) -> None:
     first = stops["noted"][0]
     if len(stops["noted"]) >= 3:
         os.write(2, f"servesim: {SIGNAL_WORDS[first]} three times: quitting without the output\n".encode())
+        for executor in list(POOLS):        # no worker outlives the quit
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    process.kill()
         os._exit(SIGNAL_CODES[first])
     if not stops["held"]:
         stops["held"] = True
@@ -9126,9 +9186,11 @@ def replay_all(runs: list[PublishedRun], cost_model: str, scales: list, jobs: in
             if progress:
                 progress(f"{len(results)} of {len(tasks)} runs replayed ({results[-1]['name']})")
         return results
-    pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(tasks)), initializer=quiet_worker)
+    workers = pool(min(jobs, len(tasks)))
     try:
-        for result in pool.map(call, tasks):
+        with forking():
+            results_in_order = workers.map(call, tasks)
+        for result in results_in_order:
             results.append(result)
             if progress:
                 progress(f"{len(results)} of {len(tasks)} runs replayed ({result['name']})")
@@ -9136,10 +9198,7 @@ def replay_all(runs: list[PublishedRun], cost_model: str, scales: list, jobs: in
         raise WorkerDied(f"a worker process died (killed, perhaps by the out-of-memory killer) after "
                          f"{len(results):,} of {len(tasks):,} runs were replayed") from None
     finally:
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                process.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
+        kill_pool(workers)
     return results
 
 
@@ -11504,13 +11563,16 @@ def cmd_sweep(args) -> int:
         progress(f"{point_text(result['config']['sweep_point'])} done ({len(results)}/{len(points)})")
         if table:
             table.row(result, index)
-    runner = iter_sweep(spec, points, args.jobs, progress, args.seeds)
+    runner = None
     try:
+        runner = iter_sweep(spec, points, args.jobs, progress, args.seeds)
         for result in runner:
             take(result)
+            if len(results) == len(points):
+                hold_signals()      # all measured: the workers' shutdown and the output go through whole
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
         hold_signals()
-        for index, result in runner.finished():       # points that finished behind an unfinished one
+        for index, result in (runner.finished() if runner else []):   # points that finished behind an unfinished one
             take(result, index)
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
             Stopped.by_signal(e, kept_of(len(results), len(points), "point"))
@@ -11642,6 +11704,8 @@ def cmd_search(args) -> int:
             for item in runner:
                 done[len(done)] = item
                 progress(f"{len(done)}/{len(mine)} deployments done")
+                if len(done) == len(mine):
+                    hold_signals()      # all measured: the workers' shutdown and the report go through whole
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
         hold_signals()
         # Deployments that finished behind an unfinished one, and those the stop cut short with
@@ -11654,6 +11718,7 @@ def cmd_search(args) -> int:
         probes = sum(len(item["probes"]) + len((item.get("burst") or {}).get("probes", [])) for item in parts)
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
             Stopped.by_signal(e, kept_of(whole, len(mine), "deployment", probes, len(parts)))
+    hold_signals()           # the report is written whole, whatever arrives now (but see --confirm)
     searched = points if args.collect else [mine[i] for i in sorted(done)]    # the settings of each found
     if not args.collect:
         found = [done[i] for i in sorted(done)]
@@ -11670,7 +11735,9 @@ def cmd_search(args) -> int:
     ranked = report["deployments"]
     chosen = next((item for item in ranked if item["best"]), None)
     confirmed = None
-    if args.confirm and chosen and not stopped:
+    hold_signals(False)      # Ctrl-C stops a confirm run as it stops loadgen; one noted by now skips it
+    confirming = bool(args.confirm and chosen and not stopped and not stops["noted"])
+    if confirming:
         if not (args.json or args.csv):      # the search's answer first: the confirm run takes a while
             write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing)))
         deployment = sweep_point(spec, searched[found.index(chosen)])
@@ -11693,7 +11760,7 @@ def cmd_search(args) -> int:
         if done.get("rows"):          # none when the server could not be reached: the answer is out already
             print_compared(done["title"], done["rows"], out.write)
             write_text(out.getvalue())
-    elif not (args.confirm and chosen and not stopped):
+    elif not confirming:
         write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
     if args.plot and ranked:           # after the report, so a failed write loses nothing
         write_file(args.plot, search_svg(report, axes, probing,

@@ -133,6 +133,60 @@ class DrippedGets(unittest.TestCase):
         self.assertEqual(r.json()["completed"], 3)
 
 
+class SignalWhileWorkersStart(unittest.TestCase):
+    """A signal to the whole group a moment after the first worker forks (the terminal's Ctrl-C,
+    timeout's SIGTERM): before, half such runs left a worker behind, hung, swallowed the Ctrl-C or
+    printed a worker's traceback. Now: one line, its exit code, nothing left running."""
+    SEARCH = ["search", "--slo", "ttft_p95:1000", "--hardware", "h100-sxm-80gb,l4-24gb", "--steady-requests", "2000",
+              "--jobs", "2", "--json"]
+
+    def test_a_signal_as_the_workers_fork(self):
+        for signum, delay in [(signum, delay) for signum in (signal.SIGINT, signal.SIGTERM)
+                              for delay in (0.0, 0.002, 0.005, 0.01)]:
+            with self.subTest(signal=signum.name, delay=delay):
+                t0 = time.monotonic()
+                proc, out_f, err_f = start(self.SEARCH)
+                try:
+                    forked = f"/proc/{proc.pid}/task/{proc.pid}/children"
+                    while alive(proc) and not read_text(forked).split() and time.monotonic() - t0 < 60:
+                        pass
+                    time.sleep(delay)
+                    os.killpg(proc.pid, signum)
+                    while alive(proc) and time.monotonic() - t0 < 40:
+                        time.sleep(0.02)
+                    time.sleep(0.5)
+                    left = [pid for pid in group_members(proc.pid) if pid != proc.pid]
+                    r = finish(proc, out_f, err_f, t0, 40, "a signal as the workers fork")
+                finally:
+                    kill_group(proc)
+                self.assertEqual(left, [], f"workers outlived the run: {r.err}")
+                self.assertNotIn("Traceback", r.err)
+                self.assertEqual(r.code, 130 if signum == signal.SIGINT else 143, r.err)
+                self.assertEqual(len(r.lines()), 1, r.err)
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def group_members(group):
+    """Live (not zombie) processes of a process group, from /proc."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 class DeadWorkers(unittest.TestCase):
     """# issue 20 finding 7: a --jobs worker killed (by the OOM killer) leaves the pool waiting
     forever; Ctrl-C then reports 0 points. Point order 1,64: the slow point (1 client) first, so
