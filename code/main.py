@@ -4833,11 +4833,16 @@ def forking():
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def kill_pool(executor) -> None:
-    """Stop a pool's workers now (whatever they are doing) and wait for them to go."""
+def signal_workers(executor, signum: int) -> None:
+    """Send each of a pool's live worker processes a signal (a worker already gone is skipped)."""
     for process in list((getattr(executor, "_processes", None) or {}).values()):
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            process.kill()
+            os.kill(process.pid, signum)
+
+
+def kill_pool(executor) -> None:
+    """Stop a pool's workers now (whatever they are doing) and wait for them to go."""
+    signal_workers(executor, signal.SIGKILL)
     executor.shutdown(wait=True, cancel_futures=True)
     POOLS.discard(executor)
 
@@ -4970,9 +4975,7 @@ class PointRunner:
             future.cancel()           # those no worker has taken yet
         if self.progress:
             self.progress(f"stopping: keeping what the {len(running)} running {self.noun}s ended")
-        for process in list((getattr(self.executor, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                os.kill(process.pid, STOP_SIGNAL)
+        signal_workers(self.executor, STOP_SIGNAL)
         concurrent.futures.wait(running, timeout=STOP_WAIT_S)
 
 
@@ -8186,9 +8189,7 @@ def on_signal(signum, frame) -> None:
     if len(stops["noted"]) >= 3:
         os.write(2, f"servesim: {SIGNAL_WORDS[first]} three times: quitting without the output\n".encode())
         for executor in list(POOLS):        # no worker outlives the quit
-            for process in list((getattr(executor, "_processes", None) or {}).values()):
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    process.kill()
+            signal_workers(executor, signal.SIGKILL)
         os._exit(SIGNAL_CODES[first])
     if not stops["held"]:
         stops["held"] = True
