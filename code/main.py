@@ -4775,17 +4775,17 @@ def run_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str], 
     return result
 
 
-def quiet_worker(stoppable: bool = False) -> None:
+def quiet_worker(of_points: bool = False) -> None:
     """Workers leave Ctrl-C (which a terminal sends to each process of the group) to the parent,
-    which stops them. A worker of points (`stoppable`) cuts the point in hand short on the
+    which stops them. A worker of points (`of_points`) cuts the point in hand short on the
     parent's stop request (STOP_SIGNAL) and on SIGTERM (which `timeout` sends the whole group):
     see stoppable(); any other dies of SIGTERM. A worker whose parent is gone (killed outright)
     ends itself. The parent blocked these signals while it forked (see PointRunner): they are
     let in once their handlers are set."""
     worker_state["parent"] = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, stop_worker if stoppable else signal.SIG_DFL)
-    if STOP_SIGNAL is not None and stoppable:
+    signal.signal(signal.SIGTERM, stop_worker if of_points else signal.SIG_DFL)
+    if STOP_SIGNAL is not None and of_points:
         signal.signal(STOP_SIGNAL, stop_worker)
     threading.Thread(target=outlive_no_parent, daemon=True).start()
     if hasattr(signal, "pthread_sigmask"):
@@ -4810,10 +4810,10 @@ BLOCKED_WHILE_FORKING = {signal.SIGINT, signal.SIGTERM} | ({STOP_SIGNAL} if STOP
 POOLS: set = set()       # the process pools alive now: a third Ctrl-C kills their workers as it quits
 
 
-def pool(jobs: int, stoppable: bool = False) -> concurrent.futures.ProcessPoolExecutor:
-    """A pool of `jobs` worker processes, registered in POOLS until kill_pool(). Its workers fork
-    at the first submit(): do that inside forking()."""
-    executor = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker, initargs=(stoppable,))
+def pool(jobs: int, of_points: bool = False) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of `jobs` worker processes (see quiet_worker), registered in POOLS until
+    kill_pool(). Its workers fork at the first submit(): do that inside forking()."""
+    executor = concurrent.futures.ProcessPoolExecutor(jobs, initializer=quiet_worker, initargs=(of_points,))
     POOLS.add(executor)
     return executor
 
@@ -4906,7 +4906,7 @@ class PointRunner:
                 if self.seeds:      # started now, not at a first map() that a signal could cut short
                     list(self.seeds.map(abs, range(jobs)))
                 if jobs > 1 and len(points) > 1 and not self.seeds:
-                    self.executor = pool(min(jobs, len(points)), stoppable=True)
+                    self.executor = pool(min(jobs, len(points)), of_points=True)
                     self.futures = [self.executor.submit(stoppable, task, settings) for settings in points]
         except BaseException:       # a signal let in as the forking ends: nothing is left running
             self.finished()
