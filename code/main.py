@@ -4782,19 +4782,18 @@ def quiet_worker(of_points: bool = False) -> None:
     see stoppable(); any other dies of SIGTERM. A worker whose parent is gone (killed outright)
     ends itself. The parent blocked these signals while it forked (see PointRunner): they are
     let in once their handlers are set."""
-    worker_state["parent"] = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop_worker if of_points else signal.SIG_DFL)
     if STOP_SIGNAL is not None and of_points:
         signal.signal(STOP_SIGNAL, stop_worker)
-    threading.Thread(target=outlive_no_parent, daemon=True).start()
+    threading.Thread(target=outlive_no_parent, args=(os.getppid(),), daemon=True).start()
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED_WHILE_FORKING)
 
 
-def outlive_no_parent() -> None:
+def outlive_no_parent(parent: int) -> None:
     """A worker's watch: its parent killed outright (kill -9) leaves it waiting for work forever."""
-    while os.getppid() == worker_state["parent"]:
+    while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(1)
 
@@ -4805,7 +4804,7 @@ def outlive_no_parent() -> None:
 # keeps its ended probes), returns that, and starts no other; then the parent kills them.
 STOP_SIGNAL = getattr(signal, "SIGUSR1", None)     # None where there is none: the workers are killed
 STOP_WAIT_S = 10.0       # how long the parent waits for its workers' cut points before killing them
-worker_state = {"busy": False, "stopping": False, "parent": None}
+worker_state = {"busy": False, "stopping": False}
 BLOCKED_WHILE_FORKING = {signal.SIGINT, signal.SIGTERM} | ({STOP_SIGNAL} if STOP_SIGNAL else set())
 POOLS: set = set()       # the process pools alive now: a third Ctrl-C kills their workers as it quits
 
@@ -4848,8 +4847,6 @@ def kill_pool(executor) -> None:
 
 
 def stop_worker(signum, frame) -> None:
-    if os.getppid() != worker_state["parent"]:      # orphaned (the parent was killed): nobody wants its part
-        os._exit(128 + signum)
     worker_state["stopping"] = True
     if worker_state["busy"]:       # raised once, inside the point only (never in the pool's own code)
         worker_state["busy"] = False
@@ -11695,7 +11692,7 @@ def cmd_search(args) -> int:
     progress = Progress("search")
     found, stopped = [], None
     mine = [points[i] for i in shard_indices(args.shard, len(points))] if args.shard else points
-    done: dict[int, dict] = {}       # index in `mine` -> its deployment
+    ended: dict[int, dict] = {}      # index in `mine` -> its deployment
     runner = None
     try:
         if args.collect:
@@ -11703,29 +11700,28 @@ def cmd_search(args) -> int:
         else:
             runner = search_points(spec, mine, probing, args.jobs, progress)
             for item in runner:
-                done[len(done)] = item
-                progress(f"{len(done)}/{len(mine)} deployments done")
-                if len(done) == len(mine):
+                ended[len(ended)] = item
+                progress(f"{len(ended)}/{len(mine)} deployments done")
+                if len(ended) == len(mine):
                     hold_signals()      # all measured: the workers' shutdown and the report go through whole
     except (KeyboardInterrupt, Terminated, WorkerDied) as e:
-        hold_signals()
         # Deployments that finished behind an unfinished one, and those the stop cut short with
         # their ended probes, marked interrupted (not in a shard's report, which collect would take
         # as finished deployments).
-        done.update((i, item) for i, item in (runner.finished() if runner else [])
-                    if not (args.shard and item.get("interrupted")))
-        whole = sum(not item.get("interrupted") for item in done.values())
-        parts = [item for item in done.values() if item.get("interrupted")]
+        ended.update((i, item) for i, item in (runner.finished() if runner else [])
+                     if not (args.shard and item.get("interrupted")))
+        whole = sum(not item.get("interrupted") for item in ended.values())
+        parts = [item for item in ended.values() if item.get("interrupted")]
         probes = sum(len(item["probes"]) + len((item.get("burst") or {}).get("probes", [])) for item in parts)
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
             Stopped.by_signal(e, kept_of(whole, len(mine), "deployment", probes, len(parts)))
     hold_signals()           # the report is written whole, whatever arrives now (but see --confirm)
-    searched = points if args.collect else [mine[i] for i in sorted(done)]    # the settings of each found
+    searched = points if args.collect else [mine[i] for i in sorted(ended)]    # the settings of each found
     if not args.collect:
-        found = [done[i] for i in sorted(done)]
+        found = [ended[i] for i in sorted(ended)]
     if args.shard:            # a shard's report is for collect: JSON, whatever the format asked
         indices = shard_indices(args.shard, len(points))
-        write_json(shard_report(found, args.shard, fingerprint, len(points), [indices[i] for i in sorted(done)],
+        write_json(shard_report(found, args.shard, fingerprint, len(points), [indices[i] for i in sorted(ended)],
                                 complete=not stopped))
         if stopped:
             raise stopped

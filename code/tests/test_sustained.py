@@ -548,7 +548,6 @@ class SustainedSearch(unittest.TestCase):
             time.sleep(10)
             return "ended"
         old = signal.signal(main.STOP_SIGNAL, main.stop_worker)
-        main.worker_state["parent"] = os.getppid()
         try:
             self.assertEqual(main.stoppable(kept, {"x": 1}), main.Cut({"probes": [{"x": 1}]}))
             self.assertEqual(main.stoppable(lambda settings: "ended", {}), "ended")
@@ -564,7 +563,7 @@ class SustainedSearch(unittest.TestCase):
             self.assertTrue(main.worker_state["stopping"])
         finally:
             signal.signal(main.STOP_SIGNAL, old)
-            main.worker_state.update(busy=False, stopping=False, parent=None)
+            main.worker_state.update(busy=False, stopping=False)
 
     def test_a_stop_keeps_points_done_behind_a_running_one_and_what_the_running_one_kept(self):
         runner = main.map_points(napping, [{"n": 0}, {"n": 1}, {"n": 2}], jobs=2)
