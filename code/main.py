@@ -1656,11 +1656,14 @@ def no_graphs(max_num_seqs: int) -> list[int]:
 def vllm_defaults(hardware: Hardware) -> dict:
     # vllm serve's batch limits by device memory (vllm/engine/arg_utils.py get_batch_defaults):
     # 160 GiB and up 1024 sequences / 16,384 tokens; 70 GiB and up, A100 excluded, 1024 / 8,192;
-    # others 256 / 2,048. 16-token blocks, 0.9 of memory (vllm/config/cache.py at v0.19.0).
+    # others 256 / 2,048. 16-token blocks, 0.9 of memory (vllm/config/cache.py at v0.19.0). V1 turns
+    # automatic prefix caching on unless told --no-enable-prefix-caching (CacheConfig's
+    # enable_prefix_caching; tests/v1/engine/test_engine_args.py, test_prefix_caching_from_cli).
     memory = hardware.memory_gib
     seqs, tokens = (1024, 16384) if memory >= 160 else (1024, 8192) if memory >= 70 and "a100" not in hardware.name \
         else (256, 2048)
-    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "block_size": 16, "gpu_memory_utilization": 0.9}
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "block_size": 16, "gpu_memory_utilization": 0.9,
+            "prefix_caching": True}
 
 
 def sglang_defaults(hardware: Hardware) -> dict:
@@ -3659,7 +3662,8 @@ class RunSpec:
         None, "--engine", engine_name, "the serving engine whose CPU costs, async scheduling, CUDA graphs and "
         "scheduling rules the run takes: vllm, sglang, trtllm or llamacpp, or a profile JSON file (calibrate --fit "
         "engine writes one: an engine's rules with fitted costs); naming one also takes its own defaults "
-        "for the knobs not given (batch limits, block size, memory share)", "scheduler",
+        "for the knobs not given (batch limits, block size, memory share, and prefix caching, which vLLM, "
+        "SGLang and TensorRT-LLM turn on)", "scheduler",
         metavar="|".join(ENGINES) + "|FILE",
         default_text="vLLM's rules and costs with the lesson's knobs: 256 sequences, 8,192 tokens")
     async_scheduling: Optional[bool] = setting(

@@ -379,6 +379,19 @@ class EngineProfiles(unittest.TestCase):
                 self.assertEqual(code, 2, err)
                 self.assertRegex(err, "more than servesim reads of such a file|is a binary file|is not a regular file")
 
+    def test_vllm_sglang_and_tensorrt_llm_cache_prefixes_unless_told_not_to(self):
+        # vLLM V1, SGLang's radix cache and TensorRT-LLM's block reuse are all on by default;
+        # llama.cpp's slots keep no shared cache. Without --engine the lesson's knob (off) stands.
+        shared = ("--prefix-tokens", "1000", "--num-prefixes", "1", "--requests", "20", "--rate", "5", "--json")
+        for engine, cached in (("vllm", True), ("sglang", True), ("trtllm", True), ("llamacpp", False), (None, False)):
+            for told in ((), ("--prefix-caching", "off")):
+                with self.subTest(engine=engine, told=told):
+                    code, out, err = call_cli("simulate", *(("--engine", engine) if engine else ()), *told, *shared)
+                    self.assertEqual(code, 0, err)
+                    result = json.loads(out)
+                    self.assertEqual(result["config"]["prefix_caching"], cached and not told)
+                    self.assertEqual(result["engine"]["prefix_hit_rate"] > 0.5, cached and not told)
+
     def test_an_unknown_engine_is_one_line_naming_the_known_ones(self):
         code, _, err = call_cli("simulate", "--engine", "tgi")
         self.assertEqual(code, 2)
