@@ -6496,7 +6496,9 @@ def read_request_log(path: str) -> MeasuredRun:
         output = trace_number(where, row, "output_toks", 0, 10**8)
         sent = trace_number(where, row, "queued_ts", 0, 1e11, whole_number=False)     # seconds, engine clock
         first, last = None, None
-        if row.get("first_token_ts") and row.get("last_token_ts"):       # else the request failed
+        # A failed request has neither time (absent or null); one of them alone, or a time that is
+        # not a number (0 included where nothing was queued before it), is refused, not a failure.
+        if row.get("first_token_ts") is not None or row.get("last_token_ts") is not None:
             first = trace_number(where, row, "first_token_ts", 0, 1e11, whole_number=False)
             last = trace_number(where, row, "last_token_ts", 0, 1e11, whole_number=False)
             if not sent <= first <= last:
@@ -6700,8 +6702,10 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
         if source.startswith(".") or not os.path.isdir(os.path.join(folder, source)):
             continue
         if not os.path.isfile(path):         # a source dropping out of the scores without a word
-            skipped.append(f"source {os.path.join(folder, source)}: " + ("runs.json is not a regular file" if
-                           os.path.lexists(path) else "no runs.json in it"))
+            skipped.append(f"source {os.path.join(folder, source)}: " + (
+                "runs.json is not a regular file" if os.path.lexists(path) else
+                "cannot read the folder (permission denied)" if not os.access(os.path.join(folder, source), os.R_OK | os.X_OK)
+                else "no runs.json in it"))
             continue
         try:
             data = parse_json(read_text(path, "runs"), f"runs {path}", "expected {\"runs\": [...]}")
@@ -6710,6 +6714,8 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
         except UserError as e:      # one broken source is listed; the others still score
             skipped.append(str(e))
             continue
+        if not data["runs"]:
+            skipped.append(f"source {os.path.join(folder, source)}: its runs.json lists no runs")
         for i, row in enumerate(data["runs"]):
             where = f"runs {path} run {i + 1}"
             try:
@@ -6786,6 +6792,10 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     if "replay" in load:
         if not os.path.isfile(os.path.join(folder, str(load["replay"]), "requests.jsonl")):
             raise UserError(f"{where}: no {load['replay']}/requests.jsonl to replay")
+        given_too = sorted(set(load) - {"replay"}) + (["measured"] if "measured" in row else [])
+        if given_too:      # they would be ignored: a replay's load and figures are its requests'
+            raise UserError(f"{where}: a replayed run's load and measured figures are read from its requests.jsonl: "
+                            f"drop {', '.join('load.' + k if k != 'measured' else k for k in given_too)}")
     else:
         for key, (low, high) in PUBLISHED_LOADS.items():
             value = load.get(key, 0 if key == "warmup" else None)
@@ -9086,9 +9096,11 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
     if kernel_scale is not None:
         profile = replace(profile, kernel_scale=kernel_scale)
     measured, spec_args = dict(published.measured), dict(published.settings)
+    notes: list[str] = []      # what the reader assumed, and measured requests that failed
     if "replay" in published.load:
         log = read_request_log(os.path.join(published.folder, published.load["replay"], "requests.jsonl"))
-        measured_failures(log)
+        failures = measured_failures(log)
+        notes += log.notes + ([failures] if failures else [])
         spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)
@@ -9123,7 +9135,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
             "inferred": list(published.inferred),
             "failed": simulated["failed"], "sent": simulated["completed"] + simulated["failed"],
-            "failure": first_failure(simulated)}
+            "failure": first_failure(simulated), "notes": notes}
 
 
 # Validation: every published run replayed, scored out of sample. The kernel model's one fitted
@@ -11964,6 +11976,9 @@ def compare_mode(text: str) -> str:
 
 def cmd_validate(args) -> int:
     report = validate(args.corpus, args.cost_model or DEFAULT_COST_MODEL, args.jobs, Progress("validate"))
+    for result in report["runs"]:
+        for note in result["notes"]:
+            sys.stderr.write(f"servesim: {result['name']}: {note}\n")
     if args.json:
         write_json(report)
     else:

@@ -4,6 +4,7 @@ measured can move the scale it is scored with. Engine profiles and their sources
 against the values the engines' own code sets."""
 import json
 import math
+import shutil
 import os
 import tempfile
 import unittest
@@ -238,6 +239,70 @@ class TrtllmBenchLimits(unittest.TestCase):
         self.assertEqual(main.run(main.replace(spec, engine="trtllm"))["failed"], 0)
         refused = main.run(main.replace(spec, engine="vllm"))
         self.assertEqual(refused["failed"], 20)
+
+
+class ReplayedRuns(unittest.TestCase):
+    """helper-43: what a replayed run's files say reaches the report, and nothing given beside them is
+    ignored unseen."""
+
+    def corpus(self, tmp, edit_row=None, edit_run=None):
+        source = os.path.join(main.CORPUS, "llmservingsim")
+        with open(os.path.join(source, "runs.json")) as f:
+            data = json.load(f)
+        data["runs"] = [r for r in data["runs"] if r["name"] == "rtx4090-llama-3.1-8b"]
+        if edit_run:
+            edit_run(data["runs"][0])
+        os.makedirs(os.path.join(tmp, "r"))
+        shutil.copytree(os.path.join(source, "rtx4090-llama-3.1-8b"), os.path.join(tmp, "r", "rtx4090-llama-3.1-8b"))
+        with open(os.path.join(tmp, "r", "runs.json"), "w") as f:
+            json.dump(data, f)
+        if edit_row:
+            path = os.path.join(tmp, "r", "rtx4090-llama-3.1-8b", "requests.jsonl")
+            with open(path) as f:
+                lines = f.read().splitlines()
+            row = json.loads(lines[3])
+            edit_row(row)
+            lines[3] = json.dumps(row)
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        write_corpus(tmp, {"a": [closed_loop_run("fine")]})
+
+    def test_a_measured_request_that_failed_is_said_and_kept_in_the_json(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.corpus(tmp, edit_row=lambda row: row.update(first_token_ts=None, last_token_ts=None))
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+            _, js, _ = call_cli("validate", tmp, "--jobs", "1", "--json")
+        self.assertEqual(code, 0, err)
+        said = "rtx4090-llama-3.1-8b: 1 of 300 measured requests failed"
+        self.assertIn(said, err)
+        notes = {r["name"]: r["notes"] for r in json.loads(js)["runs"]}
+        self.assertEqual(notes["fine"], [])
+        self.assertIn(said.split(": ", 1)[1], notes["rtx4090-llama-3.1-8b"][0])
+
+    def test_a_time_that_is_not_a_number_or_only_one_of_the_two_is_refused_not_a_failure(self):
+        for edit in ({"first_token_ts": False}, {"first_token_ts": ""}, {"first_token_ts": None}):
+            with self.subTest(edit=edit), tempfile.TemporaryDirectory() as tmp:
+                self.corpus(tmp, edit_row=lambda row: row.update(edit))
+                code, out, err = call_cli("validate", tmp, "--jobs", "1")
+                self.assertEqual(code, 0, err)
+                self.assertIn("skipped: rtx4090-llama-3.1-8b: run", out)
+                self.assertIn("first_token_ts", out)
+                self.assertNotIn("measured requests failed", err)
+
+    def test_a_load_or_figures_given_beside_a_replay_are_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.corpus(tmp, edit_run=lambda run: run.update(measured={"mean_tpot_ms": 5.0},
+                                                             load={**run["load"], "concurrency": 8}))
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("read from its requests.jsonl: drop load.concurrency, measured", out)
+
+    def test_a_source_that_lists_no_runs_is_listed_as_skipped(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": [closed_loop_run("fine")], "b": []})
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("b: its runs.json lists no runs", out)
 
 
 class KvCacheDtype(unittest.TestCase):
