@@ -6155,6 +6155,14 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
                             f"0 < active_params < params")
     if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
         raise UserError(f"{where}: sliding_layers must be fewer than layers")
+    if isinstance(preset, ModelSpec) and bool(preset.sliding_layers) != bool(preset.sliding_window):
+        # Either alone would be dropped: layers with no window would hold no cache at all (twice the
+        # requests fit), and a window with no layers under it changes nothing.
+        raise UserError(f"{where}: sliding_layers and sliding_window go together (the layers that attend to only "
+                        f"the last sliding_window tokens): give both above 0, or neither")
+    if isinstance(preset, ModelSpec) and preset.heads and (preset.kv_heads > preset.heads or preset.heads % preset.kv_heads):
+        raise UserError(f"{where}: heads {preset.heads} must be a multiple of kv_heads {preset.kv_heads} (grouped-query "
+                        f"attention shares each KV head among a whole number of query heads)")
     if isinstance(preset, ModelSpec) and shape_params(preset) > preset.compute_params:
         count = "active_params" if preset.experts else "params"
         raise UserError(f"{where}: its shape alone holds {shape_params(preset) / 1e9:.3g} B parameters (vocab_size x "
@@ -6269,11 +6277,11 @@ def check_report(report, where: str) -> dict:
         (lambda v: isinstance(v, int) and not isinstance(v, bool))
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
         if key in report and not count(report[key]):
-            raise UserError(f"{where}: {key} must be a whole number, got {str(report[key])[:40]}")
+            raise UserError(f"{where}: {key} must be a whole number, got {got(report[key])}")
     for key, value in report.items():
         if (key.endswith("_ms") or key.endswith("_throughput") or key == "duration") and value is not None \
                 and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise UserError(f"{where}: {key} must be a number, got {str(value)[:40]}")
+            raise UserError(f"{where}: {key} must be a number, got {got(value)}")
     timings = report.get("timings") or {}
     for key, value in timings.items():
         if key.endswith("_ms") and not isinstance(value, dict):
@@ -6639,6 +6647,18 @@ def csv_rows(text: str, where: str) -> Iterator[tuple[int, dict]]:
 # set the window title or clear the screen; bidirectional overrides reorder what is shown), and
 # what no encoding can write (a lone surrogate, which JSON's \ud800 escape makes).
 UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def got(value) -> str:
+    """A value a reader refused, as its message shows it: text in quotes, and a number written as
+    text said to be one (`"12.7"` printed bare reads as if 12.7 itself were refused)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+            return f"{printable(value[:40])!r} (text: write the number without quotes)"
+        except ValueError:
+            return repr(printable(value[:40]))
+    return printable(str(value)[:40])
 
 
 def printable(text: str) -> str:

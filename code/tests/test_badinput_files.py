@@ -421,6 +421,34 @@ class ModelShape(Checks):
                     self.assertRegex(r.lines()[0], r"vocab_size|params|hidden_size")
 
 
+class ModelHeadsAndWindows(Checks):
+    """helper-43: a model file with sliding layers and no window held no cache in them (twice the
+    requests fit), and one with more KV heads than query heads, or heads no multiple of them, ran."""
+
+    def test_a_window_without_its_layers_and_heads_that_do_not_group_are_refused(self):
+        base = json.loads(run("presets", "llama-3.1-8b").out)
+        for edit, said in (({"sliding_layers": 16}, "sliding_layers and sliding_window go together"),
+                           ({"sliding_window": 4096}, "sliding_layers and sliding_window go together"),
+                           ({"kv_heads": 64}, "heads 32 must be a multiple of kv_heads 64"),
+                           ({"heads": 33}, "heads 33 must be a multiple of kv_heads 8")):
+            with self.subTest(edit=edit), tempfile.TemporaryDirectory() as tmp:
+                path = write_json(os.path.join(tmp, "model.json"), {**base, **edit})
+                self.assert_one_line(run("capacity", "--model", path), mentions=["model.json", said])
+
+
+class NumbersWrittenAsText(Checks):
+    """helper-43: '12.7' printed bare read as if 12.7 itself were refused."""
+
+    def test_a_number_in_quotes_is_said_to_be_text(self):
+        report = json.loads(run("simulate", "--requests", 4, "--json").out)
+        for key, value, said in (("median_tpot_ms", "12.7", "got '12.7' (text: write the number without quotes)"),
+                                 ("completed", "16", "got '16' (text: write the number without quotes)"),
+                                 ("completed", "many", "got 'many'")):
+            with self.subTest(key=key, value=value), tempfile.TemporaryDirectory() as tmp:
+                path = write_json(os.path.join(tmp, "r.json"), {**report, key: value})
+                self.assert_one_line(run("explain", path), mentions=[said])
+
+
 class TracesReadALineAtATime(Checks):
     """issue 20 finding 9: a trace is read a line at a time; one given as a pipe (read once) still
     reads whole, in every format."""
