@@ -9393,7 +9393,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes, seen, machines, models = [], [], {}, [], {}
+    parts, notes, seen, machines, models, devices = [], [], {}, [], {}, {}
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
@@ -9437,12 +9437,15 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         machines.append(machine_of(path, report))
         if isinstance(config.get("model"), str):
             models.setdefault(config["model"], path)
+        if isinstance(config.get("hardware"), str):
+            devices.setdefault(config["hardware"], path)
     if not parts:
         raise UserError("no report has a measured request to merge")
-    if len(models) > 1:        # one run's percentiles over two models' requests describe neither
-        (a, first), (b, second) = list(models.items())[:2]
-        raise UserError(f"report {second} is of model {printable(b[:80])}, report {first} of {printable(a[:80])}: "
-                        f"merge the reports of one deployment")
+    for kind, named in (("model", models), ("device", devices)):
+        if len(named) > 1:     # one run's percentiles over two models' (or devices') requests describe neither
+            (a, first), (b, second) = list(named.items())[:2]
+            raise UserError(f"report {second} is of {kind} {printable(b[:80])}, report {first} of "
+                            f"{printable(a[:80])}: merge the reports of one deployment")
     on_wall_clock = all(anchor is not None for _, _, anchor in parts)
     base = min(anchor for _, _, anchor in parts) if on_wall_clock else 0.0
     if not on_wall_clock:
@@ -9474,7 +9477,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
             result["request_goodput"] *= scale
         result["duration"] = busy
     result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
-                        "model": next(iter(models), None),
+                        "model": next(iter(models), None), "hardware": next(iter(devices), None),
                         "reports": [path for path, _ in reports], "requests_each": [len(m.requests) for _, m, _ in parts],
                         "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
     if any(m["shard"] for m in machines):

@@ -494,6 +494,22 @@ class Merge(Checks):
                 b = write_json(os.path.join(tmp, "b.json"), report)
                 self.assert_one_line(run("merge", a, b), mentions=["b.json", "started_unix"])
 
+    def test_reports_of_two_devices_are_refused_and_one_device_is_kept(self):
+        # helper-43: two devices merged without a word, and the merged report named none
+        with tempfile.TemporaryDirectory() as tmp:
+            a = write_json(os.path.join(tmp, "a.json"), detailed_report(config={"run_id": "a1", "started_unix": 1.7e9,
+                                                                                "started_perf": 10.0, "hardware": "l4-24gb"}))
+            b = write_json(os.path.join(tmp, "b.json"), detailed_report(config={"run_id": "b1", "started_unix": 1.7e9 + 5,
+                                                                                "started_perf": 10.0, "hardware": "l4-24gb"},
+                                                                        input_lens=[300, 301]))
+            merged = run("merge", a, b, "--json")
+            self.assertEqual(merged.code, 0, merged.seen())
+            self.assertEqual(json.loads(merged.out)["config"]["hardware"], "l4-24gb")
+            report = detailed_report(config={"run_id": "c1", "started_unix": 1.7e9, "started_perf": 10.0,
+                                             "hardware": "h100-sxm-80gb"})
+            c = write_json(os.path.join(tmp, "c.json"), report)
+            self.assert_one_line(run("merge", a, c), mentions=["c.json is of device h100-sxm-80gb", "a.json of l4-24gb"])
+
     def test_two_copies_of_one_vllm_bench_file_are_refused(self):
         # issue 20 finding 17: two copies of one vllm-bench file merge silently (4 requests from 2)
         bench = detailed_report()
