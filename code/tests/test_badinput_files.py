@@ -506,7 +506,7 @@ class Merge(Checks):
             self.assertEqual(merged.code, 0, merged.seen())
             self.assertEqual(json.loads(merged.out)["config"]["hardware"], "l4-24gb")
             report = detailed_report(config={"run_id": "c1", "started_unix": 1.7e9, "started_perf": 10.0,
-                                             "hardware": "h100-sxm-80gb"})
+                                             "hardware": "h100-sxm-80gb"}, input_lens=[400, 401])
             c = write_json(os.path.join(tmp, "c.json"), report)
             self.assert_one_line(run("merge", a, c), mentions=["c.json is of device h100-sxm-80gb", "a.json of l4-24gb"])
 
