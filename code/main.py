@@ -12342,9 +12342,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--scale-up-delay; fewer are asked for once the need has been lower for "
                                    "--scale-down-after); price it against a fleet sized for the peak; and simulate "
                                    "the whole period with it. --csv is a --replica-schedule simulate reads.")
-    # (Not --requests: a plan is of the whole profile or trace, windows and the run that checks them.)
+    # (Not --requests: a plan is of the whole profile or trace, windows and the run that checks them.
+    # Nor --enable-expert-parallel: it spreads one server's experts over a data-parallel group fixed
+    # at launch, and a plan's replicas come and go.)
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency", "data_parallel_size",
-                                                               "replica_schedule", "requests")])
+                                                               "replica_schedule", "requests",
+                                                               "enable_expert_parallel")])
     g = p.add_argument_group("plan")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
                    help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50")

@@ -136,6 +136,13 @@ class ReplicaSchedules(unittest.TestCase):
 
 
 class Plans(unittest.TestCase):
+    def test_plan_offers_no_flag_it_cannot_use(self):
+        # helper-43: --enable-expert-parallel asked for -dp, which plan refuses (it picks the replicas)
+        code, out, _ = call_cli("plan", "--help")
+        self.assertEqual(code, 0)
+        for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests"):
+            self.assertNotIn(flag, out)
+
     def test_windows_take_the_profiles_mean_load(self):
         profile = main.RateProfile("p", ((0.0, 1.0), (600.0, 4.0)), 1200.0)
         windows = main.plan_windows(main.RunSpec(rate_profile=profile), 400.0)
