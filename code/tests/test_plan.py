@@ -6,7 +6,7 @@ import random
 import tempfile
 import unittest
 
-from helpers import call_cli, main
+from helpers import call_cli, main, run_cli
 
 
 def write(tmp, name, text):
@@ -138,7 +138,7 @@ class ReplicaSchedules(unittest.TestCase):
 class Plans(unittest.TestCase):
     def test_plan_offers_no_flag_it_cannot_use(self):
         # helper-43: --enable-expert-parallel asked for -dp, which plan refuses (it picks the replicas)
-        code, out, _ = call_cli("plan", "--help")
+        code, out, _ = run_cli("plan", "--help")
         self.assertEqual(code, 0)
         for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests"):
             self.assertNotIn(flag, out)
