@@ -141,7 +141,8 @@ class Plans(unittest.TestCase):
         code, out, _ = run_cli("plan", "--help")
         self.assertEqual(code, 0)
         for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests"):
-            self.assertNotIn(flag, out)
+            self.assertNotIn("[" + flag, out)        # not in the usage line, nor as an option's own line
+            self.assertNotRegex(out, r"(?m)^ +" + flag + r"\b")
 
     def test_windows_take_the_profiles_mean_load(self):
         profile = main.RateProfile("p", ((0.0, 1.0), (600.0, 4.0)), 1200.0)
