@@ -142,7 +142,7 @@ class Plans(unittest.TestCase):
         self.assertEqual(code, 0)
         for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests"):
             self.assertNotIn("[" + flag, out)        # not in the usage line, nor as an option's own line
-            self.assertNotRegex(out, r"(?m)^ +" + flag + r"\b")
+            self.assertNotRegex(out, r"(?m)^  " + flag + r"\b")      # an option line, not wrapped help
 
     def test_windows_take_the_profiles_mean_load(self):
         profile = main.RateProfile("p", ((0.0, 1.0), (600.0, 4.0)), 1200.0)
