@@ -6174,6 +6174,10 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
                         f"0 for none, or the link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
     if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
         raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
+    if preset.name in presets and preset != presets[preset.name]:
+        # A preset edited in place keeps its name; reports name what they ran on by it, and a later
+        # compare or calibrate reading that name would take the preset's figures, not the file's.
+        preset = replace(preset, name=f"{preset.name} (from {os.path.basename(value)})")
     return preset
 
 

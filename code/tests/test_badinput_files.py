@@ -436,6 +436,25 @@ class ModelHeadsAndWindows(Checks):
                 self.assert_one_line(run("capacity", "--model", path), mentions=["model.json", said])
 
 
+class PresetNamesInFiles(Checks):
+    """helper-43: a hardware file that kept a preset's name with other figures was recorded by that
+    name, so compare on its report simulated the real preset (TTFT +224% on servesim's own run)."""
+
+    def test_a_file_that_edits_a_preset_is_named_as_a_file_and_an_exact_copy_keeps_the_name(self):
+        h100 = json.loads(run("presets", "h100-sxm-80gb").out)
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = write_json(os.path.join(tmp, "copy.json"), h100)
+            fake = write_json(os.path.join(tmp, "fake.json"), {**h100, "name": "a100-sxm-80gb"})
+            kept = json.loads(run("simulate", "--hardware", copy, "--requests", 5, "--json").out)
+            self.assertEqual(kept["config"]["hardware"], "h100-sxm-80gb")
+            report = run("simulate", "--hardware", fake, "--rate", 5, "--requests", 20, "--detailed", "--json")
+            self.assertEqual(json.loads(report.out)["config"]["hardware"], "a100-sxm-80gb (from fake.json)")
+            saved = os.path.join(tmp, "report.json")
+            with open(saved, "w") as f:
+                f.write(report.out)
+            self.assert_one_line(run("compare", saved), mentions=["has no preset; pass --hardware"])
+
+
 class NumbersWrittenAsText(Checks):
     """helper-43: '12.7' printed bare read as if 12.7 itself were refused."""
 
