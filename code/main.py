@@ -9125,6 +9125,11 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
         log = read_request_log(os.path.join(published.folder, published.load["replay"], "requests.jsonl"))
         failures = measured_failures(log)
         notes += log.notes + ([failures] if failures else [])
+        clash = next((k for k in sorted(spec_args) if k in log.settings and log.settings[k] != spec_args[k]), None)
+        if clash:      # it would score a deployment other than the one measured
+            raise UserError(f"settings.{clash} {value_label(clash, spec_args[clash])} contradicts the run's own files "
+                            f"({value_label(clash, log.settings[clash])}): a replay runs the deployment its files "
+                            f"record; drop it from settings")
         spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)

@@ -297,6 +297,18 @@ class ReplayedRuns(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("read from its requests.jsonl: drop load.concurrency, measured", out)
 
+    def test_settings_that_contradict_the_runs_own_files_are_refused_and_agreeing_ones_pass(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.corpus(tmp, edit_run=lambda run: run["settings"].update(max_num_seqs=8))
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("settings.max_num_seqs 8 contradicts the run's own files (256)", out)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.corpus(tmp, edit_run=lambda run: run["settings"].update(max_num_seqs=256, prefix_caching=True))
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("skipped", out)
+
     def test_a_source_that_lists_no_runs_is_listed_as_skipped(self):
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": [closed_loop_run("fine")], "b": []})
