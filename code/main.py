@@ -6774,8 +6774,10 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
     for key in ("engine", "hardware", "model"):
         if row.get(key) is not None and not isinstance(row[key], str):
             raise UserError(f"{where}: {key} must be a name, got {printable(str(row[key])[:40])}")
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise UserError(f"{where}: engine {engine!r} has no profile; use one of {', '.join(ENGINES)}")
+    if engine is None:
+        raise UserError(f"{where}: no engine; give the engine it ran on, one of {', '.join(ENGINES)}")
+    if engine not in ENGINES:
+        raise UserError(f"{where}: engine {printable(engine[:40])!r} has no profile; use one of {', '.join(ENGINES)}")
     given = row.get("settings", {})
     if not isinstance(given, dict):
         raise UserError(f"{where}: settings must be an object of servesim settings")

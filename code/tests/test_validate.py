@@ -117,7 +117,8 @@ class Corpus(unittest.TestCase):
                 "a throughput past zero": {**closed_loop_run("m"), "measured": {"output_throughput": 1e-320}},
                 # helper-37: a copy-paste slip scored twice, weighing twice in every median
                 "a name given twice": closed_loop_run("fine"),
-                "a citation as a list": {**closed_loop_run("n"), "cite": ["a", "b"]}}
+                "a citation as a list": {**closed_loop_run("n"), "cite": ["a", "b"]},
+                "no engine": {k: v for k, v in closed_loop_run("o").items() if k != "engine"}}
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": list(rows.values()), "b": [closed_loop_run("fine")]})
             os.makedirs(os.path.join(tmp, "no runs file"))        # a source that would drop out unseen
@@ -135,7 +136,8 @@ class Corpus(unittest.TestCase):
                      "simulated requests failed", "broken/runs.json", "unknown field 'infered'",
                      "measured.mean_tpot_ms 0.0186 is outside what a server can give", "in seconds?",
                      "measured.output_throughput 1e-320 is outside", "a second run named fine",
-                     "no runs file: no runs.json in it", "cite must be text (or null), got list"):
+                     "no runs file: no runs.json in it", "cite must be text (or null), got list",
+                     "(o): no engine; give the engine it ran on"):
             self.assertIn(said, out)
         self.assertEqual(out.count("  fine "), 1, out)
 
