@@ -12032,6 +12032,7 @@ def cmd_calibrate(args) -> int:
     if args.name is not None and (not args.name.strip() or len(args.name) > 200):
         raise UserError(f"--name must be a name of 1 to 200 characters, got {printable(args.name[:40])!r}")
     found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set(), "async": set()}, set()
+    seen: dict[str, str] = {}        # each report's content -> the file it came from
     for path in args.reports:
         loaded = parse_json(read_text(path, "report"), f"report {path}", "pass loadgen --json or simulate --json output")
         if loaded == []:
@@ -12039,6 +12040,10 @@ def cmd_calibrate(args) -> int:
         for report in loaded if isinstance(loaded, list) else [loaded]:
             if not isinstance(report, dict) or "median_tpot_ms" not in report:
                 raise UserError(f"report {path}: not a loadgen --json or simulate --json report")
+            mark = json.dumps(report, sort_keys=True)
+            if mark in seen:      # its steps would weigh twice in the fit
+                raise UserError(f"report {path} is the same run as {seen[mark]}: pass each run once")
+            seen[mark] = path
             found += observations(check_report(report, f"report {path}"), os.path.basename(path))
             if report.get("failed"):        # as compare says it: the figures are of the requests that ended
                 sys.stderr.write(f"servesim: report {path}: {report['failed']:,.0f} of "

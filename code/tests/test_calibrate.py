@@ -1,6 +1,7 @@
 """calibrate recovers the cost model's parameters from reports whose parameters are known."""
 import json
 import os
+import shutil
 import tempfile
 import unittest
 
@@ -366,6 +367,17 @@ class BadReports(unittest.TestCase):
                 f.write("{not json")
             self.assertEqual(run_cli("calibrate", junk, one)[0], 2)
             self.assertEqual(run_cli("calibrate", os.path.join(tmp, "missing.json"))[0], 2)
+
+    def test_the_same_run_twice_is_refused(self):
+        # helper-43: a copy of one report fitted twice, its steps weighing double, without a word
+        with tempfile.TemporaryDirectory() as tmp:
+            one, copy = os.path.join(tmp, "c1.json"), os.path.join(tmp, "copy.json")
+            with open(one, "w") as f:
+                f.write(run_cli("simulate", "--concurrency", 1, "--requests", 2, "--json")[1])
+            shutil.copy(one, copy)
+            code, _, err = run_cli("calibrate", one, copy)
+            self.assertEqual(code, 2)
+            self.assertIn("copy.json is the same run as", err)
 
     def test_a_fit_no_hardware_file_could_hold_is_not_written_and_failed_requests_are_said(self):
         # helper-38: 10^15 prompt tokens fitted 968,779,000,000 GB/s, written, then refused by
