@@ -6155,6 +6155,13 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
                             f"0 < active_params < params")
     if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
         raise UserError(f"{where}: sliding_layers must be fewer than layers")
+    if isinstance(preset, ModelSpec) and not preset.experts and (preset.experts_per_token or preset.expert_dtype_bytes
+                                                                 or preset.active_params not in (0, preset.params)):
+        raise UserError(f"{where}: experts_per_token, expert_dtype_bytes and active_params describe a mixture of "
+                        f"experts: give experts too, or drop them (a dense model would ignore them)")
+    if isinstance(preset, Hardware) and 0 < preset.fp8_tflops < preset.tflops:
+        raise UserError(f"{where}: fp8_tflops {preset.fp8_tflops:g} is below tflops {preset.tflops:g}; FP8 tensor cores "
+                        f"run at least as fast as BF16 (twice on H100): give the dense FP8 peak, or 0 for none")
     if isinstance(preset, ModelSpec) and bool(preset.sliding_layers) != bool(preset.sliding_window):
         # Either alone would be dropped: layers with no window would hold no cache at all (twice the
         # requests fit), and a window with no layers under it changes nothing.
@@ -6511,6 +6518,11 @@ def read_request_log(path: str) -> MeasuredRun:
         # A failed request has neither time (absent or null); one of them alone, or a time that is
         # not a number (0 included where nothing was queued before it), is refused, not a failure.
         if row.get("first_token_ts") is not None or row.get("last_token_ts") is not None:
+            absent = next((key for key in ("first_token_ts", "last_token_ts") if key not in row), None)
+            if absent:        # a column renamed or dropped, more likely than one time of a request lost
+                raise UserError(f"{where}: no {absent} beside the other time; vLLM's per-request stats give input_toks, "
+                                f"output_toks, queued_ts, first_token_ts and last_token_ts (a failed request has "
+                                f"neither time, or both null)")
             first = trace_number(where, row, "first_token_ts", 0, 1e11, whole_number=False)
             last = trace_number(where, row, "last_token_ts", 0, 1e11, whole_number=False)
             if not sent <= first <= last:

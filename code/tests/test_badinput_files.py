@@ -255,7 +255,8 @@ class OtherReaders(Checks):
                 for row in request_rows(4):
                     row["first_token_time"] = row.pop("first_token_ts")
                     f.write(json.dumps(row) + "\n")
-            self.assert_one_line(run("compare", log, *PRESETS), mentions=["no row has first_token_ts"])
+            self.assert_one_line(run("compare", log, *PRESETS), mentions=["no first_token_ts beside the other time",
+                                                                           "vLLM's per-request stats give"])
 
     def test_a_bench_result_with_empty_arrays(self):
         # issue 20 finding 14: a bench result with empty arrays
@@ -430,7 +431,10 @@ class ModelHeadsAndWindows(Checks):
         for edit, said in (({"sliding_layers": 16}, "sliding_layers and sliding_window go together"),
                            ({"sliding_window": 4096}, "sliding_layers and sliding_window go together"),
                            ({"kv_heads": 64}, "heads 32 must be a multiple of kv_heads 64"),
-                           ({"heads": 33}, "heads 33 must be a multiple of kv_heads 8")):
+                           ({"heads": 33}, "heads 33 must be a multiple of kv_heads 8"),
+                           # and MoE fields on a dense model, which it would ignore
+                           ({"experts_per_token": 4}, "describe a mixture of experts: give experts too"),
+                           ({"active_params": 1e9}, "describe a mixture of experts: give experts too")):
             with self.subTest(edit=edit), tempfile.TemporaryDirectory() as tmp:
                 path = write_json(os.path.join(tmp, "model.json"), {**base, **edit})
                 self.assert_one_line(run("capacity", "--model", path), mentions=["model.json", said])
@@ -453,6 +457,17 @@ class PresetNamesInFiles(Checks):
             with open(saved, "w") as f:
                 f.write(report.out)
             self.assert_one_line(run("compare", saved), mentions=["has no preset; pass --hardware"])
+
+
+class Fp8BelowBf16(Checks):
+    def test_an_fp8_peak_below_the_bf16_one_is_refused(self):
+        # helper-43: accepted, and FP8 weights would then have computed slower than BF16
+        base = json.loads(run("presets", "h100-sxm-80gb").out)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "hw.json"), {**base, "fp8_tflops": 500})
+            self.assert_one_line(run("capacity", "--hardware", path), mentions=["fp8_tflops 500 is below tflops 989"])
+            path = write_json(os.path.join(tmp, "none.json"), {**base, "fp8_tflops": 0})
+            self.assertEqual(run("capacity", "--hardware", path).code, 0)
 
 
 class NumbersWrittenAsText(Checks):
