@@ -6096,6 +6096,9 @@ def preset_fields(preset) -> dict:
     return {k: v for k, v in asdict(preset).items() if k not in INTERNAL_FIELDS}
 
 
+SLIDING_WINDOW_MAX = 1024     # a sliding layer's cache counted as none: true only for short windows
+
+
 def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
     """A preset name, or a path to a JSON file with the dataclass's fields (given to `flag`,
     --hardware or --model unless said)."""
@@ -6130,6 +6133,8 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
             if not isinstance(v, str) or not v.strip() or len(v) > 200 or UNPRINTABLE.search(v):
                 raise UserError(f"{where}: field 'name' must be a non-empty string of at most 200 printable "
                                 f"characters (every report shows it)")
+            if v != v.strip():      # a report's name is read back stripped: a preset's, padded, would be it
+                raise UserError(f"{where}: field 'name' {v!r} has spaces around it; write it without them")
             continue
         if name in PRESET_SWITCHES:
             if not isinstance(v, bool):
@@ -6162,6 +6167,11 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
     if isinstance(preset, Hardware) and 0 < preset.fp8_tflops < preset.tflops:
         raise UserError(f"{where}: fp8_tflops {preset.fp8_tflops:g} is below tflops {preset.tflops:g}; FP8 tensor cores "
                         f"run at least as fast as BF16 (twice on H100): give the dense FP8 peak, or 0 for none")
+    if isinstance(preset, ModelSpec) and preset.sliding_window > SLIDING_WINDOW_MAX:
+        raise UserError(f"{where}: sliding_window {preset.sliding_window:,} is more than servesim models: it counts a "
+                        f"sliding layer's cache as nothing, which holds for windows far shorter than a request "
+                        f"(gpt-oss's 128), up to {SLIDING_WINDOW_MAX:,} tokens; count such layers as full attention "
+                        f"(sliding_layers 0, sliding_window 0)")
     if isinstance(preset, ModelSpec) and bool(preset.sliding_layers) != bool(preset.sliding_window):
         # Either alone would be dropped: layers with no window would hold no cache at all (twice the
         # requests fit), and a window with no layers under it changes nothing.
@@ -6184,7 +6194,10 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
     if preset.name in presets and preset != presets[preset.name]:
         # A preset edited in place keeps its name; reports name what they ran on by it, and a later
         # compare or calibrate reading that name would take the preset's figures, not the file's.
-        preset = replace(preset, name=f"{preset.name} (from {os.path.basename(value)})")
+        # The path as given tells two such files apart; its tail keeps the name within 200 characters.
+        path = printable(value)
+        path = path if len(path) <= 120 else "..." + path[-117:]
+        preset = replace(preset, name=f"{preset.name} (from {path})")
     return preset
 
 

@@ -429,8 +429,10 @@ class ModelHeadsAndWindows(Checks):
     def test_a_window_without_its_layers_and_heads_that_do_not_group_are_refused(self):
         base = json.loads(run("presets", "llama-3.1-8b").out)
         for edit, said in (({"sliding_layers": 16}, "sliding_layers and sliding_window go together"),
-                           ({"sliding_window": 4096}, "sliding_layers and sliding_window go together"),
+                           ({"sliding_window": 128}, "sliding_layers and sliding_window go together"),
                            ({"kv_heads": 64}, "heads 32 must be a multiple of kv_heads 64"),
+                           # helper-45: a long window's layers were counted as holding no cache too
+                           ({"sliding_layers": 16, "sliding_window": 4096}, "sliding_window 4,096 is more than"),
                            ({"heads": 33}, "heads 33 must be a multiple of kv_heads 8"),
                            # and MoE fields on a dense model, which it would ignore
                            ({"experts_per_token": 4}, "describe a mixture of experts: give experts too"),
@@ -452,11 +454,24 @@ class PresetNamesInFiles(Checks):
             kept = json.loads(run("simulate", "--hardware", copy, "--requests", 5, "--json").out)
             self.assertEqual(kept["config"]["hardware"], "h100-sxm-80gb")
             report = run("simulate", "--hardware", fake, "--rate", 5, "--requests", 20, "--detailed", "--json")
-            self.assertEqual(json.loads(report.out)["config"]["hardware"], "a100-sxm-80gb (from fake.json)")
+            self.assertEqual(json.loads(report.out)["config"]["hardware"], f"a100-sxm-80gb (from {fake})")
             saved = os.path.join(tmp, "report.json")
             with open(saved, "w") as f:
                 f.write(report.out)
             self.assert_one_line(run("compare", saved), mentions=["has no preset; pass --hardware"])
+            # helper-45: a name padded with a space was read back stripped, as the preset; two files
+            # of one base name were named alike; a path's escapes reached every table
+            padded = write_json(os.path.join(tmp, "padded.json"), {**h100, "name": "h100-sxm-80gb ", "tflops": 500})
+            self.assert_one_line(run("simulate", "--hardware", padded, "--requests", 5), mentions=["spaces around it"])
+            os.mkdir(os.path.join(tmp, "d2"))
+            other = write_json(os.path.join(tmp, "d2", "fake.json"), {**h100, "name": "a100-sxm-80gb", "tflops": 500})
+            names = {json.loads(run("simulate", "--hardware", path, "--requests", 5, "--json").out)["config"]["hardware"]
+                     for path in (fake, other)}
+            self.assertEqual(len(names), 2, names)
+            odd = write_json(os.path.join(tmp, "odd\x1b[31m.json"), {**h100, "name": "a100-sxm-80gb"})
+            shown = run("simulate", "--hardware", odd, "--requests", 5)
+            self.assertEqual(shown.code, 0, shown.seen())
+            self.assertNotIn("\x1b", shown.out)
 
 
 class Fp8BelowBf16(Checks):
