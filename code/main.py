@@ -6612,8 +6612,8 @@ def settings_from_meta(meta: dict, where: str) -> dict:
                        ("device_name", device.get("device_name"))):
         if value is not None and not isinstance(value, str):
             raise UserError(f"{where}: {key} must be a string, got {str(value)[:40]}")
-    if str(engine.get("kv_cache_dtype") or "").startswith("fp8"):
-        found["kv_cache_dtype"] = "fp8"
+    if engine.get("kv_cache_dtype") is not None:     # "auto" or the model's own dtype: not FP8
+        found["kv_cache_dtype"] = "fp8" if engine["kv_cache_dtype"].startswith("fp8") else "auto"
     found["model_name"] = (meta.get("model") or engine.get("model") or "").lower()
     found["device_name"] = (device.get("device_name") or "").lower()
     memory = device.get("device_total_memory_bytes")
@@ -9157,6 +9157,16 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             raise UserError(f"settings.{clash} {value_label(clash, spec_args[clash])} contradicts the run's own files "
                             f"({value_label(clash, log.settings[clash])}): a replay runs the deployment its files "
                             f"record; drop it from settings")
+        ran = KNOWN_MODELS.get(log.settings.get("model_name", ""))
+        memory = log.settings.get("device_bytes", 0) / GIB
+        if "model" in spec_args and ran and spec_args["model"].name != ran:
+            raise UserError(f"model {spec_args['model'].name} contradicts the run's own files ({ran}); drop it")
+        if "hardware" in spec_args and memory and abs(spec_args["hardware"].memory_gib - memory) > 0.1 * memory:
+            raise UserError(f"hardware {spec_args['hardware'].name} ({spec_args['hardware'].memory_gib:g} GiB) "
+                            f"contradicts the run's own files (a device of {memory:.1f} GiB); give the device it ran on")
+        if "kv_tokens" in spec_args and "num_gpu_blocks" in log.settings:
+            raise UserError(f"settings.kv_tokens contradicts the run's own files ({log.settings['num_gpu_blocks']:,} KV "
+                            f"blocks); drop it from settings")
         spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)

@@ -311,6 +311,18 @@ class ReplayedRuns(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertNotIn("skipped", out)
 
+    def test_a_device_model_cache_size_or_cache_type_unlike_the_files_is_refused(self):
+        # helper-45: these passed the same-name check (an H100 row on the RTX 4090 run scored +373%)
+        for edit, said in ((lambda run: run.update(hardware="h100-sxm-80gb"), "a device of 23.5 GiB"),
+                           (lambda run: run.update(model="qwen3-8b"), "model qwen3-8b contradicts"),
+                           (lambda run: run["settings"].update(kv_tokens=10000), "settings.kv_tokens contradicts"),
+                           (lambda run: run["settings"].update(kv_cache_dtype="fp8"), "kv_cache_dtype fp8 contradicts")):
+            with self.subTest(said=said), tempfile.TemporaryDirectory() as tmp:
+                self.corpus(tmp, edit_run=edit)
+                code, out, err = call_cli("validate", tmp, "--jobs", "1")
+                self.assertEqual(code, 0, err)
+                self.assertIn(said, out)
+
     def test_a_source_that_lists_no_runs_is_listed_as_skipped(self):
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": [closed_loop_run("fine")], "b": []})
