@@ -9059,10 +9059,11 @@ def compared_rows(measured: dict, simulated: dict, timeline: list = ()) -> dict:
             for label, (m, s) in rows.items() if m is not None or s is not None}
 
 
-def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
+def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} (a preset or a JSON file)") -> RunSpec:
     """The engine the run recorded, with the `given` settings on top. Changing the deployment
     (its device, parallelism, block size or memory share) drops the recorded KV block count,
-    which was that deployment's."""
+    which was that deployment's. `how`: how the caller's user gives a model or device the run
+    does not record."""
     found = measured.settings
     settings = {k: v for k, v in found.items() if k in SETTINGS and SETTINGS[k].metadata["recorded"]}
     for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
@@ -9075,7 +9076,7 @@ def recorded_spec(measured: MeasuredRun, given: dict) -> RunSpec:
         if not name:
             what = "model" if kind == "model" else "device"
             raise UserError(f"run {measured.name}: " + (f"{what} {printable(said[:80])!r} has no preset" if said else
-                            f"the run does not record its {what}") + f"; pass --{kind} (a preset or a JSON file)")
+                            f"the run does not record its {what}") + "; " + how.format(kind=kind))
         settings[kind] = presets[name]
     if "hardware" not in given:
         if found.get("device_bytes"):        # what the run's device reported
@@ -9167,7 +9168,7 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
         if "kv_tokens" in spec_args and "num_gpu_blocks" in log.settings:
             raise UserError(f"settings.kv_tokens contradicts the run's own files ({log.settings['num_gpu_blocks']:,} KV "
                             f"blocks); drop it from settings")
-        spec = recorded_spec(log, {**spec_args, "cost_model": cost_model})
+        spec = recorded_spec(log, {**spec_args, "cost_model": cost_model}, "give the run's {kind} in runs.json (a preset)")
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)
         measured = {key: summary[key] for key in PUBLISHED_FIGURES}

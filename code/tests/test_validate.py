@@ -323,6 +323,16 @@ class ReplayedRuns(unittest.TestCase):
                 self.assertEqual(code, 0, err)
                 self.assertIn(said, out)
 
+    def test_a_replay_that_does_not_record_its_model_says_where_validate_takes_it(self):
+        # helper-45: it said "pass --model", a flag validate does not take
+        with tempfile.TemporaryDirectory() as tmp:
+            self.corpus(tmp)
+            os.remove(os.path.join(tmp, "r", "rtx4090-llama-3.1-8b", "meta.json"))
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("does not record its model; give the run's model in runs.json", out)
+        self.assertNotIn("pass --model", out)
+
     def test_a_source_that_lists_no_runs_is_listed_as_skipped(self):
         with tempfile.TemporaryDirectory() as tmp:
             write_corpus(tmp, {"a": [closed_loop_run("fine")], "b": []})
