@@ -6099,6 +6099,49 @@ def preset_fields(preset) -> dict:
 SLIDING_WINDOW_MAX = 1024     # a sliding layer's cache counted as none: true only for short windows
 
 
+def model_problem(m: ModelSpec) -> Optional[str]:
+    """The first rule between a model file's fields that it breaks, said; None if it keeps them all."""
+    if m.experts and (not 0 < m.experts_per_token < m.experts or not 0 < m.active_params < m.params):
+        return "a mixture of experts needs 0 < experts_per_token < experts and 0 < active_params < params"
+    if m.sliding_layers >= m.layers:
+        return "sliding_layers must be fewer than layers"
+    if not m.experts and (m.experts_per_token or m.expert_dtype_bytes or m.active_params not in (0, m.params)):
+        return ("experts_per_token, expert_dtype_bytes and active_params describe a mixture of experts: give experts "
+                "too, or drop them (a dense model would ignore them)")
+    if m.sliding_window > SLIDING_WINDOW_MAX:
+        return (f"sliding_window {m.sliding_window:,} is more than servesim models: it counts a sliding layer's cache "
+                f"as nothing, which holds for windows far shorter than a request (gpt-oss's 128), up to "
+                f"{SLIDING_WINDOW_MAX:,} tokens; count such layers as full attention (sliding_layers 0, sliding_window 0)")
+    if bool(m.sliding_layers) != bool(m.sliding_window):
+        # Either alone would be dropped: layers with no window would hold no cache at all (twice the
+        # requests fit), and a window with no layers under it changes nothing.
+        return ("sliding_layers and sliding_window go together (the layers that attend to only the last "
+                "sliding_window tokens): give both above 0, or neither")
+    if m.heads and (m.kv_heads > m.heads or m.heads % m.kv_heads):
+        return (f"heads {m.heads} must be a multiple of kv_heads {m.kv_heads} (grouped-query attention shares each "
+                f"KV head among a whole number of query heads)")
+    if shape_params(m) > m.compute_params:
+        count = "active_params" if m.experts else "params"
+        return (f"its shape alone holds {shape_params(m) / 1e9:.3g} B parameters (vocab_size x hidden_size "
+                f"embeddings{'' if m.tie_word_embeddings else ' and output projection'}, and {m.layers} layers of "
+                f"attention projections), more than {count} {m.compute_params:g}; check vocab_size, hidden_size, "
+                f"heads, head_dim and {count}")
+    return None
+
+
+def hardware_problem(h: Hardware) -> Optional[str]:
+    """The first rule between a hardware file's fields that it breaks, said; None if it keeps them all."""
+    if 0 < h.fp8_tflops < h.tflops:
+        return (f"fp8_tflops {h.fp8_tflops:g} is below tflops {h.tflops:g}; FP8 tensor cores run at least as fast "
+                f"as BF16 (twice on H100): give the dense FP8 peak, or 0 for none")
+    if 0 < h.interconnect_gbs < 0.1:
+        return (f"interconnect_gbs {h.interconnect_gbs:g} GB/s is no link to run a group on: 0 for none, or the "
+                f"link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
+    if h.reserve_gib >= h.memory_gib:
+        return f"reserve_gib {h.reserve_gib:g} leaves nothing of memory_gib {h.memory_gib:g}"
+    return None
+
+
 def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
     """A preset name, or a path to a JSON file with the dataclass's fields (given to `flag`,
     --hardware or --model unless said)."""
@@ -6154,43 +6197,9 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
         if known[name].type == "int" and v != int(v):
             raise UserError(f"{where}: field {name!r} must be a whole number, got {v!r}")
     preset = cls(**{k: int(v) if known[k].type == "int" and not isinstance(v, bool) else v for k, v in data.items()})
-    if isinstance(preset, ModelSpec) and preset.experts:
-        if not 0 < preset.experts_per_token < preset.experts or not 0 < preset.active_params < preset.params:
-            raise UserError(f"{where}: a mixture of experts needs 0 < experts_per_token < experts and "
-                            f"0 < active_params < params")
-    if isinstance(preset, ModelSpec) and preset.sliding_layers >= preset.layers:
-        raise UserError(f"{where}: sliding_layers must be fewer than layers")
-    if isinstance(preset, ModelSpec) and not preset.experts and (preset.experts_per_token or preset.expert_dtype_bytes
-                                                                 or preset.active_params not in (0, preset.params)):
-        raise UserError(f"{where}: experts_per_token, expert_dtype_bytes and active_params describe a mixture of "
-                        f"experts: give experts too, or drop them (a dense model would ignore them)")
-    if isinstance(preset, Hardware) and 0 < preset.fp8_tflops < preset.tflops:
-        raise UserError(f"{where}: fp8_tflops {preset.fp8_tflops:g} is below tflops {preset.tflops:g}; FP8 tensor cores "
-                        f"run at least as fast as BF16 (twice on H100): give the dense FP8 peak, or 0 for none")
-    if isinstance(preset, ModelSpec) and preset.sliding_window > SLIDING_WINDOW_MAX:
-        raise UserError(f"{where}: sliding_window {preset.sliding_window:,} is more than servesim models: it counts a "
-                        f"sliding layer's cache as nothing, which holds for windows far shorter than a request "
-                        f"(gpt-oss's 128), up to {SLIDING_WINDOW_MAX:,} tokens; count such layers as full attention "
-                        f"(sliding_layers 0, sliding_window 0)")
-    if isinstance(preset, ModelSpec) and bool(preset.sliding_layers) != bool(preset.sliding_window):
-        # Either alone would be dropped: layers with no window would hold no cache at all (twice the
-        # requests fit), and a window with no layers under it changes nothing.
-        raise UserError(f"{where}: sliding_layers and sliding_window go together (the layers that attend to only "
-                        f"the last sliding_window tokens): give both above 0, or neither")
-    if isinstance(preset, ModelSpec) and preset.heads and (preset.kv_heads > preset.heads or preset.heads % preset.kv_heads):
-        raise UserError(f"{where}: heads {preset.heads} must be a multiple of kv_heads {preset.kv_heads} (grouped-query "
-                        f"attention shares each KV head among a whole number of query heads)")
-    if isinstance(preset, ModelSpec) and shape_params(preset) > preset.compute_params:
-        count = "active_params" if preset.experts else "params"
-        raise UserError(f"{where}: its shape alone holds {shape_params(preset) / 1e9:.3g} B parameters (vocab_size x "
-                        f"hidden_size embeddings{'' if preset.tie_word_embeddings else ' and output projection'}, "
-                        f"and {preset.layers} layers of attention projections), more than {count} "
-                        f"{preset.compute_params:g}; check vocab_size, hidden_size, heads, head_dim and {count}")
-    if isinstance(preset, Hardware) and 0 < preset.interconnect_gbs < 0.1:
-        raise UserError(f"{where}: interconnect_gbs {preset.interconnect_gbs:g} GB/s is no link to run a group on: "
-                        f"0 for none, or the link's GB/s per direction (PCIe Gen4 x16 is 31.5)")
-    if isinstance(preset, Hardware) and preset.reserve_gib >= preset.memory_gib:
-        raise UserError(f"{where}: reserve_gib {preset.reserve_gib:g} leaves nothing of memory_gib {preset.memory_gib:g}")
+    problem = model_problem(preset) if isinstance(preset, ModelSpec) else hardware_problem(preset)
+    if problem:
+        raise UserError(f"{where}: {problem}")
     if preset.name in presets and preset != presets[preset.name]:
         # A preset edited in place keeps its name; reports name what they ran on by it, and a later
         # compare or calibrate reading that name would take the preset's figures, not the file's.
@@ -9140,6 +9149,28 @@ CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "p
 NEAR_CAPACITY = 80       # requests running at once: a run this busy is scored on TTFT apart
 
 
+def contradiction(recorded: dict, given: dict) -> Optional[str]:
+    """Where a corpus row's settings contradict what its replay's files record, said (None if
+    nowhere): a setting under the same name, the model, the device (by the memory it reported: an
+    edition the files cannot tell apart still applies) or a cache size beside the recorded blocks."""
+    clash = next((k for k in sorted(given) if k in recorded and recorded[k] != given[k]), None)
+    if clash:
+        return (f"settings.{clash} {value_label(clash, given[clash])} contradicts the run's own files "
+                f"({value_label(clash, recorded[clash])}): a replay runs the deployment its files record; drop it "
+                f"from settings")
+    ran = KNOWN_MODELS.get(recorded.get("model_name", ""))
+    if "model" in given and ran and given["model"].name != ran:
+        return f"model {given['model'].name} contradicts the run's own files ({ran}); drop it"
+    memory = recorded.get("device_bytes", 0) / GIB
+    if "hardware" in given and memory and abs(given["hardware"].memory_gib - memory) > 0.1 * memory:
+        return (f"hardware {given['hardware'].name} ({given['hardware'].memory_gib:g} GiB) contradicts the run's own "
+                f"files (a device of {memory:.1f} GiB); give the device it ran on")
+    if "kv_tokens" in given and "num_gpu_blocks" in recorded:
+        return (f"settings.kv_tokens contradicts the run's own files ({recorded['num_gpu_blocks']:,} KV blocks); "
+                f"drop it from settings")
+    return None
+
+
 def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Optional[float] = None) -> dict:
     """One published run through the simulator, as it was measured: its engine (its kernels priced
     at `kernel_scale`, as a fit gives it, in place of KERNEL_SCALE), its device, its load. Returns
@@ -9153,21 +9184,9 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
         log = read_request_log(os.path.join(published.folder, published.load["replay"], "requests.jsonl"))
         failures = measured_failures(log)
         notes += log.notes + ([failures] if failures else [])
-        clash = next((k for k in sorted(spec_args) if k in log.settings and log.settings[k] != spec_args[k]), None)
+        clash = contradiction(log.settings, spec_args)
         if clash:      # it would score a deployment other than the one measured
-            raise UserError(f"settings.{clash} {value_label(clash, spec_args[clash])} contradicts the run's own files "
-                            f"({value_label(clash, log.settings[clash])}): a replay runs the deployment its files "
-                            f"record; drop it from settings")
-        ran = KNOWN_MODELS.get(log.settings.get("model_name", ""))
-        memory = log.settings.get("device_bytes", 0) / GIB
-        if "model" in spec_args and ran and spec_args["model"].name != ran:
-            raise UserError(f"model {spec_args['model'].name} contradicts the run's own files ({ran}); drop it")
-        if "hardware" in spec_args and memory and abs(spec_args["hardware"].memory_gib - memory) > 0.1 * memory:
-            raise UserError(f"hardware {spec_args['hardware'].name} ({spec_args['hardware'].memory_gib:g} GiB) "
-                            f"contradicts the run's own files (a device of {memory:.1f} GiB); give the device it ran on")
-        if "kv_tokens" in spec_args and "num_gpu_blocks" in log.settings:
-            raise UserError(f"settings.kv_tokens contradicts the run's own files ({log.settings['num_gpu_blocks']:,} KV "
-                            f"blocks); drop it from settings")
+            raise UserError(clash)
         spec = recorded_spec(log, {**spec_args, "cost_model": cost_model}, "give the run's {kind} in runs.json (a preset)")
         spec = engine_defaults(replace(spec, engine=published.engine), set(spec_args) | set(log.settings))
         summary = summarize(log.requests)
