@@ -2222,20 +2222,45 @@ ONE_SHOT_US, TWO_SHOT_US = 6.0, 10.0
 ALLREDUCE_BASE_US = 6.6
 
 
-class Parallel:
+class GroupStep:
+    """One device's step in a group of `size` GPUs: its own share of the work (`inner`), plus
+    what the group sends between them each step (communication_seconds, per kind of group)."""
+
+    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, size: int):
+        if hardware.interconnect_gbs <= 0:
+            raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
+                            f"add it to the hardware JSON to run {size} of them as one group")
+        self.inner = inner
+        self.link = hardware.link_bytes_per_second
+        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
+        self.layers = model.layers
+
+    def communication_seconds(self, tokens: float) -> float:
+        raise NotImplementedError
+
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+        return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
+
+    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
+        inner, communication = self.inner.decode_pricing(seqs), self.communication_seconds(seqs)
+        return lambda context: inner(context) + communication
+
+    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
+        return self.inner.times(tokens, context_tokens)
+
+    def critical_batch(self) -> float:
+        return self.inner.critical_batch()
+
+
+class Parallel(GroupStep):
     """One device's step in a tensor-parallel group: its own share of the work, plus the group's
     two all-reduces a layer (after attention and after the MLP), each of one step's activations,
     by the engine's own kernel where it runs one (`engine`: a profile's rules), else NCCL's ring."""
 
     def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, engine: str = "vllm"):
-        if hardware.interconnect_gbs <= 0:
-            raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
-                            f"add it to the hardware JSON to run {tp} of them as one group")
-        self.inner, self.tp = inner, tp
-        self.link = hardware.link_bytes_per_second
+        super().__init__(inner, hardware, model, tp)
+        self.tp = tp
         self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
-        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
-        self.layers = model.layers
         # llama.cpp has no such kernel: its ring is the one priced.
         self.own_kernel = engine != "llamacpp" and tp <= 8 and (hardware.nvlink or (tp == 2 and hardware.peer_to_peer))
 
@@ -2255,19 +2280,6 @@ class Parallel:
 
     def communication_seconds(self, tokens: float) -> float:
         return 2 * self.layers * self.all_reduce_seconds(tokens * self.activation_bytes)
-
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
-        return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
-
-    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
-        inner, communication = self.inner.decode_pricing(seqs), self.communication_seconds(seqs)
-        return lambda context: inner(context) + communication
-
-    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
-        return self.inner.times(tokens, context_tokens)
-
-    def critical_batch(self) -> float:
-        return self.inner.critical_batch()
 
 
 # Replicas behind a router (vLLM's --data-parallel-size N, or N servers behind llm-d or SGLang's
@@ -2438,7 +2450,7 @@ def expert_shard(model: ModelSpec, ep: int) -> ModelSpec:
     return replace(model, expert_share=-(-model.experts // ep) / model.experts) if ep > 1 else model
 
 
-class ExpertParallel:
+class ExpertParallel(GroupStep):
     """A device's step in an expert-parallel group, as vLLM runs one by default (all2all_backend
     allgather_reducescatter, vllm/distributed/device_communicators/all2all.py): before each MoE
     layer every rank gathers every rank's tokens, and after it reduce-scatters their results; each
@@ -2446,31 +2458,13 @@ class ExpertParallel:
     interconnect's achieved bandwidth, with NCCL's ring latency (see Parallel)."""
 
     def __init__(self, inner, hardware: Hardware, model: ModelSpec, ep: int):
-        if hardware.interconnect_gbs <= 0:
-            raise UserError(f"{hardware.name} has no interconnect_gbs (GB/s per direction between its GPUs): "
-                            f"add it to the hardware JSON to run {ep} of them as one group")
-        self.inner, self.ep = inner, ep
-        self.link = hardware.link_bytes_per_second
+        super().__init__(inner, hardware, model, ep)
+        self.ep = ep
         self.latency = (ALLREDUCE_BASE_US + (ep - 1) * hardware.interconnect_latency_us) / 1e6
-        self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
-        self.layers = model.layers
 
     def communication_seconds(self, tokens: float) -> float:
         moved = (self.ep - 1) * tokens * self.activation_bytes
         return 2 * self.layers * (self.latency + moved / self.link)     # gather, then reduce-scatter
-
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
-        return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
-
-    def decode_pricing(self, seqs: int) -> Callable[[float], float]:
-        inner, communication = self.inner.decode_pricing(seqs), self.communication_seconds(seqs)
-        return lambda context: inner(context) + communication
-
-    def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
-        return self.inner.times(tokens, context_tokens)
-
-    def critical_batch(self) -> float:
-        return self.inner.critical_batch()
 
 
 # vLLM's data-parallel ranks of a mixture of experts step in lockstep: the expert layers of every
