@@ -6782,8 +6782,15 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
                         f"({os.path.dirname(os.path.abspath(folder))})")
     if not runs:
         hint = "" if skipped else "; pass the folder that holds the sources, each a folder with a runs.json"
-        raise UserError(f"corpus {folder}: no runs to score" + (f" ({skipped[0]})" if skipped else hint))
+        raise UserError(f"corpus {folder}: no runs to score" + (every_skip(skipped) if skipped else hint))
     return runs, skipped
+
+
+def every_skip(skipped: list[str], shown: int = 3) -> str:
+    """Why each run of a corpus that scores none was skipped, the first few in full: one line
+    still, and a corpus skipped for several reasons does not send its author to fix only one."""
+    more = f"; and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return f": {len(skipped)} skipped ({'; '.join(skipped[:shown])}{more})"
 
 
 PUBLISHED_RUN_FIELDS = frozenset(("name", "engine", "engine_version", "hardware", "model", "settings", "load",
@@ -9318,7 +9325,7 @@ def validate(folder: str, cost_model: str = "kernels", jobs: int = 1,
     skipped += [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]
     results = [r for r in results if "skipped" not in r]
     if not results:
-        raise UserError(f"corpus {folder}: no run could be replayed ({skipped[0]})")
+        raise UserError(f"corpus {folder}: no run could be replayed" + every_skip(skipped))
     return {"corpus": folder, "cost_model": cost_model, "runs": results, "skipped": skipped,
             "kernel_scale": {"left_out": fits, "all_sources": every, "in_use": KERNEL_SCALE} if fits else None,
             "summary": validation_summary(results)}
@@ -11321,8 +11328,12 @@ class OneLineParser(argparse.ArgumentParser):
     def _get_value(self, action, arg_string):
         # An empty path is an unset shell variable ("$TRACE"), not "no file": a run without the
         # file would answer another question without a word.
-        if action.option_strings and not arg_string.strip() and re.search(r"FILE|\.json", str(action.metavar)):
-            raise argparse.ArgumentError(action, "an empty path; give a file (is a shell variable unset?)")
+        if not arg_string.strip() and re.search(r"FILE|\.json|REPORT|RUN|FOLDER", str(action.metavar)):
+            kind = {"FOLDER": "a folder", "RUN": "a run's file or folder"}.get(action.metavar, "a file")
+            raise argparse.ArgumentError(action, f"an empty path; give {kind} (is a shell variable unset?)")
+        if not arg_string.strip() and action.dest == "name" and not action.option_strings:
+            raise argparse.ArgumentError(action, "an empty name; give a preset's name, or none to list them all "
+                                                 "(is a shell variable unset?)")
         return super()._get_value(action, arg_string)
 
     def print_help(self, file=None) -> None:

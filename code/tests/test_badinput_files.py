@@ -729,9 +729,14 @@ class ThirdPass(Checks):
                            ("--timeline", ("simulate", "--timeline", "")),
                            ("--plot", ("sweep", "--concurrency", "1,2", "--plot", "")),
                            ("--out", ("calibrate", "--out", "", "a.json")),
-                           ("--collect", ("search", "--slo", "ttft_p95:100", "--collect", ""))):
+                           ("--collect", ("search", "--slo", "ttft_p95:100", "--collect", "")),
+                           # positionals too: "corpus : not a directory", "run : cannot read it" named no input
+                           ("RUN", ("compare", "")), ("FOLDER", ("validate", " ")), ("REPORT", ("calibrate", "")),
+                           ("REPORT", ("merge", "", "b.json")), ("FILE", ("explain", ""))):
             with self.subTest(args=args):
                 self.assert_one_line(run(*args), mentions=[f"argument {flag}:", "empty path"])
+        # `presets ""` listed every preset, as `presets` alone does
+        self.assert_one_line(run("presets", ""), mentions=["argument NAME:", "empty name"])
 
     def test_a_setting_that_changes_nothing_alone_is_refused(self):
         cases = {("--acceptance-rate", "0.5"): "--speculative-tokens", ("--draft-model", "smollm2-135m-q8_0"): "--speculative-tokens",

@@ -162,11 +162,25 @@ class Corpus(unittest.TestCase):
 
     def test_a_corpus_whose_every_run_is_skipped_is_one_line_and_exit_2(self):
         with tempfile.TemporaryDirectory() as tmp:
-            write_corpus(tmp, {"a": [{**closed_loop_run("x"), "settings": {"max_tokens_in_flight": 50}}]})
+            write_corpus(tmp, {"a": [{**closed_loop_run("x"), "settings": {"max_tokens_in_flight": 50}},
+                                     {**closed_loop_run("y"), "settings": {"max_num_seqs": 0}}]})
             code, out, err = call_cli("validate", tmp, "--jobs", "1")
+            self.assertEqual(code, 2)
+            self.assertEqual(out, "")
+            self.assertEqual(err.count("\n"), 1, err)
+            # every run's reason, not the first alone: its author would fix one and meet the next
+            self.assertIn("no run could be replayed: 2 skipped (runs ", err)
+            self.assertIn("(y): settings.max_num_seqs", err)
+            self.assertIn("; x: 10 of 10 simulated requests failed", err)
+            both_bad = os.path.join(tmp, "two")
+            write_corpus(both_bad, {"b": [{**closed_loop_run("y"), "settings": {"max_num_seqs": 0}},
+                                          {**closed_loop_run("z"), "settings": {"max_num_batched_tokens": -1}}]})
+            code, out, err = call_cli("validate", both_bad, "--jobs", "1")
         self.assertEqual(code, 2)
         self.assertEqual(out, "")
-        self.assertIn("no run could be replayed", err)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("no runs to score: 2 skipped (runs ", err)
+        self.assertIn("(z): settings.max_num_batched_tokens", err)
 
     def test_a_source_folder_passed_as_the_corpus_and_settings_as_a_list_say_what_they_are(self):
         # helper-37: the first said only "no runs to score"; the second blamed `inferred`
