@@ -1291,6 +1291,8 @@ def simulate(server, requests: list[Request], concurrency: Optional[int] = None,
 
     # Only a closed loop's clients and conversations' next turns wait on what ends.
     waits = bool(concurrency) or any(r.next_turn for r in requests)
+    for engine in server.engines:
+        engine.ends_send = waits
 
     def settle() -> None:
         """Act on what ended since last time: send next turns, free clients."""
@@ -2911,6 +2913,7 @@ class EventScheduler(Scheduler):
         else:
             self.active.remove(request)
         super().release(request)
+        self.blocked = False          # its seat and blocks are free: the head may fit now
 
     def free_blocks(self) -> int:
         return self.pool.free_count() - self.owed
@@ -2919,13 +2922,14 @@ class EventScheduler(Scheduler):
         return self.pool.used_count() + self.owed
 
 
-    def plain_steps(self) -> int:
+    def plain_steps(self) -> Optional[int]:
         """How many of the next steps are certainly plain: every running request cruising, nobody
         waking, nothing to admit (the queue is empty, or its head was refused by budgets that
-        cannot loosen until someone wakes). Blocks for crossing decodes are checked step by step."""
+        cannot loosen until someone wakes, or since). None if the next step is not: someone is
+        handled one by one, or may be admitted. Blocks for crossing decodes are checked step by step."""
         if not self.cruising or self.active or (self.waiting and not self.blocked) \
                 or self.cruise_tokens() > self.token_budget():
-            return 0
+            return None
         return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
 
 
@@ -2942,23 +2946,43 @@ class EventEngine(Engine):
     stepped here."""
 
     resume = (0, -1, -1)   # (plain steps left, at which step, with how many waiting) when `until` cut a run short
+    ends_send = True       # whether a request's end may send another (simulate() says): its sender is heard first
     pricing: tuple = (0, None)   # (batch size, its decode_pricing)
+
+    def plain_ahead(self) -> int:
+        """How many of the next steps the loop may take: the plain ones, and the step where the
+        first decodes to wake take their last token, if that is all they do there (they are let
+        go after it; not with a timeline, whose snapshot of that step would still count them)."""
+        s = self.scheduler
+        plain = s.plain_steps()
+        if plain is None:
+            return 0
+        if plain < math.inf and self.timeline is None and s.only_ends(s.steps + plain):
+            plain += 1
+        return plain
 
     def advance(self, until: float) -> None:
         s, stats, cost = self.scheduler, self.stats, self.cost
         plain, at_step, waiting = self.resume
-        resumed = plain and at_step == s.steps and waiting == len(s.waiting) and not s.crossing() > s.free_blocks()
+        # Arrivals behind a head the last step refused (s.blocked) change none of the steps left:
+        # first come, first served, none of them is looked at before the head is admitted.
+        came = len(s.waiting) - waiting
+        resumed = plain and at_step == s.steps and (not came or (came > 0 and waiting and s.blocked)) \
+            and not s.crossing() > s.free_blocks()
         if not resumed:
             # Stepped on, or a request came in, since the run was cut short: its steps may not
-            # be plain any more. Take a step by the rule, and count the plain ones after it.
-            ended = len(s.done)
-            self.step()
-            # A request that ended may make a closed-loop client send its next one: not plain.
-            plain = s.plain_steps() if len(s.done) == ended else 0
-            if not plain:
-                return
-            if plain < math.inf and self.timeline is None and s.only_ends(s.steps + plain):
-                plain += 1            # and the step where the first to wake end, letting them go after it
+            # be plain any more. Unless they are as things stand (as after decodes were let go,
+            # with nothing waiting), take a step by the rule, and count the plain ones after it.
+            # Either way the first step is taken whatever `until` says.
+            plain = self.plain_ahead()
+            resumed = plain > 0 and not s.crossing() > s.free_blocks()
+            if not resumed:
+                ended = len(s.done)
+                self.step()
+                # A request that ended may make a closed-loop client send its next one: not plain.
+                plain = self.plain_ahead() if len(s.done) == ended or not self.ends_send else 0
+                if not plain:
+                    return
         until = min(until, self.inbox[0][0] if self.inbox else math.inf)
         if self.clock >= until and not resumed:       # something may reach it first: none to take now
             self.resume = (plain, s.steps, len(s.waiting))
@@ -2971,6 +2995,7 @@ class EventEngine(Engine):
         running, waiting = len(s.running), len(s.waiting)
         held_less = s.pool.extra_holds * block_size
         used, reserved, free = s.used_blocks(), s.reserved_tokens(), s.free_blocks()
+        by_blocks = type(s).reserved_tokens is Scheduler.reserved_tokens     # KV reserved: the blocks in use
         begun, last_end, sampled = s.steps, s.last_end, s.sampled
         # The statistics' interval is brought up to date where what it weighs moves (a crossing)
         # and at the end; `read` is the KV read since `first`, held blocks not yet taken off.
@@ -2988,7 +3013,8 @@ class EventEngine(Engine):
                     break             # a decode needs a block and none is free: the step preempts
                 if crossing:          # blocks in use only grow here, so their peaks are taken once, after
                     s.owed += crossing          # (owed blocks count as used, and not as free)
-                    used, reserved, free = used + crossing, s.reserved_tokens(), free - crossing
+                    used, free = used + crossing, free - crossing
+                    reserved = reserved + crossing * block_size if by_blocks else s.reserved_tokens()
                 if steps > begun:
                     stats.ran_to(clock, read - held_less * (steps - first))
                 stats.hold(clock, used, running, reserved)
@@ -3086,8 +3112,8 @@ class SpeculativeCruise(SpeculativeScheduler, EventScheduler):
         seqs, context = super().drafting(batch)
         return seqs + self.cruising, context + self.cruise_computed
 
-    def plain_steps(self) -> int:
-        return 0
+    def plain_steps(self) -> Optional[int]:
+        return None
 
     def next_run(self, request: Request) -> int:
         ahead = self.ahead.get(request.id)
