@@ -4316,19 +4316,22 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if any(r.turn for r in done):
         result["turns"] = by_turn(done)
     decode = engines[-1]
+    # The engines' time-weighted figures are over all they ran, warm-up included: from the first
+    # send to the last step's end (the measured requests' duration leaves the warm-up out).
+    served = max(e.clock for e in engines) - min((r.sent_s for r in requests), default=0.0)
     if router:
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
                                "failed": sum(r.error is not None for r in e.scheduler.done),
-                               **e.report(result["duration"])} for e in replicas]
+                               **e.report(served)} for e in replicas]
         merged = EngineStats.merged([e.stats for e in replicas])
         result["engine"] = {"hardware": decode.hardware.name,
-                            **merged.report([e.scheduler for e in replicas], result["duration"])}
+                            **merged.report([e.scheduler for e in replicas], served)}
     else:
-        result["engine"] = decode.report(result["duration"])
+        result["engine"] = decode.report(served)
     tiers = [e.scheduler.host for e in engines if isinstance(e.scheduler, Offloaded)]
     if tiers:
         queries = sum(e.scheduler.pool.prefix_queries for e in engines)
-        result["host_tier"] = host_tier_report(tiers, result["duration"], spec.block_size, queries)
+        result["host_tier"] = host_tier_report(tiers, served, spec.block_size, queries)
     gpus = spec.gpus_per_replica * spec.data_parallel_size * (2 if link else 1)
     where = f"on {decode.hardware.name}" + (f" x {gpus}" if gpus > 1 else "")
     if spec.tensor_parallel_size > 1:
@@ -4339,8 +4342,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         where += (f" ({spec.data_parallel_size} replicas, {spec.router} router"
                   + (", expert parallel" if spec.enable_expert_parallel else "") + ")")
     if link:
-        result["prefill_engine"] = engines[0].report(result["duration"])
-        result["link"] = link.report(result["duration"])
+        result["prefill_engine"] = engines[0].report(served)
+        result["link"] = link.report(served)
         where = f"prefill on {engines[0].hardware.name}, decode on {decode.hardware.name}, {link.gbs:g} GB/s link"
     config = decode.scheduler.config
     result["config"] = {

@@ -98,6 +98,22 @@ class JsonOutput(unittest.TestCase):
         self.assertEqual(result["config"]["max_concurrency"], 4)
         self.assertEqual(result["completed"], 20)
 
+    def test_the_engines_time_weighted_means_cover_the_time_it_ran_warm_up_included(self):
+        # helper-46: the KV mean over the run's blocks was divided by the measured requests'
+        # span alone, so a long --warmup put the mean above the peak (22.0% against 5.8%)
+        import main
+        for extra in ({}, {"data_parallel_size": 2}, {"disaggregate": True}):
+            with self.subTest(**extra):
+                plain = main.run(main.RunSpec(requests=100, seed=3, **extra))
+                warm = main.run(main.RunSpec(requests=100, seed=3, warmup=90, **extra))
+                for result in (plain, warm):
+                    self.assertLessEqual(result["engine"]["kv_mean"], result["engine"]["kv_peak"])
+                    if not extra:       # (replicas: the mean is of them all, the peak the busiest one's)
+                        self.assertLessEqual(result["engine"]["mean_running"], result["engine"]["peak_running"])
+                # the same requests, the same steps: only which requests are measured differs
+                self.assertEqual(warm["engine"], plain["engine"])
+                self.assertLess(warm["duration"], plain["duration"])
+
     def test_detailed_adds_per_request_arrays(self):
         result = json.loads(run_cli("simulate", "--requests", "5", "--output-tokens", "3", "--json", "--detailed")[1])
         self.assertEqual(result["output_lens"], [3] * 5)
