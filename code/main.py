@@ -3295,6 +3295,11 @@ def list_of(kind: Callable) -> Callable:
         if any(not part.strip() for part in parts):
             raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
                                              f"like 1,8,32")
+        zero = next((part.strip() for part in parts[1:] if re.fullmatch(r"0\d+", part.strip())), None)
+        if zero is not None:         # 1,024 is a thousands comma here, and would run 1 and 24
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is read as a list, whose item {zero} starts with a zero: write {text.replace(',', '')} "
+                f"for one value (no thousands commas in a list), or the items without leading zeros")
         values = [kind(part.strip()) for part in parts]
         twice = next((part.strip() for i, part in enumerate(parts) if values[i] in values[:i]), None)
         if twice is not None:        # a sweep or search would run the same point twice, and print it twice

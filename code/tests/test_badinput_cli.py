@@ -118,6 +118,12 @@ class PresetMistakes(unittest.TestCase):
         r = run("sweep", "--rate", "10,10", "--requests", 5)          # the same point ran, and printed, twice
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("10 is given twice in '10,10'", r.err)
+        # helper-46: simulate reads 1,024 as 1024, and sweep ran two points, 1 and 24
+        for flag, text in (("--max-num-seqs", "1,024"), ("--rate", "1,000"), ("--max-num-batched-tokens", "4,096")):
+            with self.subTest(flag=flag):
+                r = run("sweep", flag, text, "--requests", 5)
+                self.assertEqual(r.code, 2, r.seen())
+                self.assertIn(f"write {text.replace(',', '')} for one value", r.err)
         with tempfile.TemporaryDirectory() as tmp:       # an SVG in a .png was written without a word
             r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, "run.png"))
             self.assertEqual(r.code, 2, r.seen())
