@@ -9749,7 +9749,17 @@ DECISION_TABLE = (
             "sglang": "another replica (`--dp-size`)"},
            "TTFT falls with the added capacity; TPOT unchanged; throughput rises",
            "tuning a budget that does not bind (`--max-num-seqs`, `--max-num-batched-tokens`)"),
-    Remedy("healthy", "little queue; TPOT near the batch-1 step; no preemptions",
+    Remedy("failing", "requests fail (each counted, with its reason) while no budget binds",
+           "the limit the failures name",
+           {"vllm": "the limit the first failure names: `--max-model-len` up, or shorter requests, for a request "
+                    "longer than it; a client timeout under little load: the timeout, or the server's log",
+            "llama.cpp": "the limit the first failure names: `--ctx-size` up (a slot holds it divided by "
+                         "`--parallel`), or shorter requests, for a request longer than a slot; else the server's log",
+            "sglang": "the limit the first failure names: `--context-length` up, or shorter requests, for a request "
+                      "longer than it; else the server's log"},
+           "the failed requests run; the latency figures, which leave failed requests out, then count them",
+           "tuning a budget for latency while requests fail (the latency figures leave them out)"),
+    Remedy("healthy", "little queue; TPOT near the batch-1 step; no preemptions; no request failed",
            "none",
            {"vllm": "nothing; raise load until a budget binds if throughput matters",
             "llama.cpp": "nothing; raise load until a budget binds if throughput matters",
@@ -9796,6 +9806,9 @@ class Signals:
     waited_at_cap: Optional[bool] = None     # requests waited while the batch was at the cap (simulator)
     prefix_caching: Optional[bool] = None    # already on, as the report's config or --server-flags say
     scrape: bool = False                     # a /metrics snapshot, not a report of a run
+    failed: float = 0                        # requests that failed (a mean, over seeds), of `requests`
+    requests: float = 0
+    first_failure: Optional[str] = None      # the first failed request's reason
 
 
 FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
@@ -9916,7 +9929,8 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
                   ttft_ms=number_at(report, "median_ttft_ms"), queue_ms=number_at(report, "median_queue_ms"),
                   e2e_ms=number_at(report, "median_e2el_ms"), tpot_ms=number_at(report, "median_tpot_ms"),
                   prompt_tokens=totals[0] / done if done and totals[0] is not None else None,
-                  output_tokens=totals[1] / done if done and totals[1] is not None else None)
+                  output_tokens=totals[1] / done if done and totals[1] is not None else None,
+                  failed=failed, requests=done + failed, first_failure=first_failure(report))
     if previous and number_at(previous, "output_throughput") and number_at(report, "output_throughput") is not None:
         sig.throughput_trend = report["output_throughput"] / previous["output_throughput"]
     if engine:
@@ -10041,7 +10055,15 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
         # the batch, or one a user notices, is a queue.
         queue = f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms"
         return REMEDIES["queue-bound"], [queue, "no TTFT in this input", "no single budget binds"]
+    if sig.failed:
+        return REMEDIES["failing"], [failures(sig)]
     return REMEDIES["healthy"], ["no preemptions, little queue"]
+
+
+def failures(sig: Signals) -> str:
+    """How many of the input's requests failed, and the first one's reason."""
+    share = f"{sig.failed:,.{0 if sig.failed == int(sig.failed) else 1}f} of {sig.requests:,.0f} requests failed"
+    return share + (f" (the first: {printable(str(sig.first_failure)[:200])})" if sig.first_failure else "")
 
 
 def explain(sig: Signals) -> dict:
@@ -10075,6 +10097,8 @@ def explain(sig: Signals) -> dict:
         # Prefix caching is already on: the rest of the row is what is left.
         change_first = change_first.split("; else ", 1)[-1] + " (prefix caching is already on)"
         evidence = evidence + ["prefix caching on"]
+    if sig.failed and remedy.symptom != "failing":     # a failure is evidence whatever else binds
+        evidence = evidence + [failures(sig)]
     return {
         "source": sig.source, "server": sig.server,
         "phase": phase, "phases_ms": phases, "ttft_ms": sig.ttft_ms,

@@ -57,6 +57,19 @@ class Rows(unittest.TestCase):
         self.assertEqual(e["symptom"], "compute-bound")
         self.assertIn("GPU utilisation", e["will_not_help"])
 
+    def test_failed_requests_are_a_symptom_not_a_healthy_server(self):
+        # helper-46: 8 of 50 requests longer than --max-model-len read "healthy", change first "nothing"
+        e = self.explain("simulate", "--requests", "50", "--max-model-len", "1100", "--seed", "9")
+        self.assertEqual(e["symptom"], "failing")
+        self.assertEqual(e["evidence"], ["8 of 50 requests failed (the first: longer than --max-model-len: "
+                                         "prompt 1,001 + output 161 tokens > 1,100)"])
+        self.assertIn("`--max-model-len` up", e["change_first"])
+        # with another row binding, the failures are its evidence too
+        e = self.explain("simulate", "--max-num-seqs", "8", "--concurrency", "32", "--requests", "64",
+                         "--max-model-len", "1100", "--seed", "9")
+        self.assertEqual(e["symptom"], "sequence-bound")
+        self.assertRegex(e["evidence"][-1], r"^\d+ of 64 requests failed \(the first: longer than --max-model-len")
+
     def test_a_healthy_server(self):
         e = self.explain("simulate", "--concurrency", "8", "--requests", "64")
         self.assertEqual(e["symptom"], "healthy")
