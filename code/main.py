@@ -1483,14 +1483,16 @@ def distribution(samples) -> dict:
     return result
 
 
-def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict] = None) -> dict:
+def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict] = None,
+              since: Optional[float] = None) -> dict:
     """The vllm bench serve result keys for a list of finished requests. `itl` gives every
     inter-token gap in seconds as a count; without it the gaps come from token_times. `slos`
-    ({"ttft": ms, ...}) adds goodput, as vllm bench serve --goodput counts it."""
+    ({"ttft": ms, ...}) adds goodput, as vllm bench serve --goodput counts it. Rates are over the
+    time from the first send (or `since`) to the last token."""
     done = [r for r in requests if r.error is None and r.first_token_s is not None]
     if itl is None:
         itl = Counter(b - a for r in done if r.token_times for a, b in zip(r.token_times, r.token_times[1:]))
-    start = min(map(operator.attrgetter("sent_s"), requests), default=0.0)
+    start = min(map(operator.attrgetter("sent_s"), requests), default=0.0) if since is None else since
     end = max(map(operator.attrgetter("last_token_s"), done), default=start)
     duration = end - start
     ms = 1000
@@ -4624,7 +4626,9 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
         *([f"served {served / offered:.1%} < {least:.1%} of offered"
            + (f" ({failed:,} of the window's requests failed)" if failed else "")] if "served" in tests else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
-    metrics = summarize(measured, None, slos)
+    # Its rates are over the window, from its start to the last of its requests' ends (a window
+    # whose requests were all sent at its end served them over the whole of it, not in their span).
+    metrics = summarize(measured, None, slos, start)
     keep = ("completed", "failed", "output_throughput", "request_throughput", "request_goodput",
             *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "e2el", "ttfa", "queue")
               for stat in ("mean", "median", "p90", "p95", "p99")))

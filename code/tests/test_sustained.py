@@ -244,6 +244,16 @@ class SimulatedVerdict(unittest.TestCase):
         self.assertTrue(under["sustained"])
         self.assertLess(abs(under["wait_growth_s_per_s"]), 0.01)
 
+    def test_the_windows_rates_are_over_the_window(self):
+        # helper-46: second turns sent 5,000 s in were the window's only requests, and its rates were
+        # over their own 2.6 s (643.5 output tok/s, 3.87 req/s in a window that served 0.002 req/s)
+        result = main.run(main.RunSpec(requests=20, turns=2, think_time=5000))
+        window = result["steady_state"]
+        span = window["end_s"] - window["start_s"]
+        self.assertGreater(span, 4000)
+        self.assertLessEqual(window["request_throughput"] * span, window["requests"] * 1.01)
+        self.assertLess(window["output_throughput"], result["output_throughput"] * 2)
+
     def test_every_bound_a_probe_checks_but_itl_is_the_windows(self):
         # A burst of a server filling up sits before the window: its queue must not decide a
         # queue bound any more than its TTFT decides a TTFT bound.
