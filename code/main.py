@@ -10351,12 +10351,35 @@ def seed_lines(seeds: Optional[dict]) -> list[str]:
     lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean{whose}; "
              f"sustained in {seeds['sustained']} of {seeds['count']}"
              + (", " + too_short_in(short) if short else "")]
+    return lines + [f"{'':<12}{text}" for text in spread_texts(seeds)]
+
+
+def spread_texts(seeds: dict) -> list[str]:
+    """How far apart the seeds' figures were: min-max, and p10-p90 where there are enough seeds."""
+    texts = []
     for label, interval in (("min-max", ("min", "max")), ("p10-p90", ("p10", "p90"))):
         cells = [f"{name} {number(seeds['spread'][key][interval[0]])}-{number(seeds['spread'][key][interval[1]])}{unit}"
                  for name, key, unit in SPREAD_SHOWN
                  if key in seeds["spread"] and interval[0] in seeds["spread"][key]]
         if cells:
-            lines.append(f"{'':<12}{label}: " + "  ".join(cells))
+            texts.append(f"{label}: " + "  ".join(cells))
+    return texts
+
+
+def sweep_seed_lines(results: list[dict]) -> list[str]:
+    """Under a sweep's table of several seeds a point: what each row's figures are, and each
+    point's spread (the table has room for the means alone)."""
+    seeded = [r for r in results if r.get("seeds")]
+    if not seeded:
+        return []
+    seeds = seeded[0]["seeds"]["seeds"]
+    lines = [f"{'seeds':<12}{len(seeds)} runs a point, seeds {seeds[0]}-{seeds[-1]}: every figure above is their "
+             f"mean; each point's spread:"]
+    for r in seeded:
+        texts = spread_texts(r["seeds"]) or ["no spread"]
+        lines.append(f"  {point_text(r['config']['sweep_point'])}, sustained in {r['seeds']['sustained']} of "
+                     f"{r['seeds']['count']}")
+        lines += [f"    {text}" for text in texts]
     return lines
 
 
@@ -11747,6 +11770,9 @@ def cmd_sweep(args) -> int:
         stopped = Stopped(1, str(e)) if isinstance(e, WorkerDied) else \
             Stopped.by_signal(e, kept_of(len(results), len(points), "point"))
     hold_signals()           # the output is written whole, whatever arrives now
+    if table:
+        for line in sweep_seed_lines(results):
+            write_text(line + "\n")
     if args.json:
         write_json(results)
     elif args.csv:       # with the table's verdict cell, which a script would otherwise rebuild

@@ -1,5 +1,6 @@
 """A capacity is a sustained capacity: the steady window of a run, its offered and served rates,
 the growth of its wait, and the verdict; search's highest load is the highest sustained one."""
+import json
 import os
 import signal
 import time
@@ -768,6 +769,21 @@ class TraceRepeats(unittest.TestCase):
         line = main.steady_lines(merged["steady_state"])[0]
         self.assertTrue(line.startswith("mixed       sustained in 1 of 2 seeds, overloaded in 1; their mean"), line)
         self.assertEqual(main.load_verdict(merged), "sustained in 1/2 seeds")
+
+    def test_a_sweeps_table_of_seeds_says_so_and_gives_each_points_spread(self):
+        # helper-46: the table looked like one seed's, and its spread was only in --json and --csv
+        code, out, err = call_cli("sweep", "--requests", "60", "--rate", "5,20", "--seeds", "3", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        _, js, _ = call_cli("sweep", "--requests", "60", "--rate", "5,20", "--seeds", "3", "--jobs", "1", "--json")
+        lines = out.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("seeds"))
+        self.assertIn("3 runs a point, seeds 7-9: every figure above is their mean", lines[at])
+        for point, rate in zip(json.loads(js), ("5.0", "20.0")):
+            spread = point["seeds"]["spread"]["output_throughput"]
+            self.assertIn(f"  rate {rate}, sustained in {point['seeds']['sustained']} of 3", lines)
+            self.assertIn(f"out tok/s {main.number(spread['min'])}-{main.number(spread['max'])}", out)
+        _, single, _ = call_cli("sweep", "--requests", "60", "--rate", "5,20", "--jobs", "1")
+        self.assertNotIn("seeds", single)
 
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
         trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
