@@ -3822,9 +3822,10 @@ def engine_turned_caching_on(spec: RunSpec, given: Iterable[str]) -> bool:
         bool((spec.profile or ENGINES[spec.engine]).defaults(spec.hardware).get("prefix_caching"))
 
 
-def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
+def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = ()) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses.
-    `given`: the settings the user named (else the engine's defaults are blamed where they apply)."""
+    `given`: the settings the user named (else the engine's defaults are blamed where they apply),
+    `swept`: those of them a sweep or search gave several values (`given` holds their first)."""
     default = RunSpec()
     if spec.engine and spec.engine not in ENGINES and not spec.profile:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
@@ -3846,9 +3847,14 @@ def check_spec(spec: RunSpec, given: Iterable[str] = ()) -> None:
         raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
+    if "router" in given and spec.data_parallel_size == 1 and not spec.replica_schedule \
+            and "data_parallel_size" not in swept:
+        raise UserError("--router chooses between replicas, and there is one: add --data-parallel-size N (or a "
+                        "--replica-schedule), or drop --router")
     for name in set(given) & SETTINGS.keys():
         needs = SETTINGS[name].metadata["needs"]
-        if needs and needs not in given and getattr(spec, needs) == getattr(default, needs):
+        off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
+        if needs and getattr(spec, needs) == off and (needs not in given or given[needs] == off) and needs not in swept:
             flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
             raise UserError(f"{flag} changes nothing without {other}: add {other}, or drop {flag}")
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
@@ -11549,16 +11555,19 @@ def with_engine_profile(values: dict) -> dict:
     return values
 
 
-def spec_from_args(args, base: Optional[RunSpec] = None) -> RunSpec:
+def spec_from_args(args, base: Optional[RunSpec] = None, varies: Iterable[str] = ()) -> RunSpec:
     """The run the flags describe, checked: each flag given replaces `base`'s value (the
-    defaults; for compare, what the measured run recorded)."""
+    defaults; for compare, what the measured run recorded). `varies`: settings the command itself
+    gives several values (plan, the replicas), checked as a sweep's lists are."""
     values = with_engine_profile(settings_from_args(RunSpec, args))
     if any(getattr(args, name, None) is not None for name in ("kv_link_gbs", "prefill_hardware", "decode_hardware")):
         values["disaggregate"] = True          # a flag of the link, or of either engine, turns it on
     if getattr(args, "detailed", False):
         values["detailed"] = True
     spec = engine_defaults(replace(base or RunSpec(), **values), values)
-    check_spec(spec, values)
+    swept = {f.name for f in fields(RunSpec) if f.metadata and not f.metadata["nargs"]
+             and isinstance(getattr(args, f.name, None), list) and len(getattr(args, f.name)) > 1}
+    check_spec(spec, values, swept | set(varies))
     return spec
 
 
@@ -11725,8 +11734,12 @@ def point_text(point: dict) -> str:
 
 
 def cmd_sweep(args) -> int:
+    fixed = [name for name in ("batching", "kv_layout") if getattr(args, name, None) is not None]
+    if args.compare and fixed:
+        raise UserError(f"--compare sets each row's batching and KV layout itself (static, slots, paged), so "
+                        f"{flag_of(fixed[0])} would change nothing: drop it")
     axes, points = sweep_grid(listed(args), args.gpus, args.trace)
-    spec = spec_from_args(args)
+    spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
     for point in points:       # a bad combination is refused before any point runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
@@ -11798,7 +11811,7 @@ def cmd_sweep(args) -> int:
 def cmd_plan(args) -> int:
     slo = parse_slo(args.slo)
     delay, args.scale_up_delay = args.scale_up_delay, None     # the plan's own, not a schedule's
-    spec = spec_from_args(args)
+    spec = spec_from_args(args, varies={"data_parallel_size"})
     if spec.data_parallel_size != 1 or spec.replica_schedule:
         raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
     if not (spec.rate_profile or spec.trace):
@@ -11846,11 +11859,15 @@ def cmd_search(args) -> int:
     if args.target_rate and args.target_concurrency:
         raise UserError("search --rate R ranks deployments at R requests/s and --concurrency N at N clients: give one")
     asked = "rate" if args.target_rate else "concurrency" if args.target_concurrency else None
-    if asked and args.load != "rate" and args.load != asked:
+    if asked and args.load:
         raise UserError(f"--load {args.load} asks for the highest {args.load}, and --{asked} ranks every deployment at "
-                        f"one {asked}: drop one of them")
+                        f"one {asked}: drop --load")
+    if asked and args.tolerance is not None:
+        raise UserError(f"--tolerance says when a search for the highest load stops narrowing, and --{asked} runs "
+                        f"each deployment once at one {asked}: drop --tolerance")
+    args.tolerance = Probing.tolerance if args.tolerance is None else args.tolerance
     by, target = ("rate", args.target_rate) if args.target_rate else \
-        ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load, None)
+        ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load or "rate", None)
     if args.rate_profile:
         raise UserError("search finds one load a deployment sustains; a --rate-profile's changing load is for plan")
     if args.trace and (by == "concurrency" or args.time_scale is not None):
@@ -12318,6 +12335,11 @@ def cmd_calibrate(args) -> int:
 
 def cmd_explain(args) -> int:
     if args.table:
+        extra = [*(["FILE"] if args.files else []), *(["--json"] if args.json else []),
+                 *(["--server-flags"] if args.server_flags else []), *(["--hardware"] if args.hardware else []),
+                 *(["--model"] if args.model else [])]
+        if extra:
+            raise UserError(f"--table prints the decision table alone, as markdown; drop {', '.join(extra)}")
         print(decision_table_markdown())
         return 0
     if not args.files:
@@ -12336,6 +12358,11 @@ def cmd_explain(args) -> int:
             cost = cost_model("roofline", h, m)
             sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, context) * 1000
         for key, value in flags.items():
+            recorded = getattr(sig, key)
+            if recorded is not None and recorded != value and not sig.scrape:    # another server's flags?
+                said = (lambda v: "on" if v else "off") if isinstance(value, bool) else (lambda v: f"{v:,}")
+                sys.stderr.write(f"servesim: {sig.source}: --server-flags gives {key.replace('_', ' ')} {said(value)}, "
+                                 f"where the report's run had {said(recorded)}: the flag's is used\n")
             setattr(sig, key, value)
         if sig.server == "llama.cpp" and "kv_tokens" in flags and sig.max_seqs:
             sig.kv_tokens = flags["kv_tokens"]       # --ctx-size is the whole cache, split over --parallel
@@ -12354,7 +12381,11 @@ def cmd_presets(args) -> int:
     if args.name:
         preset = HARDWARE.get(args.name) or MODELS.get(args.name)
         if preset is None:
-            raise UserError(f"unknown preset {args.name!r}: use one of {', '.join([*HARDWARE, *MODELS])}")
+            names = [*HARDWARE, *MODELS]
+            near = difflib.get_close_matches(args.name.lower(), names, n=1, cutoff=0.5) or \
+                [name for name in names if name.startswith(args.name.lower())][:1]
+            raise UserError(f"unknown preset {args.name!r}" + (f" (did you mean {near[0]}?)" if near else "")
+                            + f": use one of {', '.join(names)}")
         write_json(preset_fields(preset))      # the format --hardware FILE and --model FILE read
         return 0
     if args.json:
@@ -12462,12 +12493,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "
                         "queue or ttfa (time to the first answer token); STAT is mean, p50, p90, p95 or p99; "
                         "e.g. ttft_p95:500,tpot_p95:50 (required)")
-    g.add_argument("--load", choices=("rate", "concurrency"), default="rate",
-                   help="what the highest-load search varies (default: %(default)s)")
-    g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
+    g.add_argument("--load", choices=("rate", "concurrency"),
+                   help="what the highest-load search varies (default: rate)")
+    g.add_argument("--tolerance", type=real(1e-4, 1), metavar="F",
                    help="stop narrowing when the highest pass and lowest miss are within this share of each "
-                        "other (clients: or 1 apart); the recheck's first steps down are this share too "
-                        "(default: %(default)s)")
+                        "other (clients: or 1 apart); the recheck's first steps down are this share too; not with "
+                        f"--rate or --concurrency, which run once (default: {Probing.tolerance})")
     g.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
                    help="search deployments (or, with fewer deployments, each probe's seeds) in N processes; the "
                         "output is the same as with 1 (default: the number of cores, %(default)s here)")
@@ -12640,15 +12671,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "report: which phase dominates latency, which budget binds, the capacity "
                                    "arithmetic, the single knob to change first with its expected effect, and "
                                    "what will not help.")
-    p.add_argument("files", nargs="*", metavar="FILE", help="scrapes or JSON reports, each explained on its own")
+    p.add_argument("files", nargs="*", metavar="FILE", help="scrapes or JSON reports, each explained on its own "
+                                                          "(required, but with --table)")
     p.add_argument("--server-flags", default="", metavar="FLAGS",
                    help="the server's own flags, e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\" "
                         "or \"--parallel 4 --ctx-size 4096\" (default: none)")
     p.add_argument("--hardware", help="hardware preset or JSON (e.g. from calibrate) the server runs on, for the "
                                       "knee and the batch-1 step (default: from a simulate report, else unknown)")
-    p.add_argument("--model", help="model preset or JSON the server runs, with --hardware (default: as --hardware)")
-    p.add_argument("--table", action="store_true", help="print the decision table as markdown and exit")
-    p.add_argument("--json", action="store_true", help="one JSON object per file, in a list")
+    p.add_argument("--model", help="model preset or JSON the server runs; given with --hardware, as the knee needs "
+                                   "both (default: from a simulate report, else unknown)")
+    p.add_argument("--table", action="store_true", help="print the decision table as markdown, alone (default: off)")
+    p.add_argument("--json", action="store_true", help="one JSON object per file, in a list (default: text)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("presets", help="list the hardware and model presets",

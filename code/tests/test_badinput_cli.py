@@ -112,6 +112,9 @@ class PresetMistakes(unittest.TestCase):
                 self.assertEqual(r.code, 2, r.seen())
                 self.assertEqual(len(r.lines()), 1, r.err)
                 self.assertIn(said, r.lines()[0])
+        r = run("presets", "h100")          # helper-46: --hardware h100 suggested the name, presets h100 did not
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertIn("unknown preset 'h100' (did you mean h100-sxm-80gb?)", r.err)
         r = run("search", "--slo", "ttft_p95:0")
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("the bound is milliseconds above 0", r.err)

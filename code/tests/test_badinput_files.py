@@ -748,10 +748,23 @@ class ThirdPass(Checks):
         # an unknown preset is blamed on the flag that named it, not on --model
         self.assert_one_line(run("simulate", "--speculative-tokens", 4, "--draft-model", "llama-3.2-1b"),
                              mentions=["--draft-model", "unknown model"])
+        # helper-46: given as its own "off" it is as absent; so is --router with one replica, and
+        # --compare's rows' own settings, and search --rate's narrowing
+        for args, mentions in (
+                (("simulate", "--speculative-tokens", 0, "--acceptance-rate", "0.5"), ["--acceptance-rate", "--speculative-tokens"]),
+                (("simulate", "--router", "prefix-aware"), ["--router", "--data-parallel-size"]),
+                (("sweep", "--compare", "static,paged", "--batching", "static"), ["--compare", "--batching"]),
+                (("sweep", "--compare", "static,paged", "--kv-layout", "slots"), ["--compare", "--kv-layout"]),
+                (("search", "--slo", "ttft_p95:500", "--rate", 5, "--tolerance", "0.2"), ["--tolerance", "--rate"]),
+                (("search", "--slo", "ttft_p95:500", "--concurrency", 8, "--load", "rate"), ["--load rate", "--concurrency"])):
+            with self.subTest(args=args):
+                self.assert_one_line(run(*args, "--requests", 5), mentions=mentions)
         # beside its own setting, swept or not, it stands (the point without speculation included)
-        # (--router is not one: plan, and sweep --gpus, choose the replicas themselves)
+        # (--router too where there are replicas: swept, or chosen by plan or by sweep --gpus)
         for args in (("sweep", "--speculative-tokens", "0,3", "--acceptance-rate", "0.5"),
-                     ("sweep", "--gpus", "2", "-tp", "1,2", "--router", "round-robin")):
+                     ("sweep", "--gpus", "2", "-tp", "1,2", "--router", "round-robin"),
+                     ("sweep", "-dp", "1,2", "--router", "round-robin"),
+                     ("simulate", "-dp", "2", "--router", "round-robin")):
             with self.subTest(args=args):
                 r = run(*args, "--concurrency", 4, "--requests", 8)
                 self.assertEqual(r.code, 0, r.seen())

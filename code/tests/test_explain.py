@@ -247,6 +247,24 @@ class OneTable(unittest.TestCase):
         self.assertIn("quantiz", text)
 
 
+class Inputs(unittest.TestCase):
+    def test_table_alone_and_server_flags_that_contradict_the_report_are_said(self):
+        # helper-46: --table --json printed markdown; --server-flags "--max-num-seqs 4" over a
+        # report run at 256 (43 running) diagnosed the cap without a word
+        code, out, err = run_cli("explain", "--table", "--json")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("--table prints the decision table alone, as markdown; drop --json", err)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "run.json")
+            code, out, _ = run_cli("simulate", "--requests", "50", "--json")
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path, "--server-flags", "--max-num-seqs 4 --max-num-batched-tokens 8192")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(err, "servesim: run.json: --server-flags gives max seqs 4, where the report's run had 256: "
+                              "the flag's is used\n")       # the budget agrees with the report: nothing said
+
+
 class NothingRan(unittest.TestCase):
     def test_a_report_whose_every_request_failed_is_one_line_naming_the_first_reason_not_healthy(self):
         with tempfile.TemporaryDirectory() as scratch:
