@@ -5747,10 +5747,12 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     return report
 
 
-def clock_text(seconds: float) -> str:
-    """A time in the period as a clock: 09:15, or 1d 09:15 past the first day."""
+def clock_text(seconds: float, fine: bool = False) -> str:
+    """A time in the period as a clock: 09:15, or 1d 09:15 past the first day; `fine`, to the
+    second (09:15:30), for windows shorter than a minute."""
     days, rest = divmod(int(round(seconds)), 86400)
-    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
+    return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}" \
+        + (f":{rest % 60:02d}" if fine else "")
 
 
 def plan_misses(report: dict) -> Optional[str]:
@@ -10645,7 +10647,10 @@ def print_plan(report: dict, title: str, w) -> None:
       + (" (asked for that much ahead)" if report["ahead"] else "")
       + f"; fewer are asked for once the need has been lower for {report['scale_down_after_s']:,.0f} s\n")
     metrics = list(slo)
-    header = f"{'window':<13}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
+    fine = any(round(r[edge]) % 60 for r in report["windows"] for edge in ("start_s", "end_s"))   # seconds matter
+    clock = functools.partial(clock_text, fine=fine)
+    width = 19 if fine else 13
+    header = f"{'window':<{width}}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
         + f"{'tpot p50':>10}{'$':>9}  note"
     w(header + "\n")
     for r in report["windows"]:
@@ -10660,13 +10665,14 @@ def print_plan(report: dict, title: str, w) -> None:
         if simulated and simulated["misses"]:
             notes.append("simulated: " + simulated["misses"][0])
         usd = "-" if r["usd"] is None else f"{r['usd']:,.2f}"
-        w(f"{clock_text(r['start_s']) + '-' + clock_text(r['end_s']):<13}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
+        w(f"{clock(r['start_s']) + '-' + clock(r['end_s']):<{width}}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
           f"{figures}{number(r['median_tpot_ms']):>10}{usd:>9}  {'; '.join(notes)}".rstrip() + "\n")
     money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
     hours = report["windows"][-1]["end_s"] / 3600
+    digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
     w(f"schedule    {totals['least']} to {totals['most']} replicas (mean {totals['mean_replicas']:.2f}) over "
-      f"{hours:,.3g} h: {totals['gpu_hours']:,.1f} GPU-hours{money(totals['usd'])}\n")
-    w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.1f} GPU-hours"
+      f"{hours:,.3g} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
+    w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
     if plan_misses(report):       # a saving against a fleet that misses too would be no saving
@@ -10677,7 +10683,7 @@ def print_plan(report: dict, title: str, w) -> None:
     if report["never_met"]:
         w(f"never met   {len(report['never_met'])} window{'s' * (len(report['never_met']) != 1)} "
           f"need{'s' * (len(report['never_met']) == 1)} more than --max-replicas, from "
-          f"{clock_text(report['never_met'][0])}\n")
+          f"{clock(report['never_met'][0])}\n")
     verified = report.get("verified")
     if verified:
         missed = verified["windows_missing_the_slo"]
@@ -10685,7 +10691,7 @@ def print_plan(report: dict, title: str, w) -> None:
         w(f"simulated   the whole period with this schedule: {verified['requests']:,} requests, "
           f"{verified['failed']:,} failed; {len(missed)} of {len(report['windows'])} windows miss the slo"
           + (f", {scaling} of them while added replicas start" if missed else "")
-          + (f" ({', '.join(clock_text(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
+          + (f" ({', '.join(clock(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
           + "\n")
 
 

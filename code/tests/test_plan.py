@@ -144,6 +144,19 @@ class Plans(unittest.TestCase):
             self.assertNotIn("[" + flag, out)        # not in the usage line, nor as an option's own line
             self.assertNotRegex(out, r"(?m)^  " + flag + r"\b")      # an option line, not wrapped help
 
+    def test_windows_shorter_than_a_minute_are_labelled_to_the_second(self):
+        # helper-46: 30 s windows printed as 00:00-00:00, 00:00-00:01, ..., and 0.0 GPU-hours beside $0.13
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "p.csv")
+            with open(path, "w") as f:
+                f.write("time_s,rate\n0,2\n30,4\n")
+            code, out, err = call_cli("plan", "--rate-profile", path, "--slo", "ttft_p95:500", "--window", "30",
+                                      "--steady-requests", "100", "--recheck", "1", "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"(?m)^00:00:00-00:00:30 ")
+        self.assertRegex(out, r"(?m)^00:00:30-00:01:00 ")
+        self.assertRegex(out, r"schedule .*: 0\.017 GPU-hours, \$0\.07")
+
     def test_windows_take_the_profiles_mean_load(self):
         profile = main.RateProfile("p", ((0.0, 1.0), (600.0, 4.0)), 1200.0)
         windows = main.plan_windows(main.RunSpec(rate_profile=profile), 400.0)
