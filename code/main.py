@@ -401,6 +401,9 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     else:
         num_blocks, source = int(free // block_bytes), "budget"
     kv_bytes = num_blocks * block_bytes
+    if num_blocks < 1 and source == "--kv-tokens":
+        raise UserError(f"--kv-tokens {kv_tokens:,} is less than one KV block of {block_size} tokens (--block-size); "
+                        f"give at least {block_size}")
     if num_blocks < 1:
         raise CapacityError(
             f"{model.name} on {hardware.name}: no room for one KV block of {block_size} tokens "
@@ -3365,6 +3368,9 @@ def goodput_bound(text: str) -> tuple[str, float]:
         bound = float(value)
     except ValueError:
         bound = math.nan
+    if "," in value:           # written as --slo is: --goodput takes its bounds apart
+        raise argparse.ArgumentTypeError(f"{text!r}: give each bound on its own, space-separated (ttft:200 tpot:15), "
+                                         f"as vllm bench serve --goodput takes them")
     if not 0 < bound < 1e10:
         raise argparse.ArgumentTypeError(f"{text!r}: the bound is milliseconds, a positive number")
     return metric, bound
@@ -4629,7 +4635,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
         *([f"wait grows {growth:.3g} s per s > {max_growth:g}" if growth > max_growth else
            f"wait grows {growth:.3g} s per s, {grown:,.3g} s over the window > a request's {service:,.3g} s in "
            f"service"] if "wait" in tests else []),
-        *([f"served {served / offered:.1%} < {least:.1%} of offered"
+        *([f"served {' < '.join(shares_apart(served / offered, least))} of offered"
            + (f" ({failed:,} of the window's requests failed)" if failed else "")] if "served" in tests else [])]
     measured = [r for r in window if getattr(r, "measured", True)]
     # Its rates are over the window, from its start to the last of its requests' ends (a window
@@ -4652,6 +4658,16 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
             "wait_growth_s_per_s": growth, "least_served_share": least, "sustained": sustained,
             "closed_loop": closed_loop, **({"overloaded_by": why, "overloaded_on": tests} if why else {}), **together,
             **{k: metrics[k] for k in keep if k in metrics}}
+
+
+def shares_apart(*shares: float) -> list[str]:
+    """Shares as percents with as many decimals (1 to 4) as it takes for unequal ones to read
+    unequal: 'served 90.9% < 90.9%' says nothing."""
+    for digits in range(1, 5):
+        texts = [f"{share:.{digits}%}" for share in shares]
+        if len(set(texts)) == len(set(shares)):
+            break
+    return texts
 
 
 def burst_words(sent: int, first_end_s: float) -> str:
@@ -5083,6 +5099,9 @@ class Slo:
 def parse_slo(text: str) -> Slo:
     bounds = []
     for item in text.split(","):
+        if not item.strip():
+            raise UserError(f"--slo {text!r}: " + ("an empty item" if text.strip() else "no bound") +
+                            "; write the bounds comma-separated, like ttft_p95:500,tpot_p95:50")
         name, colon, value = item.strip().partition(":")
         metric, _, stat = name.partition("_")
         try:

@@ -112,6 +112,14 @@ class PresetMistakes(unittest.TestCase):
                 self.assertEqual(r.code, 2, r.seen())
                 self.assertEqual(len(r.lines()), 1, r.err)
                 self.assertIn(said, r.lines()[0])
+        # helper-46: each of these blamed something else (no room on the device; the bound; --slo '')
+        for args, said in ((("capacity", "--kv-tokens", 10), "--kv-tokens 10 is less than one KV block of 16 tokens"),
+                           (("simulate", "--goodput", "ttft:100,tpot:10"), "space-separated (ttft:200 tpot:15)"),
+                           (("search", "--slo", "ttft_p95:500,"), "--slo 'ttft_p95:500,': an empty item")):
+            with self.subTest(args=args):
+                r = run(*args)
+                self.assertEqual(r.code, 2, r.seen())
+                self.assertIn(said, r.err)
         r = run("presets", "h100")          # helper-46: --hardware h100 suggested the name, presets h100 did not
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("unknown preset 'h100' (did you mean h100-sxm-80gb?)", r.err)

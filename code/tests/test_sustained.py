@@ -233,6 +233,14 @@ class SteadyWindow(unittest.TestCase):
         self.assertEqual(main.load_verdict({"steady_state": only_wait}), "overloaded (wait +0.06 s/s)")
 
 
+class SharesApart(unittest.TestCase):
+    def test_two_shares_that_differ_read_differently(self):
+        # helper-46: a miss explained as "served 90.9% < 90.9% of offered"
+        self.assertEqual(main.shares_apart(0.90912, 0.90871), ["90.91%", "90.87%"])
+        self.assertEqual(main.shares_apart(0.5, 0.9), ["50.0%", "90.0%"])
+        self.assertEqual(main.shares_apart(0.25, 0.25), ["25.0%", "25.0%"])
+
+
 class SimulatedVerdict(unittest.TestCase):
     def test_open_loop_at_twice_capacity_is_unsustained_and_at_half_it_is_sustained(self):
         # One H100 with llama-3.1-8b serves about 35 of these requests a second (closed loop, 256 clients).
