@@ -3519,7 +3519,8 @@ class RunSpec:
         "plan", metavar="BLOCKS", axis=12, default_text="from the memory budget", recorded=True, exclusive="kv size")
     quantization: Optional[str] = setting(
         None, "--quantization", quantization_flag, "fp8: 1 byte per weight, on FP8 tensor cores where the device has "
-        "them; int4: AWQ/GPTQ 4-bit weights (0.53 bytes with scales), BF16 compute", "plan", metavar="fp8|int4",
+        "them; int4: AWQ/GPTQ 4-bit weights (0.53 bytes with scales), BF16 compute; none: the model's own", "plan",
+        metavar="none|fp8|int4",
         axis=5, default_text="the model's own dtype")
     kv_cache_dtype: str = setting(
         "auto", "--kv-cache-dtype", choice("auto", *KV_BYTES), "fp8: one byte per KV element, twice the tokens in the "
@@ -3674,7 +3675,8 @@ class RunSpec:
         "the run, request by request, as vllm bench serve does; instead of --rate", "workload",
         metavar="linear|exponential", default_text="off")
     rate_profile: Optional[RateProfile] = setting(
-        None, "--rate-profile", None, "open loop at a rate that changes over time: a CSV of time_s,rate rows, each "
+        None, "--rate-profile", None, "open loop at a rate that changes over time: a CSV of time_s,rate rows (seconds "
+        "from the start, requests a second), each "
         "window at its rate until the next (the last as long as the one before it), arrivals Poisson (or gamma with "
         "--burstiness) within each; --time-scale stretches it; it sets the requests unless --requests caps them",
         "workload", metavar="FILE", default_text="off", exclusive="arrivals")
@@ -11616,8 +11618,8 @@ def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
                         "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
                         "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, and at most "
                         f"{MAX_REQUESTS // 2:,} / --recheck (default: %(default)s)")
-    g.add_argument("--recheck", type=whole(1, 100), metavar="X",
-                   help=f"recheck {what} with probes X times as long (X times --steady-requests in the window), "
+    g.add_argument("--recheck", type=whole(1, 100), metavar="N",
+                   help=f"recheck {what} with probes N times as long (N times --steady-requests in the window), "
                         "stepping down (by --tolerance twice, then by more while it keeps missing) until one holds: "
                         "near capacity a queue settles more slowly than one probe shows, and a rate a probe passes "
                         "can fall behind over a longer run; a long probe stops once a percentile bound is missed "
@@ -12716,7 +12718,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print this preset as one JSON object, to save, edit and pass back (default: list them all)")
     p.add_argument("--json", action="store_true", help="print them all as JSON")
     p.set_defaults(func=cmd_presets)
+    said_in_full(sub)
     return parser
+
+
+def said_in_full(sub) -> None:
+    """Every flag's help ends with its default: a switch is off unless given, and a flag without a
+    default is required."""
+    for p in sub.choices.values():
+        for action in p._actions:
+            text = action.help
+            if not action.option_strings or not text or text == argparse.SUPPRESS or "(default" in text \
+                    or "(required" in text:
+                continue
+            if isinstance(action, argparse._StoreTrueAction):
+                action.help = f"{text} (default: off)"
+            elif action.required:
+                action.help = f"{text} (required)"
 
 
 def quiet_stdout() -> None:
