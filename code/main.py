@@ -3758,7 +3758,10 @@ class RunSpec:
     def arrivals(self) -> str:
         chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
         if self.clients():
-            return f"closed loop {self.clients()} clients" + chats
+            sends = -(-(self.requests or DEFAULT_REQUESTS) // self.turns)     # conversations
+            fewer = f" (at most {sends:,} at once: the {'conversations' if self.turns > 1 else 'requests'})" \
+                if sends < self.clients() and not self.trace else ""
+            return f"closed loop {self.clients()} clients{fewer}" + chats
         if self.trace:
             return f"trace arrivals ({self.trace.name})"
         shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
