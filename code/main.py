@@ -1133,6 +1133,13 @@ class EngineStats:
         """Steps of the open interval (the event engine's plain ones) ran to `end`, reading `read`."""
         self.until, self.read = end, self.read + read
 
+    def moved(self, at: float, read: int, used: int, running: int, reserved: int) -> None:
+        """ran_to(at, read), then hold() for a step from `at` where what the interval weighs moved
+        (a decode crossed into a block): the event engine's most frequent call, in one."""
+        self.until, self.read = at, self.read + read
+        self.close()
+        self.used, self.running, self.reserved, self.since = used, running, reserved, at
+
     def close(self) -> None:
         span = self.until - self.since
         self.kv_block_seconds += self.used * span
@@ -2932,10 +2939,17 @@ class EventScheduler(Scheduler):
         waking, nothing to admit (the queue is empty, or its head was refused by budgets that
         cannot loosen until someone wakes, or since). None if the next step is not: someone is
         handled one by one, or may be admitted. Blocks for crossing decodes are checked step by step."""
-        if not self.cruising or self.active or (self.waiting and not self.blocked) \
+        if not self.cruising or self.active or (self.waiting and not self.blocked and not self.seats_full()) \
                 or self.cruise_tokens() > self.token_budget():
             return None
         return (self.wake_steps[0] if self.wake_steps else math.inf) - self.steps
+
+    def seats_full(self) -> bool:
+        """Every seat taken (--max-num-seqs): the queue's head is refused by every plain step, as
+        the rule's admission refuses it before anything else (a variant that schedules a queue its
+        own way, such as SGLang's prefill first, is asked by the rule)."""
+        return type(self).schedule is EventScheduler.schedule \
+            and len(self.running) + len(self.aside) >= self.config.max_num_seqs
 
 
 class EventEngine(Engine):
@@ -3020,9 +3034,10 @@ class EventEngine(Engine):
                     s.owed += crossing          # (owed blocks count as used, and not as free)
                     used, free = used + crossing, free - crossing
                     reserved = reserved + crossing * block_size if by_blocks else s.reserved_tokens()
-                if steps > begun:
-                    stats.ran_to(clock, read - held_less * (steps - first))
-                stats.hold(clock, used, running, reserved)
+                if steps > begun:        # the blocks in use moved: the interval closes here
+                    stats.moved(clock, read - held_less * (steps - first), used, running, reserved)
+                else:
+                    stats.hold(clock, used, running, reserved)
                 first, read = steps, 0
             clock += price(context)
             read += context
@@ -10398,6 +10413,10 @@ def spread_texts(seeds: dict) -> list[str]:
     return texts
 
 
+def point_text(point: dict) -> str:
+    return "  ".join(f"{flag_of(k)[2:]} {v}" for k, v in point.items())
+
+
 def sweep_seed_lines(results: list[dict]) -> list[str]:
     """Under a sweep's table of several seeds a point: what each row's figures are, and each
     point's spread (the table has room for the means alone)."""
@@ -11757,10 +11776,6 @@ def listed(args, exclude: tuple = ()) -> dict:
         raise UserError("--price-per-hour is one price for one device: with several --hardware, put each "
                         "price_per_hour in its hardware JSON")
     return given
-
-
-def point_text(point: dict) -> str:
-    return "  ".join(f"{flag_of(k)[2:]} {v}" for k, v in point.items())
 
 
 def cmd_sweep(args) -> int:
