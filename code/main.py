@@ -1581,6 +1581,11 @@ def number(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def count_text(value: float) -> str:
+    """A count, or the mean of the seeds' counts to a tenth (0.3 failed is not 0 failed)."""
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
+
+
 def detailed_arrays(requests: list) -> dict:
     """Per-request arrays, as vllm bench serve --save-detailed writes them (seconds)."""
     def gaps(r):
@@ -3315,12 +3320,18 @@ def list_of(kind: Callable) -> Callable:
         if any(not part.strip() for part in parts):
             raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
                                              f"like 1,8,32")
+        grouped = re.fullmatch(r"\d{1,3}(,\d{3})+", text.strip())     # reads as 8,192: one number, or a list?
         zero = next((part.strip() for part in parts[1:] if re.fullmatch(r"0\d+", part.strip())), None)
         if zero is not None:         # 1,024 is a thousands comma here, and would run 1 and 24
             raise argparse.ArgumentTypeError(
-                f"{text!r} is read as a list, whose item {zero} starts with a zero: write {text.replace(',', '')} "
-                f"for one value (no thousands commas in a list), or the items without leading zeros")
+                f"{text!r} is read as a list, whose item {zero} starts with a zero: "
+                + (f"write {text.strip().replace(',', '')} for one value (no thousands commas in a list), or the "
+                   f"items without leading zeros" if grouped else "write the items without leading zeros"))
         values = [kind(part.strip()) for part in parts]
+        if grouped:                  # simulate reads the same text as one number: say which it is here
+            sys.stderr.write(f"servesim: {text.strip()} is read as {len(parts)} values, "
+                             f"{', '.join(p.strip() for p in parts)} (a list: write {text.strip().replace(',', '')} "
+                             f"for one value)\n")
         twice = next((part.strip() for i, part in enumerate(parts) if values[i] in values[:i]), None)
         if twice is not None:        # a sweep or search would run the same point twice, and print it twice
             raise argparse.ArgumentTypeError(f"{twice} is given twice in {text!r}; give each value once")
@@ -3379,6 +3390,8 @@ def goodput_bound(text: str) -> tuple[str, float]:
     metric, colon, value = text.partition(":")
     if metric not in GOODPUT_METRICS or not colon:
         raise argparse.ArgumentTypeError(f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
+    if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d*)?", value):     # 1,000: a thousands comma, as other flags take it
+        value = value.replace(",", "")
     try:
         bound = float(value)
     except ValueError:
@@ -3882,6 +3895,9 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
         if needs and getattr(spec, needs) == off and (needs not in given or given[needs] == off) and needs not in swept:
             flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
+            if needs in given:        # given as its own "off"
+                raise UserError(f"{flag} changes nothing with {other} {given[needs]}, which is off: give {other} "
+                                f"a value that turns it on, or drop {flag}")
             raise UserError(f"{flag} changes nothing without {other}: add {other}, or drop {flag}")
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
         raise UserError(f"--trace-repeats {spec.trace_repeats:,} plays {len(spec.trace.rows):,} requests as "
@@ -4357,7 +4373,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     decode = engines[-1]
     # The engines' time-weighted figures are over all they ran, warm-up included: from the first
     # send to the last step's end (the measured requests' duration leaves the warm-up out).
-    served = max(e.clock for e in engines) - min((r.sent_s for r in requests), default=0.0)
+    served = max(e.stats.until for e in engines) - min((r.sent_s for r in requests), default=0.0)
     if router:
         result["replicas"] = [{"completed": sum(r.error is None for r in e.scheduler.done),
                                "failed": sum(r.error is not None for r in e.scheduler.done),
@@ -4463,6 +4479,14 @@ def seeded(runs: list[dict]) -> dict:
     10th-90th percentile interval (nearest rank)."""
     merged = mean_report(runs)
     merged["config"] = runs[0]["config"]
+    # Failures by kind over every seed, not the first seed's kinds alone: each kind's mean count, and
+    # the first example of it in seed order.
+    kinds = list(dict.fromkeys(kind for r in runs for kind in r.get("errors_by_kind") or {}))
+    merged["errors_by_kind"] = {kind: sum((r.get("errors_by_kind") or {}).get(kind, 0) for r in runs) / len(runs)
+                                for kind in kinds}
+    merged["first_error_by_kind"] = {kind: next(r["first_error_by_kind"][kind] for r in runs
+                                                if kind in (r.get("first_error_by_kind") or {}))
+                                     for kind in kinds if any(kind in (r.get("first_error_by_kind") or {}) for r in runs)}
     spread = {}
     for key in SPREAD:
         values = sorted(r[key] for r in runs if r.get(key) is not None)
@@ -5786,10 +5810,13 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     return report
 
 
-def clock_text(seconds: float, fine: bool = False) -> str:
+def clock_text(seconds: float, fine: bool = False, end: bool = False) -> str:
     """A time in the period as a clock: 09:15, or 1d 09:15 past the first day; `fine`, to the
-    second (09:15:30), for windows shorter than a minute."""
+    second (09:15:30), for windows shorter than a minute; the `end` of a window at midnight is the
+    day's 24:00, not the next day's 00:00."""
     days, rest = divmod(int(round(seconds)), 86400)
+    if end and days and not rest:
+        days, rest = days - 1, 86400
     return (f"{days}d " if days else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}" \
         + (f":{rest % 60:02d}" if fine else "")
 
@@ -9870,6 +9897,8 @@ FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
 
 
 SWITCHES = {"--enable-prefix-caching": ("prefix_caching", True), "--no-enable-prefix-caching": ("prefix_caching", False)}
+SERVER_FLAG_WORDS = {"max_seqs": "the sequence cap", "budget": "the token budget a step", "kv_tokens": "the KV cache's tokens",
+                     "prefix_caching": "prefix caching"}
 
 
 def server_flags(text: str) -> dict:
@@ -10428,8 +10457,9 @@ def sweep_seed_lines(results: list[dict]) -> list[str]:
              f"mean; each point's spread:"]
     for r in seeded:
         texts = spread_texts(r["seeds"]) or ["no spread"]
+        short = r["seeds"].get("too_short", 0)
         lines.append(f"  {point_text(r['config']['sweep_point'])}, sustained in {r['seeds']['sustained']} of "
-                     f"{r['seeds']['count']}")
+                     f"{r['seeds']['count']}" + (", " + too_short_in(short) if short else ""))
         lines += [f"    {text}" for text in texts]
     return lines
 
@@ -10439,13 +10469,13 @@ def print_run(result: dict, out=None) -> None:
     cfg = result["config"]
     w = out.write
     w(f"{cfg['title']}\n")
-    w(f"{'requests':<12}{result['completed']:,.0f} completed  {result['failed']:,.0f} failed\n")
+    w(f"{'requests':<12}{count_text(result['completed'])} completed  {count_text(result['failed'])} failed\n")
     examples = result.get("first_error_by_kind", {})
-    for kind, count in sorted(result["errors_by_kind"].items()):
+    for kind, n in sorted(result["errors_by_kind"].items()):
         example = examples.get(kind, kind)
-        if count > 1 and example != kind:    # one request's figures stand for them all: say whose
+        if n > 1 and example != kind:    # one request's figures stand for them all: say whose
             example = f"{kind} (the first: {example[len(kind):].lstrip(': ')})"
-        w(f"{'':<12}{number(count, 0)} x {example if len(example) <= 160 else example[:157] + '...'}\n")
+        w(f"{'':<12}{count_text(n)} x {example if len(example) <= 160 else example[:157] + '...'}\n")
     if result.get("stopped"):
         w(f"{'':<12}stopped early: {result['stopped']}\n")
     if result.get("hint"):
@@ -10692,7 +10722,8 @@ def print_plan(report: dict, title: str, w) -> None:
     metrics = list(slo)
     fine = any(round(r[edge]) % 60 for r in report["windows"] for edge in ("start_s", "end_s"))   # seconds matter
     clock = functools.partial(clock_text, fine=fine)
-    width = 19 if fine else 13
+    label = lambda r: clock(r["start_s"]) + "-" + clock(r["end_s"], end=True)
+    width = max(13, *(len(label(r)) + 2 for r in report["windows"]))
     header = f"{'window':<{width}}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
         + f"{'tpot p50':>10}{'$':>9}  note"
     w(header + "\n")
@@ -10708,7 +10739,7 @@ def print_plan(report: dict, title: str, w) -> None:
         if simulated and simulated["misses"]:
             notes.append("simulated: " + simulated["misses"][0])
         usd = "-" if r["usd"] is None else f"{r['usd']:,.2f}"
-        w(f"{clock(r['start_s']) + '-' + clock(r['end_s']):<{width}}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
+        w(f"{label(r):<{width}}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
           f"{figures}{number(r['median_tpot_ms']):>10}{usd:>9}  {'; '.join(notes)}".rstrip() + "\n")
     money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
     hours = report["windows"][-1]["end_s"] / 3600
@@ -11720,8 +11751,8 @@ def failed_exit(results: list[dict]) -> int:
         kinds.update(r["errors_by_kind"])
     total = sum(r["completed"] + r["failed"] for r in results)
     # number(): with --seeds the counts are the seeds' means.
-    shown = ", ".join(f"{number(n, 0)} x {kind}" for kind, n in kinds.most_common(3))
-    sys.stderr.write(f"servesim: {number(failed, 0)} of {number(total, 0)} requests failed ({shown}); the report has "
+    shown = ", ".join(f"{count_text(n)} x {kind}" for kind, n in kinds.most_common(3))
+    sys.stderr.write(f"servesim: {count_text(failed)} of {count_text(total)} requests failed ({shown}); the report has "
                      f"each one's reason\n")
     return 1
 
@@ -12404,9 +12435,11 @@ def cmd_explain(args) -> int:
             sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, context) * 1000
         for key, value in flags.items():
             recorded = getattr(sig, key)
-            if recorded is not None and recorded != value and not sig.scrape:    # another server's flags?
+            slots = flags.get("max_seqs") or sig.max_seqs or 1
+            rounded = key == "kv_tokens" and recorded == value // slots * slots     # llama.cpp's slots round it down
+            if recorded is not None and recorded != value and not rounded and not sig.scrape:   # another server's?
                 said = (lambda v: "on" if v else "off") if isinstance(value, bool) else (lambda v: f"{v:,}")
-                sys.stderr.write(f"servesim: {sig.source}: --server-flags gives {key.replace('_', ' ')} {said(value)}, "
+                sys.stderr.write(f"servesim: {sig.source}: --server-flags gives {SERVER_FLAG_WORDS[key]} {said(value)}, "
                                  f"where the report's run had {said(recorded)}: the flag's is used\n")
             setattr(sig, key, value)
         if sig.server == "llama.cpp" and "kv_tokens" in flags and sig.max_seqs:

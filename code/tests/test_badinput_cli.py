@@ -135,6 +135,13 @@ class PresetMistakes(unittest.TestCase):
                 r = run("sweep", flag, text, "--requests", 5)
                 self.assertEqual(r.code, 2, r.seen())
                 self.assertIn(f"write {text.replace(',', '')} for one value", r.err)
+        r = run("sweep", "--max-num-seqs", "2,04", "--requests", 5)       # no thousands comma to suggest (helper-47)
+        self.assertEqual(r.code, 2, r.seen())
+        self.assertIn("item 04 starts with a zero: write the items without leading zeros", r.err)
+        # 8,192 has no leading zero: two points run, and stderr says which reading it took
+        r = run("sweep", "--max-num-batched-tokens", "8,192", "--requests", 5, "--jobs", 1)
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertIn("servesim: 8,192 is read as 2 values, 8, 192 (a list: write 8192 for one value)", r.err)
         with tempfile.TemporaryDirectory() as tmp:       # an SVG in a .png was written without a word
             r = run("simulate", "--requests", 5, "--plot", os.path.join(tmp, "run.png"))
             self.assertEqual(r.code, 2, r.seen())

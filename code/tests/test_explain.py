@@ -69,6 +69,12 @@ class Rows(unittest.TestCase):
                          "--max-model-len", "1100", "--seed", "9")
         self.assertEqual(e["symptom"], "sequence-bound")
         self.assertRegex(e["evidence"][-1], r"^\d+ of 64 requests failed \(the first: longer than --max-model-len")
+        # helper-47: a --seeds report kept the first seed's failure kinds only (none here), so the
+        # row named no reason; the seeds' mean count is said to a tenth
+        e = self.explain("simulate", "--seeds", "3", "--requests", "40", "--rate", "5", "--prompt-tokens", "100-2100",
+                         "--output-tokens", "20", "--max-model-len", "2090")
+        self.assertEqual(e["evidence"], ["0.3 of 40 requests failed (the first: longer than --max-model-len: "
+                                         "prompt 2,074 + output 20 tokens > 2,090)"])
 
     def test_a_healthy_server(self):
         e = self.explain("simulate", "--concurrency", "8", "--requests", "64")
@@ -261,8 +267,18 @@ class Inputs(unittest.TestCase):
                 f.write(out)
             code, out, err = run_cli("explain", path, "--server-flags", "--max-num-seqs 4 --max-num-batched-tokens 8192")
         self.assertEqual(code, 0, err)
-        self.assertEqual(err, "servesim: run.json: --server-flags gives max seqs 4, where the report's run had 256: "
+        self.assertEqual(err, "servesim: run.json: --server-flags gives the sequence cap 4, where the report's run had 256: "
                               "the flag's is used\n")       # the budget agrees with the report: nothing said
+        # a llama.cpp run's own flags: its slots round --ctx-size down, which is no contradiction (helper-47)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ll.json")
+            code, out, _ = run_cli("simulate", "--engine", "llamacpp", "--kv-tokens", "4097", "--max-num-seqs", "4",
+                                   "--requests", "20", "--prompt-tokens", "100", "--output-tokens", "50", "--rate", "2",
+                                   "--json")
+            with open(path, "w") as f:
+                f.write(out)
+            code, out, err = run_cli("explain", path, "--server-flags", "--parallel 4 --ctx-size 4097")
+        self.assertEqual((code, err), (0, ""))
 
 
 class NothingRan(unittest.TestCase):
