@@ -788,7 +788,9 @@ class TraceRepeats(unittest.TestCase):
         self.assertIn("3 runs a point, seeds 7-9: every figure above is their mean", lines[at])
         for point, rate in zip(json.loads(js), ("5.0", "20.0")):
             spread = point["seeds"]["spread"]["output_throughput"]
-            self.assertIn(f"  rate {rate}, sustained in {point['seeds']['sustained']} of 3", lines)
+            said = f"  rate {rate}, sustained in {point['seeds']['sustained']} of 3"
+            short = point["seeds"].get("too_short")
+            self.assertIn(said + (f", too short to tell in {short}" if short else ""), lines)
             self.assertIn(f"out tok/s {main.number(spread['min'])}-{main.number(spread['max'])}", out)
         _, single, _ = call_cli("sweep", "--requests", "60", "--rate", "5,20", "--jobs", "1")
         self.assertNotIn("seeds", single)
