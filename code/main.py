@@ -12769,8 +12769,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print this preset as one JSON object, to save, edit and pass back (default: list them all)")
     p.add_argument("--json", action="store_true", help="print them all as JSON")
     p.set_defaults(func=cmd_presets)
+    reword(sub.choices["search"], "--requests", "not used by a sustained probe, which sends what its steady window "
+           "needs (--steady-requests); with a --trace, the first N of it (default: the whole trace)")
+    reword(sub.choices["plan"], "--rate-profile", sub.choices["plan"]._option_string_actions["--rate-profile"].help
+           .replace("; it sets the requests unless --requests caps them", ""))
+    reword(sub.choices["capacity"], "--kv-offloading-size", sub.choices["capacity"]._option_string_actions[
+           "--kv-offloading-size"].help.replace("; needs --prefix-caching", " (simulate needs --prefix-caching with it)"))
     said_in_full(sub)
     return parser
+
+
+def reword(p: argparse.ArgumentParser, flag: str, text: str) -> None:
+    """A setting's help where one command uses it otherwise than the settings table says."""
+    p._option_string_actions[flag].help = text
 
 
 def said_in_full(sub) -> None:

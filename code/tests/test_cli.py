@@ -128,5 +128,17 @@ class Help(unittest.TestCase):
                 text = " ".join(block.split())
                 self.assertRegex(text, r"\((default|required)\b", (command, block.split()[0]))
 
+    def test_a_settings_help_says_what_it_does_in_that_command(self):
+        # helper-46: search --requests promised simulate's default, plan's --rate-profile named --requests
+        # (plan has none), capacity's --kv-offloading-size asked for --prefix-caching (it has none)
+        _, search, _ = run_cli("search", "--help")
+        self.assertIn("not used by a sustained probe", " ".join(search.split()))
+        _, plan, _ = run_cli("plan", "--help")
+        self.assertNotIn("unless --requests caps them", " ".join(plan.split()))
+        self.assertNotRegex(plan, r"(?m)^  --requests\b")
+        _, capacity, _ = run_cli("capacity", "--help")
+        self.assertNotIn("; needs --prefix-caching", " ".join(capacity.split()))
+
+
 if __name__ == "__main__":
     unittest.main()
