@@ -12775,6 +12775,10 @@ def build_parser() -> argparse.ArgumentParser:
            .replace("; it sets the requests unless --requests caps them", ""))
     reword(sub.choices["capacity"], "--kv-offloading-size", sub.choices["capacity"]._option_string_actions[
            "--kv-offloading-size"].help.replace("; needs --prefix-caching", " (simulate needs --prefix-caching with it)"))
+    plan = sub.choices["plan"]._option_string_actions     # plan sends what its windows' rates need, no --requests
+    reword(sub.choices["plan"], "--steady-requests", plan["--steady-requests"].help
+           .replace(", whatever --requests says,", ",").replace("so the answer does not move with --requests; ", ""))
+    reword(sub.choices["plan"], "--turns", plan["--turns"].help.replace("; --requests counts requests", ""))
     said_in_full(sub)
     return parser
 

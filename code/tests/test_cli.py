@@ -135,6 +135,8 @@ class Help(unittest.TestCase):
         self.assertIn("not used by a sustained probe", " ".join(search.split()))
         _, plan, _ = run_cli("plan", "--help")
         self.assertNotIn("unless --requests caps them", " ".join(plan.split()))
+        # ... nor its --steady-requests and --turns, which spoke of the --requests plan does not take
+        self.assertNotRegex(plan.replace("--steady-requests", ""), r"--requests\b")
         self.assertNotRegex(plan, r"(?m)^  --requests\b")
         _, capacity, _ = run_cli("capacity", "--help")
         self.assertNotIn("; needs --prefix-caching", " ".join(capacity.split()))
