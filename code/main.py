@@ -5572,7 +5572,10 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 progress(f"{how.by} {load:g}" + (f" ({probe.requests:,} requests)" if how.sustained else "") + ": " +
                          ("meets the slo" if enough else "misses: " + result["misses"][0]))
             if not enough and how.by == "rate" and ran_alone(result) and not any(not p["misses"] for p in probes):
-                raise Alone()
+                if how.target is not None:     # one probe, nothing to stop: its caller reads the mark
+                    result["alone"] = True
+                else:
+                    raise Alone()
             return enough
 
         if how.target is not None:
@@ -5725,6 +5728,15 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
     def passes(n: int) -> Optional[dict]:
         if (n, load) not in cache:
             found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
+            probe = (found.get("probes") or [None])[-1]
+            if probe and probe.get("alone"):     # no replica count makes a lone request faster
+                counted = "served" in ((probe.get("steady_state") or {}).get("overloaded_on") or [])
+                raise CapacityError(
+                    f"at {load:g} req/s on {n} replica{'s' * (n != 1)} the probe's requests each ran alone and still "
+                    f"miss ({probe['misses'][0]}); more replicas cannot help: " +
+                    (f"with nothing shared or queued that shortfall is the noise of counting a short window's ends: "
+                     f"raise --steady-requests (now {probing.steady_requests:,})" if counted else
+                     "the window's requests need a faster deployment or shorter requests"))
             cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
         return cache[(n, load)]
 

@@ -256,3 +256,16 @@ class NoReplicaCountHelps(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("more replicas cannot help", err)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_a_window_probe_run_alone_ends_the_plan_with_a_line_not_a_traceback(self):
+        # helper-48: a window's probe at its load (not a search) ran every request alone and missed;
+        # Alone escaped replicas_needed as a traceback. On 40 requests the miss is the count of a
+        # short window's ends, which no replica count changes.
+        trace = os.path.join(os.path.dirname(__file__), "..", "fixtures", "traces", "azure_conv_2023_300.csv")
+        code, out, err = call_cli("plan", "--trace", trace, "--hardware", "a100-sxm-80gb", "--slo", "ttft_p95:2000",
+                                  "--window", "30", "--steady-requests", "40", "--recheck", "1")
+        self.assertEqual(code, 1, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("more replicas cannot help", err)
+        self.assertIn("raise --steady-requests (now 40)", err)
+        self.assertNotIn("Traceback", err)
