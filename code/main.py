@@ -5772,7 +5772,11 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     replicas still starting), it gets one replica more and the period is simulated again."""
     windows = plan_windows(spec, scaling.window_s)
     deployment = replace(spec, rate_profile=None, data_parallel_size=1, replica_schedule=None, scale_up_delay=None)
-    one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
+    try:
+        one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
+    except (KeyboardInterrupt, Terminated) as e:
+        e.partial = None          # (its probes, which search_point kept): no window is planned yet
+        raise
     if one.get("does_not_fit"):
         raise CapacityError(one["does_not_fit"])
     if one.get("alone"):              # replicas divide the load; they cannot make a lone request faster
@@ -5781,19 +5785,26 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
                             f"replicas cannot help: it needs a faster deployment or shorter requests")
     per_replica = one.get("highest_load") or 0.0
     cache: dict = {}
-    rows = []
-    for i, (start, end, load) in enumerate(windows):
-        key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
-        guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
-        need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
-        rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
-                     "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds} if probe else None,
-                     "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
-        if progress:
-            progress(f"window {i + 1}/{len(windows)}: {load:.3g} req/s needs {need} replica{'s' * (need != 1)}")
+    rows: list[dict] = []
+    stop, verified = None, None
+    try:
+        for i, (start, end, load) in enumerate(windows):
+            key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
+            guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
+            need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
+            rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
+                         "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
+                         if probe else None, "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
+            if progress:
+                progress(f"window {i + 1}/{len(windows)}: {load:.3g} req/s needs {need} replica{'s' * (need != 1)}")
+    except (KeyboardInterrupt, Terminated) as e:
+        if not rows:            # nothing planned yet: nothing to keep
+            e.partial = None
+            raise
+        stop = e           # the windows planned are a plan of the period they cover, not simulated
     delay = scale_up_delay(replace(spec, scale_up_delay=scaling.scale_up_delay))
     price = deployment_price(spec, [spec.hardware], spec.gpus_per_replica)
-    duration = windows[-1][1]
+    duration = rows[-1]["end_s"]
     report = {"deployment": simulate_command(deployment), "windows": rows, "window_s": scaling.window_s,
               "one_replica_sustains": per_replica, "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
@@ -5801,9 +5812,15 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
               "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica}
     for _ in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
-        if not verify:
+        if not verify or stop:
             break
-        verified = simulated_windows(spec, rows, schedule, delay, probing, progress)
+        try:
+            verified = simulated_windows(spec, rows, schedule, delay, probing, progress)
+        except (KeyboardInterrupt, Terminated) as e:
+            stop, verified = e, None
+            for row in rows:     # what an earlier simulation said was of an earlier schedule
+                row["simulated"] = None
+            break
         fixable = [r for r in rows if r["start_s"] in verified["windows_missing_the_slo"] and not r["short_s"]
                    and r["needs"] < scaling.max_replicas]
         if not fixable:
@@ -5816,9 +5833,14 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     peak = max(min(r["needs"], scaling.max_replicas) for r in rows)
     report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
-    if verify:
+    if verified:
         report["verified"] = verified
     report["does_not_meet_slo"] = plan_misses(report)
+    if stop:     # the caller reports what was planned, then the stop
+        report["interrupted"] = (f"planning {len(rows)} of {len(windows)} windows" if len(rows) < len(windows) else
+                                 f"planning all {len(windows)} windows") + ", before the whole period was simulated"
+        stop.partial = report
+        raise stop
     return report
 
 
@@ -10761,7 +10783,9 @@ def print_plan(report: dict, title: str, w) -> None:
     w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
-    if plan_misses(report):       # a saving against a fleet that misses too would be no saving
+    if report.get("interrupted"):
+        w("; no saving is claimed: the plan was interrupted")
+    elif plan_misses(report):       # a saving against a fleet that misses too would be no saving
         w("; no saving is claimed: the schedule misses the slo")
     elif round(saved, 2) > 0:     # (a schedule that never scales saves nothing, not $-0.00)
         w(f"; the schedule saves ${saved:,.2f} ({saved / totals['peak_fleet_usd']:.0%})")
@@ -10779,6 +10803,8 @@ def print_plan(report: dict, title: str, w) -> None:
           + (f", {scaling} of them while added replicas start" if missed else "")
           + (f" ({', '.join(clock(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
           + "\n")
+    if report.get("interrupted"):
+        w(f"interrupted after {report['interrupted']}\n")
 
 
 SWEEP_COLUMNS = (
@@ -11915,7 +11941,14 @@ def cmd_plan(args) -> int:
                       recheck=args.recheck or Probing.recheck)
     probing.check(spec)
     scaling = Scaling(args.window, args.min_replicas, args.max_replicas, args.scale_down_after, args.ahead, delay)
-    report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
+    stopped = None
+    try:
+        report = plan(spec, probing, scaling, not args.no_verify, Progress("plan"))
+    except (KeyboardInterrupt, Terminated) as e:
+        if getattr(e, "partial", None) is None:
+            raise
+        report, stopped = e.partial, Stopped.by_signal(e, e.partial["interrupted"] + "; the output holds the windows planned")
+    hold_signals()           # the plan is written whole, whatever arrives now
     where = f"{spec.hardware.name}" + (f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else "")
     load = f"rate profile {spec.rate_profile.name}" if spec.rate_profile else f"trace {spec.trace.name}"
     title = (f"plan {spec.model.name} on {where}  {load} in {len(report['windows'])} "
@@ -11933,6 +11966,8 @@ def cmd_plan(args) -> int:
         write_text(out.getvalue())
     if args.plot:
         write_file(args.plot, plan_svg(report, title))
+    if stopped:
+        raise stopped
     missed = plan_misses(report)
     if missed:
         sys.stderr.write(f"servesim: the plan does not meet the slo: {missed}\n")

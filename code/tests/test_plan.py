@@ -5,6 +5,7 @@ import os
 import random
 import tempfile
 import unittest
+from unittest import mock
 
 from helpers import call_cli, main, run_cli
 
@@ -226,6 +227,39 @@ class Plans(unittest.TestCase):
             self.assertEqual(code, 0, err)
             replayed = __import__("json").loads(out)["replica_schedule"]
             self.assertAlmostEqual(replayed["mean_replicas"] * 1800, sum(r["asked"] for r in rows) * 600, delta=20)   # its own duration
+
+    def test_an_interrupted_plan_prints_the_windows_it_planned_and_claims_no_saving(self):
+        # helper-48: Ctrl-C or SIGTERM during plan printed nothing, even with every window planned.
+        real = main.run
+
+        def stopping(when):
+            def run(spec, *args, **kwargs):
+                if when(spec):
+                    raise KeyboardInterrupt
+                return real(spec, *args, **kwargs)
+            return run
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
+            flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
+                     "--output-tokens", "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100")
+            for when, planned, rows in ((lambda spec: spec.replica_schedule is not None, "all 3 windows", 3),
+                                        (lambda spec: spec.data_parallel_size > 1, "1 of 3 windows", 1)):
+                with self.subTest(planned=planned), mock.patch.object(main, "run", stopping(when)):
+                    code, out, err = call_cli(*flags)
+                    self.assertEqual(code, 130, err)
+                    self.assertEqual(len([line for line in out.splitlines() if line.startswith("00:")]), rows, out)
+                    self.assertIn("no saving is claimed: the plan was interrupted", out)
+                    self.assertIn(f"interrupted after planning {planned}, before the whole period was simulated", err)
+                    code, out, err = call_cli(*flags, "--json")
+                    self.assertEqual(code, 130, err)
+                    report = __import__("json").loads(out)
+                    self.assertEqual(len(report["windows"]), rows)
+                    self.assertNotIn("verified", report)
+                    self.assertIn(planned, report["interrupted"])
+            # Stopped before any window was planned (finding what one replica sustains): nothing to print.
+            with mock.patch.object(main, "run", stopping(lambda spec: True)):
+                code, out, err = call_cli(*flags)
+            self.assertEqual((code, out, err.strip()), (130, "", "servesim: interrupted"))
 
     def test_plan_needs_changing_load_and_a_sane_range(self):
         code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate", "1")
