@@ -5288,13 +5288,19 @@ class Probing:
             return None
         return replace(self, steady_requests=self.steady_requests * self.recheck, recheck=1, rechecks=True)
 
+    @property
+    def needed(self) -> int:
+        """The seeds of a probe that must pass: the --confidence share of them, rounded up, and at
+        least one (a share so small that none need pass would pass any load)."""
+        return max(1, math.ceil(self.confidence * self.seeds - 1e-9))
+
     def stop_on(self) -> Optional[Slo]:
         """The SLO a probe's first seed stops on once it misses it for certain (run's stop_on), or
         None. Only the recheck's long probes stop: they are most of a search's time, and a miss
         costs a quarter of one; a short probe's whole run guides the next (its served rate, its
         margins). Only where one seed's miss settles the probe, and never for a target rate,
         whose figures are the answer."""
-        one_miss_settles = math.ceil(self.confidence * self.seeds - 1e-9) == self.seeds
+        one_miss_settles = self.needed == self.seeds
         return self.slo if self.rechecks and self.target is None and one_miss_settles else None
 
     def check(self, spec: RunSpec) -> None:
@@ -5508,7 +5514,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         margins: dict[float, Optional[list[float]]] = {}     # load -> each bound's, on its worst seed
 
         def passes(load: float) -> bool:
-            need = math.ceil(how.confidence * how.seeds - 1e-9)
+            need = how.needed
 
             def settled(runs: list) -> Optional[int]:
                 """How many of the seeds, taken in order, settle the verdict, or None. The seeds
@@ -11006,7 +11012,7 @@ def search_table(axes: list[str], found: list[dict], columns, probes: bool, key:
 def probing_text(spec: RunSpec, probing: Probing) -> str:
     """How each probe was run and judged, said once under the search's title."""
     seeds = (f"; {probing.seeds} seeds ({spec.seed}-{spec.seed + probing.seeds - 1}) each, of which "
-             + ("all" if probing.confidence >= 1 else f"{math.ceil(probing.confidence * probing.seeds - 1e-9)}")
+             + ("all" if probing.needed == probing.seeds else f"{probing.needed}")
              + " must pass (seeds stop once the verdict is certain)") if probing.seeds > 1 else ""
     if not probing.sustained:
         return f"each probe: the workload once, passing if all its requests meet the slo{seeds}"
@@ -11052,7 +11058,7 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
     if high is None:
         return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
     best = item["best"]
-    need = math.ceil(probing.confidence * probing.seeds - 1e-9)
+    need = probing.needed
     seeds = (f"; {best['seeds_passed']} of {best['seeds_run']} seeds run meet {probing.slo.text()}"
              + (" and keep up" if probing.sustained else "")
              + (f" ({need} of {probing.seeds} needed)" if best["seeds_run"] < probing.seeds else "")
@@ -11720,13 +11726,16 @@ def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
 
 def add_seed_args(g, search: bool = False) -> None:
     g.add_argument("--seeds", type=whole(1, MAX_SEEDS), default=1, metavar="N",
-                   help="run each point with N seeds (--seed, --seed + 1, ...) and report every figure as their mean "
-                        "with its spread: min-max and, from 5 seeds, the 10th-90th percentile interval "
-                        f"(default: %(default)s; at most {MAX_SEEDS:,})")
+                   help=("run each probe with up to N seeds (--seed, --seed + 1, ...; the rest are skipped once "
+                         "--confidence settles its verdict): it passes by --confidence, and its figures are the mean "
+                         "of the seeds run" if search else
+                         "run each point with N seeds (--seed, --seed + 1, ...) and report every figure as their mean "
+                         "with its spread: min-max and, from 5 seeds, the 10th-90th percentile interval")
+                   + f" (default: %(default)s; at most {MAX_SEEDS:,})")
     if search:
         g.add_argument("--confidence", type=fraction, default=1.0, metavar="F",
-                       help="a probe passes when at least this share of its seeds pass (default: %(default)s, every "
-                            "seed)")
+                       help="a probe passes when at least this share of its seeds pass, rounded up and at least one "
+                            "(default: %(default)s, every seed)")
 
 
 def add_picture_args(p: argparse.ArgumentParser, what: str) -> None:

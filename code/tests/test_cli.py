@@ -140,6 +140,11 @@ class Help(unittest.TestCase):
         self.assertNotRegex(plan, r"(?m)^  --requests\b")
         _, capacity, _ = run_cli("capacity", "--help")
         self.assertNotIn("; needs --prefix-caching", " ".join(capacity.split()))
+        # helper-48: search's and plan's --seeds promised sweep's spread, which neither prints
+        for text in (search, plan):
+            seeds = " ".join(text.split("\n  --seeds N", 1)[1].split("\n  --confidence F", 1)[0].split())
+            self.assertNotIn("10th-90th", seeds)
+            self.assertIn("--confidence", seeds)
 
 
 if __name__ == "__main__":

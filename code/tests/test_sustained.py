@@ -233,6 +233,19 @@ class SteadyWindow(unittest.TestCase):
         self.assertEqual(main.load_verdict({"steady_state": only_wait}), "overloaded (wait +0.06 s/s)")
 
 
+class Confidence(unittest.TestCase):
+    def test_at_least_one_seed_must_pass_however_small_the_share(self):
+        # helper-48: --seeds 3 --confidence 1e-10 needed 0 seeds, so every probe passed (602,931 req/s)
+        slo = main.parse_slo("ttft_p95:1000")
+        self.assertEqual(main.Probing(slo, seeds=3, confidence=1e-10).needed, 1)
+        self.assertEqual(main.Probing(slo, seeds=5, confidence=0.6).needed, 3)
+        self.assertEqual(main.Probing(slo, seeds=5).needed, 5)
+        spec = main.RunSpec(hardware=main.HARDWARE["l4-24gb"], requests=60)
+        found = main.search_point(spec, {}, probing=main.Probing(slo, sustained=False, seeds=3, confidence=1e-10))
+        self.assertLess(found["highest_load"], 100)
+        self.assertTrue(all(p["seeds_passed"] >= 1 for p in found["probes"] if not p["misses"]))
+
+
 class SharesApart(unittest.TestCase):
     def test_two_shares_that_differ_read_differently(self):
         # helper-46: a miss explained as "served 90.9% < 90.9% of offered"
