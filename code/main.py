@@ -5330,9 +5330,10 @@ class Probing:
         return math.ceil(self.steady_requests / (1 - spec.steady_skip)) + 1
 
     def probe(self, deployment: RunSpec, load: float, count: Optional[int] = None) -> RunSpec:
-        spec = sweep_point(deployment, at_load(deployment, self.by, load))
         if not self.sustained:
-            return spec
+            return sweep_point(deployment, at_load(deployment, self.by, load))
+        # The whole trace's rate is scaled to the load: --requests counts only a burst's requests.
+        spec = sweep_point(deployment, at_load(replace(deployment, requests=None), self.by, load))
         return self.sized(spec, count or self.requests(deployment))
 
     @staticmethod
@@ -11110,7 +11111,9 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     bursts = [item for item in found if item.get("burst")]
     if bursts:
         burst = replace(probing, sustained=False)
-        lines += ["", "the trace played once, as it was recorded (a burst):"]
+        first = len(spec.trace.rows) > spec.requests if spec.requests else False
+        once = f"the trace's first {spec.requests:,} requests (--requests)" if first else "the trace"
+        lines += ["", f"{once} played once, as recorded (a burst):"]
         lines += search_table(axes, bursts, probe_columns(burst, True), probes=True, key="burst")
     for item in found:
         if item.get("does_not_fit"):
@@ -11120,8 +11123,8 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
         lines += answer_text(item, unit, by, probing, f"{prefix}highest {sustained}{by} meeting the slo")
         if item.get("burst"):
             lines += answer_text(item["burst"], unit, by, replace(probing, sustained=False),
-                                 f"{prefix}highest {by} at which the trace, played once, meets the slo (it absorbs "
-                                 f"this burst)")
+                                 f"{prefix}highest {by} at which {once}, played once, meet{'s' * (not first)} the "
+                                 f"slo (it absorbs this burst)")
     return lines
 
 
@@ -11636,7 +11639,10 @@ def read_setting(args, f):
         return load_preset("hardware", value, HARDWARE, Hardware, f.metadata["flag"]) if f.name.endswith("hardware") \
             else load_preset("model", value, MODELS, ModelSpec, f.metadata["flag"])
     if f.name == "trace" and value:
-        trace = read_trace(value, args.trace_format, getattr(args, "requests", None))
+        # Read whole for search: its sustained probes repeat the whole trace (only the burst it
+        # plays once stops at --requests), as the simulate it prints to rerun one reads it.
+        limit = getattr(args, "requests", None) if getattr(args, "command", None) != "search" else None
+        trace = read_trace(value, args.trace_format, limit)
         for note in trace.notes:
             sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
         return trace

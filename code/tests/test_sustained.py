@@ -427,6 +427,25 @@ class SustainedSearch(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertEqual(main.json.loads(out)["steady_state"], probe["steady_state"])
 
+    def test_a_trace_search_repeats_the_whole_trace_whatever_requests_says(self):
+        # helper-49: --requests 20 cut the Monday trace to 20 rows before the sustained probes
+        # repeated it (the answer moved), while their rerun commands repeated all 48 (overloaded).
+        # --requests counts the burst's requests only, and every probe reruns as shown.
+        flags = ("search", "--hardware", "l4-24gb", "--trace", BURST, "--slo", "ttft_p95:2000", "--steady-requests",
+                 "200", "--recheck", "1", "--json", "--jobs", "1")
+        answers = []
+        for extra in ((), ("--requests", "20")):
+            code, out, err = call_cli(*flags, *extra)
+            self.assertEqual(code, 0, err)
+            answers.append(main.json.loads(out)["deployments"][0])
+        whole, cut = answers
+        self.assertEqual(cut["highest_load"], whole["highest_load"])
+        self.assertIn("--requests 20 ", cut["burst"]["best"]["rerun"] + " ")
+        for probe in (cut["best"], cut["burst"]["best"]):
+            code, out, err = call_cli(*probe["rerun"].split()[2:], "--json")
+            self.assertEqual(code, 0, err)
+            self.assertAlmostEqual(main.json.loads(out)["p95_ttft_ms"], probe["p95_ttft_ms"], places=6)
+
     def test_a_probe_whose_window_falls_short_is_run_longer_and_reruns_so(self):
         # 60 req/s of 2,000-token outputs on an H100: the first request ends after most of the
         # usual probe's sends, so the window starts late; the probe is lengthened until it holds 200.
