@@ -3757,7 +3757,10 @@ class RunSpec:
         "earlier than the first request's end", "sustained", metavar="F")
     min_served: float = setting(
         0.95, "--min-served", fraction, "sustained needs the steady window's served rate (requests ended a second) "
-        "to be at least this share of its offered rate (requests sent a second)", "sustained", metavar="F")
+        "to be at least this share of its offered rate (requests sent a second), less the uncertainty of counting "
+        "ends at the window's edges (at most 1 - F more: never below 2F - 1, 0.90 at 0.95; the JSON's "
+        "steady_state.least_served_share is the bound a run was held to); a shortfall while the wait does not grow "
+        "at all and nothing failed counts only below 2F - 1", "sustained", metavar="F")
     max_queue_growth: float = setting(
         0.05, "--max-queue-growth", fraction, "sustained needs the wait (queue time) of the requests sent in the "
         "steady window to grow by at most this many seconds per second of run (the queue grows by at most this "
@@ -11029,7 +11032,8 @@ def probing_text(spec: RunSpec, probing: Probing) -> str:
             f"{probing.steady_requests:,} of them in a steady window after the first {spec.steady_skip:.0%}"
             + (", the trace repeated end to end as often as that takes" if spec.trace else "")
             + f"; passing if the window's requests meet the slo and the server keeps up (served >= "
-            f"{spec.min_served:.0%} of offered less its edges' uncertainty, wait growing <= "
+            f"{spec.min_served:.0%} of offered less its edges' uncertainty, never below "
+            f"{max(0.0, 2 * spec.min_served - 1):.0%}, wait growing <= "
             f"{spec.max_queue_growth:g} s per s and over the window by less than a request's time in service){seeds}{recheck}")
 
 
@@ -12832,7 +12836,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print them all as JSON")
     p.set_defaults(func=cmd_presets)
     reword(sub.choices["search"], "--requests", "not used by a sustained probe, which sends what its steady window "
-           "needs (--steady-requests); with a --trace, the first N of it (default: the whole trace)")
+           "needs (--steady-requests), and repeats the whole of a --trace; with a --trace, the first N of it are "
+           "what the burst search plays once (default: the whole trace)")
     reword(sub.choices["plan"], "--rate-profile", sub.choices["plan"]._option_string_actions["--rate-profile"].help
            .replace("; it sets the requests unless --requests caps them", ""))
     reword(sub.choices["capacity"], "--kv-offloading-size", sub.choices["capacity"]._option_string_actions[

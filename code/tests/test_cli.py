@@ -140,6 +140,12 @@ class Help(unittest.TestCase):
         self.assertNotRegex(plan, r"(?m)^  --requests\b")
         _, capacity, _ = run_cli("capacity", "--help")
         self.assertNotIn("; needs --prefix-caching", " ".join(capacity.split()))
+        # helper-49: --min-served's help said 95% where a run passes at 93.2%: the whole rule is said
+        _, simulate, _ = run_cli("simulate", "--help")
+        served = " ".join(simulate.split("\n  --min-served F", 1)[1].split("\n  --max-queue-growth", 1)[0].split())
+        self.assertIn("less the uncertainty of counting ends", served)
+        self.assertIn("never below 2F - 1", served)
+        self.assertIn("repeats the whole of a --trace", " ".join(search.split()))
         # helper-48: search's and plan's --seeds promised sweep's spread, which neither prints
         for text in (search, plan):
             seeds = " ".join(text.split("\n  --seeds N", 1)[1].split("\n  --confidence F", 1)[0].split())
