@@ -4475,11 +4475,14 @@ def mean_report(values: list):
     return first
 
 
+SPREAD_PERCENTILES_FROM = 11     # by nearest rank, fewer seeds' 10th and 90th percentiles are their min and max
+
+
 def seeded(runs: list[dict]) -> dict:
     """Runs of one point with seeds seed, seed + 1, ... as one report: every figure the mean of
     the runs (a verdict holds only if it holds in every run), and under `seeds` how many runs
-    were sustained and the spread of the headline figures: min-max, and from five seeds on the
-    10th-90th percentile interval (nearest rank)."""
+    were sustained and the spread of the headline figures: min-max, and from SPREAD_PERCENTILES_FROM
+    seeds on the 10th-90th percentile interval (nearest rank)."""
     merged = mean_report(runs)
     merged["config"] = runs[0]["config"]
     # Failures by kind over every seed, not the first seed's kinds alone: each kind's mean count, and
@@ -4496,7 +4499,7 @@ def seeded(runs: list[dict]) -> dict:
         if values:
             rank = lambda p: values[max(0, math.ceil(p / 100 * len(values)) - 1)]
             spread[key] = {"min": values[0], "max": values[-1],
-                           **({"p10": rank(10), "p90": rank(90)} if len(values) >= 5 else {})}
+                           **({"p10": rank(10), "p90": rank(90)} if len(values) >= SPREAD_PERCENTILES_FROM else {})}
     sustained = sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained"))
     # A seed too short for a verdict has no window figures to average: the window is the mean of
     # the seeds that have one, and says how many had none.
@@ -9374,7 +9377,8 @@ def replay_published(published: PublishedRun, cost_model: str, kernel_scale: Opt
             "hardware": spec.hardware.name, "model": spec.model.name,
             "gpus": spec.gpus_per_replica * spec.data_parallel_size, "near_capacity": busy >= NEAR_CAPACITY,
             "rows": rows, "sustained": {"measured": None if verdict is None else verdict.get("sustained"),
-                                        "servesim": None if predicted is None or verdict is None else predicted.get("sustained")},
+                                        "servesim": None if predicted is None or verdict is None else predicted.get("sustained"),
+                                        "closed_loop": bool(verdict and verdict.get("closed_loop"))},
             "kernel_scale": profile.kernel_scale if cost_model == "kernels" else None, "cite": published.cite,
             "inferred": list(published.inferred),
             "failed": simulated["failed"], "sent": simulated["completed"] + simulated["failed"],
@@ -9518,15 +9522,19 @@ def validation_summary(results: list[dict]) -> dict:
     within = [r["name"] for r in results
               if all(abs(r["rows"][k]["error"]) <= VALIDATION_BOUND for k in ("output_throughput", "mean_tpot_ms")
                      if k in r["rows"] and r["rows"][k]["error"] is not None)]
-    judged = [r for r in results if r["sustained"]["measured"] is not None and r["sustained"]["servesim"] is not None]
+    # A closed loop is sustained on both sides by construction: agreeing there tells nothing.
+    judged = [r for r in results if r["sustained"]["measured"] is not None and r["sustained"]["servesim"] is not None
+              and not r["sustained"].get("closed_loop")]
     wrong = [r["name"] for r in judged if r["sustained"]["measured"] != r["sustained"]["servesim"]]
+    closed = sum(1 for r in results if r["sustained"].get("closed_loop"))
     by_source = {}
     for source in sorted({r["source"] for r in results}):
         mine = [r for r in results if r["source"] == source]
         by_source[source] = {label: median_of(errors(key, mine)) for label, key in
                              (("throughput", "output_throughput"), ("tpot", "mean_tpot_ms"), ("ttft", "mean_ttft_ms"))}
     return {"medians": medians, "within_bound": len(within), "runs": len(results), "verdicts_judged": len(judged),
-            "verdicts_wrong": wrong, "by_source": by_source, "without_inferred": strict}
+            "verdicts_wrong": wrong, "verdicts_by_construction": closed,
+            "verdicts": dict(Counter("sustained" if r["sustained"]["measured"] else "overloaded" for r in judged)), "by_source": by_source, "without_inferred": strict}
 
 
 # What loadgen --simulate takes about the server beside the run's own shape: the engine it runs.
@@ -10742,8 +10750,12 @@ def print_validation(report: dict, w) -> None:
           f"without them: {medians_text(strict['medians']) or 'no figure left'}\n")
     w(f"within {VALIDATION_BOUND:.0%} on throughput and TPOT: {summary['within_bound']} of {summary['runs']} runs\n")
     wrong = summary["verdicts_wrong"]
-    w(f"sustained verdicts: {summary['verdicts_judged']} judged, {len(wrong)} wrong"
-      + (f" ({', '.join(wrong)})" if wrong else "") + "\n")
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["verdicts"].items()))
+    closed = summary["verdicts_by_construction"]
+    w(f"sustained verdicts: {summary['verdicts_judged']} judged" + (f" ({kinds} as measured)" if kinds else "")
+      + f", {len(wrong)} wrong" + (f" ({', '.join(wrong)})" if wrong else "")
+      + (f"; {closed} closed-loop run{'s' * (closed != 1)} not counted (sustained by construction)" if closed else "")
+      + "\n")
     for source, m in summary["by_source"].items():
         w(f"  {source}: median |error| " + ", ".join(
             f"{label} {value:.1%}" for label, value in m.items() if value is not None) + "\n")
@@ -11740,7 +11752,8 @@ def add_seed_args(g, search: bool = False) -> None:
                          "--confidence settles its verdict): it passes by --confidence, and its figures are the mean "
                          "of the seeds run" if search else
                          "run each point with N seeds (--seed, --seed + 1, ...) and report every figure as their mean "
-                         "with its spread: min-max and, from 5 seeds, the 10th-90th percentile interval")
+                         f"with its spread: min-max and, from {SPREAD_PERCENTILES_FROM} seeds, the 10th-90th percentile "
+                         "interval")
                    + f" (default: %(default)s; at most {MAX_SEEDS:,})")
     if search:
         g.add_argument("--confidence", type=fraction, default=1.0, metavar="F",

@@ -827,6 +827,17 @@ class TraceRepeats(unittest.TestCase):
         _, single, _ = call_cli("sweep", "--requests", "60", "--rate", "5,20", "--jobs", "1")
         self.assertNotIn("seeds", single)
 
+    def test_percentiles_of_the_seeds_are_given_only_where_they_are_not_the_min_and_max(self):
+        # helper-49: from 5 seeds a p10-p90 line was printed, always equal to the min-max line above it
+        runs = [main.run(main.RunSpec(rate=20, requests=60, seed=seed)) for seed in range(12)]
+        for n in (5, 10):
+            spread = main.seeded(runs[:n])["seeds"]["spread"]["p95_ttft_ms"]
+            self.assertNotIn("p10", spread)
+        spread = main.seeded(runs[:11])["seeds"]["spread"]["p95_ttft_ms"]
+        values = sorted(r["p95_ttft_ms"] for r in runs[:11])
+        self.assertEqual((spread["p10"], spread["p90"]), (values[1], values[9]))
+        self.assertNotEqual((spread["p10"], spread["p90"]), (spread["min"], spread["max"]))
+
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
         trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
         spread = main.run_seeds(trace, 3)["seeds"]["spread"]["p95_ttft_ms"]

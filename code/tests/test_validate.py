@@ -48,6 +48,18 @@ class LeaveOneSourceOut(unittest.TestCase):
         many = [result("a", 30, 10)] * 20 + [result("b", 10, 10)]
         self.assertAlmostEqual(main.fit_kernel_scale(many), math.sqrt(3.0))
 
+    def test_a_closed_loop_agreeing_by_construction_is_not_counted_as_a_verdict_judged(self):
+        # helper-49: "46 judged, 0 wrong" counted 43 closed loops, sustained on both sides by construction
+        def run(name, measured, servesim, closed_loop):
+            return {"name": name, "source": "a", "rows": {}, "near_capacity": False,
+                    "sustained": {"measured": measured, "servesim": servesim, "closed_loop": closed_loop}}
+        summary = main.validation_summary([run("c1", True, True, True), run("c2", True, True, True),
+                                           run("o1", False, False, False), run("o2", True, False, False)])
+        self.assertEqual(summary["verdicts_judged"], 2)
+        self.assertEqual(summary["verdicts_wrong"], ["o2"])
+        self.assertEqual(summary["verdicts_by_construction"], 2)
+        self.assertEqual(summary["verdicts"], {"overloaded": 1, "sustained": 1})
+
     def test_throughput_counts_where_no_tpot_was_published(self):
         r = {"source": "a", "rows": {"output_throughput": {"measured": 100.0, "servesim": 150.0, "error": 0.5}}}
         self.assertAlmostEqual(main.step_ratio(r), 1.5)        # predicted 1.5x as fast: steps 1.5x too cheap
