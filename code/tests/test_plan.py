@@ -261,6 +261,31 @@ class Plans(unittest.TestCase):
                 code, out, err = call_cli(*flags)
             self.assertEqual((code, out, err.strip()), (130, "", "servesim: interrupted"))
 
+    def test_a_miss_is_blamed_on_a_start_up_only_if_the_window_meets_the_slo_once_its_replicas_serve(self):
+        # helper-48: a window that missed for another reason was excused as "while added replicas
+        # start", and the plan claimed its saving with exit 0.
+        def request(i, sent, ttft):
+            r = main.Request(i, 100, 10, sent_s=sent)
+            r.queue_s, r.first_token_s, r.last_token_s = 0.0, sent + ttft, sent + ttft + 0.5
+            return r
+        done = [request(i, float(i), 50.0 if i < 10 else 0.1) for i in range(100)]          # slow until 10 s in
+        done += [request(100 + i, 100.0 + i, 50.0) for i in range(100)]                     # slow all along
+
+        def run(spec, progress=None, requests_out=None):
+            requests_out.extend(done)
+            return {"completed": len(done), "failed": 0, "p95_ttft_ms": 1.0, "median_tpot_ms": 1.0,
+                    "output_throughput": 1.0}
+        rows = [{"start_s": 0.0, "end_s": 100.0, "short_s": 10.0}, {"start_s": 100.0, "end_s": 200.0, "short_s": 10.0}]
+        probing = main.Probing(main.parse_slo("ttft_p95:1000"))
+        with mock.patch.object(main, "run", run):
+            verified = main.simulated_windows(main.RunSpec(), rows, main.ReplicaSchedule("plan", ((0.0, 1),)), 10.0,
+                                              probing, None)
+        self.assertEqual(verified["windows_missing_the_slo"], [0.0, 100.0])
+        self.assertEqual(verified["of_them_scaling_up"], [0.0])
+        report = {"never_met": [], "verified": verified, "max_replicas": 16,
+                  "windows": [dict(r, asked=2) for r in rows]}
+        self.assertIn("1 window misses the slo with the replicas serving, from 00:01", main.plan_misses(report))
+
     def test_plan_needs_changing_load_and_a_sane_range(self):
         code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate", "1")
         self.assertEqual(code, 2)
