@@ -4516,7 +4516,7 @@ def seeded(runs: list[dict]) -> dict:
                                   + (f" ({bursts} of them one burst, every request sent before the first ended)"
                                      if bursts else "") + "; send more requests for a verdict"}
     merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs], "sustained": sustained,
-                       **({"too_short": unjudged} if unjudged else {}), "spread": spread}
+                       "too_short": unjudged, "spread": spread}
     steady = merged.get("steady_state")
     if isinstance(steady, dict) and steady.get("sustained") is not None and not steady.get("closed_loop"):
         steady["seeds_sustained"], steady["seeds_count"] = sustained, len(runs)
@@ -5763,14 +5763,24 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
     return scaling.max_replicas + 1, None
 
 
-def autoscaled(needs: list[int], windows: list[tuple], scaling: Scaling) -> list[int]:
-    """Replicas asked for at each window's start: the need now, or more while a higher need of
-    the last scale_down_after seconds still holds (a scale-down waits that long)."""
-    asked = []
-    for i, (start, _, _) in enumerate(windows):
-        recent = [need for need, (other, _, _) in zip(needs[:i + 1], windows) if other >= start - scaling.scale_down_after]
-        asked.append(min(scaling.max_replicas, max([scaling.min_replicas, needs[i], *recent])))
-    return asked
+def autoscaled(needs: list[int], windows: list[tuple], scaling: Scaling, lead: float = 0.0) -> list[tuple[float, int]]:
+    """Replicas asked for over the period, as (time s, replicas) steps: each window's need from
+    `lead` before its start until scale_down_after past its end (a scale-down waits until the
+    need has been lower that long, as Kubernetes' HPA stabilises one: to the second, not to the
+    next window), the most of those held at once, within min and max."""
+    held = [(max(0.0, start - lead), end + scaling.scale_down_after, need) for need, (start, end, _) in zip(needs, windows)]
+    period = windows[-1][1]
+    steps: list[tuple[float, int]] = []
+    for t in sorted({0.0, *(a for a, _, _ in held), *(b for _, b, _ in held if b < period)}):
+        n = min(scaling.max_replicas, max([scaling.min_replicas, *(need for a, b, need in held if a <= t < b)]))
+        if not steps or n != steps[-1][1]:
+            steps.append((t, n))
+    return steps
+
+
+def asked_at(steps: list[tuple[float, int]], t: float) -> int:
+    """The replicas a schedule's steps ask for at time t."""
+    return steps[max(0, bisect.bisect_right([at for at, _ in steps], t) - 1)][1]
 
 
 MAX_REPAIRS = 3       # whole-period simulations a plan may add replicas after
@@ -5888,21 +5898,21 @@ def plan_misses(report: dict) -> Optional[str]:
 
 
 def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[float]) -> ReplicaSchedule:
-    """The windows' needs as an autoscaler's schedule; each row gets what it asks for, how long
-    its added replicas leave it short, and what it costs."""
+    """The windows' needs as an autoscaler's schedule; each row gets the most it asks for at
+    once, how long replicas added at its start leave it short, and what it costs (replica-seconds
+    asked for inside it, so a scale-down that waits into a window is paid there)."""
     windows = [(r["start_s"], r["end_s"], r["load"]) for r in rows]
-    asked = autoscaled([min(r["needs"], scaling.max_replicas) for r in rows], windows, scaling)
-    lead = delay if scaling.ahead else 0.0
-    steps, before = [], None
-    for (start, _, _), n in zip(windows, asked):
-        if n != before:
-            steps.append((0.0 if before is None else max(0.0, start - lead) if n > before else start, n))
-            before = n
-    steps = [step for i, step in enumerate(steps) if i + 1 == len(steps) or steps[i + 1][0] > step[0]]
-    for i, (row, n) in enumerate(zip(rows, asked)):
-        grew = i > 0 and n > asked[i - 1]      # the added replicas serve only after the delay
-        row.update(asked=n, short_s=min(delay, row["end_s"] - row["start_s"]) if grew and not scaling.ahead else 0.0,
-                   usd=n * price * (row["end_s"] - row["start_s"]) / 3600 if price else None)
+    steps = autoscaled([min(r["needs"], scaling.max_replicas) for r in rows], windows, scaling,
+                       delay if scaling.ahead else 0.0)
+    for i, row in enumerate(rows):
+        start, end = row["start_s"], row["end_s"]
+        inside = [(start, asked_at(steps, start))] + [(at, n) for at, n in steps if start < at < end]
+        edges = [at for at, _ in inside[1:]] + [end]
+        paid = sum(n * (stop - at) for (at, n), stop in zip(inside, edges))
+        grew = i > 0 and asked_at(steps, start) > asked_at(steps, start - 1e-9)   # they serve only after the delay
+        row.update(asked=max(n for _, n in inside),
+                   short_s=min(delay, end - start) if grew and not scaling.ahead else 0.0,
+                   usd=paid * price / 3600 if price else None)
     return ReplicaSchedule("plan", tuple(steps))
 
 
@@ -10797,6 +10807,8 @@ def print_plan(report: dict, title: str, w) -> None:
             notes.append(f"+{r['raised']} after simulating the period")
         if r["short_s"]:
             notes.append(f"the added replicas serve after {r['short_s']:,.0f} s")
+        notes += [f"asks {step['replicas']} from {clock(step['time_s'])}" for step in report["schedule"]
+                  if r["start_s"] < step["time_s"] < r["end_s"]]        # a scale-down that waited into it
         simulated = r.get("simulated")
         if simulated and simulated["misses"]:
             notes.append("simulated: " + simulated["misses"][0])
@@ -11463,15 +11475,16 @@ def plan_svg(report: dict, title: str) -> str:
     replicas = Panel("replicas", "hours", "replicas", log_y=False)
     replicas.add("needed", [(hours(t), min(r["needs"], r["asked"] + 1)) for r in rows for t in (r["start_s"], r["end_s"])],
                  "dashed")
-    replicas.add("asked for", [(hours(t), r["asked"]) for r in rows for t in (r["start_s"], r["end_s"])])
-    serving, before = [], None
-    for r in rows:
-        late = r["start_s"] + r["short_s"]
-        if before is not None and r["short_s"]:
-            serving += [(hours(r["start_s"]), before), (hours(late), before)]
-        serving += [(hours(late), r["asked"]), (hours(r["end_s"]), r["asked"])]
-        before = r["asked"]
-    replicas.add("serving", serving, "dashed")
+    end = rows[-1]["end_s"]
+    steps = ReplicaSchedule("plan", tuple((s["time_s"], s["replicas"]) for s in report["schedule"]))
+
+    def stairs(level: Callable[[float], int], times: Iterable[float]) -> list[tuple[float, float]]:
+        edges = sorted({t for t in times if t < end})
+        return [(hours(t), level(a)) for a, b in zip(edges, edges[1:] + [end]) for t in (a, b)]
+    replicas.add("asked for", stairs(functools.partial(asked_at, steps.steps), (at for at, _ in steps.steps)))
+    spans = [span for replica in steps.spans(report["scale_up_delay_s"]) for span in replica]
+    replicas.add("serving", stairs(lambda t: sum(ready <= t < leave for _, ready, leave in spans),
+                                   (t for _, ready, leave in spans for t in (ready, leave))), "dashed")
     return svg_figure(title, [load, replicas], columns=1, width=760, height=300)
 
 
@@ -11968,6 +11981,12 @@ def cmd_plan(args) -> int:
         raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
     if not (spec.rate_profile or spec.trace):
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
+    if spec.rate_profile:      # (said here: the reader's own message offers a --requests plan has not)
+        expected = spec.rate_profile.mean_rate(0, spec.rate_profile.end_s) * spec.rate_profile.end_s
+        if expected > MAX_REQUESTS:
+            raise UserError(f"rate profile {spec.rate_profile.name} sends about {expected:,.0f} requests, and plan "
+                            f"simulates the whole period; servesim simulates up to {MAX_REQUESTS:,}: plan a part of "
+                            f"it (fewer rows), or lower its rates")
     if args.min_replicas > args.max_replicas:
         raise UserError(f"--min-replicas {args.min_replicas} is above --max-replicas {args.max_replicas}")
     problem = undefined_slo(spec, slo)
@@ -11995,9 +12014,18 @@ def cmd_plan(args) -> int:
     if args.json:
         write_json(report)
     elif args.csv:
-        print_csv([{"time_s": r["start_s"], "replicas": r["asked"], "end_s": r["end_s"], "load_rps": r["load"],
-                    "needs": r["needs"], "short_s": r["short_s"], "usd": r["usd"], **(r["figures"] or {}),
-                    "median_tpot_ms": r["median_tpot_ms"]} for r in report["windows"]])
+        # A row at each window's start, and one (with the time and replicas only) at each step
+        # inside a window, a scale-down that waited into it: those two columns are the schedule
+        # simulate --replica-schedule replays.
+        steps = [(s["time_s"], s["replicas"]) for s in report["schedule"]]
+        rows = []
+        for r in report["windows"]:
+            row = {"time_s": r["start_s"], "replicas": asked_at(steps, r["start_s"]), "end_s": r["end_s"],
+                   "load_rps": r["load"], "needs": r["needs"], "short_s": r["short_s"], "usd": r["usd"],
+                   **(r["figures"] or {name: None for name, _, _ in slo.bounds}), "median_tpot_ms": r["median_tpot_ms"]}
+            rows += [row] + [{**dict.fromkeys(row), "time_s": at, "replicas": n} for at, n in steps
+                             if r["start_s"] < at < r["end_s"]]
+        print_csv(rows)
     else:
         out = io.StringIO()
         print_plan(report, title, out.write)
@@ -12702,10 +12730,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the whole period with it. --csv is a --replica-schedule simulate reads.")
     # (Not --requests: a plan is of the whole profile or trace, windows and the run that checks them.
     # Nor --enable-expert-parallel: it spreads one server's experts over a data-parallel group fixed
-    # at launch, and a plan's replicas come and go.)
+    # at launch, and a plan's replicas come and go. Nor --goodput or --hours-per-month: it judges
+    # by --slo and prices its own period.)
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency", "data_parallel_size",
                                                                "replica_schedule", "requests",
-                                                               "enable_expert_parallel")])
+                                                               "enable_expert_parallel", "goodput",
+                                                               "hours_per_month")])
     g = p.add_argument_group("plan")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
                    help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50")

@@ -141,7 +141,8 @@ class Plans(unittest.TestCase):
         # helper-43: --enable-expert-parallel asked for -dp, which plan refuses (it picks the replicas)
         code, out, _ = run_cli("plan", "--help")
         self.assertEqual(code, 0)
-        for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests"):
+        for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests",
+                     "--goodput", "--hours-per-month"):      # helper-48: both were taken and ignored
             self.assertNotIn("[" + flag, out)        # not in the usage line, nor as an option's own line
             self.assertNotRegex(out, r"(?m)^  " + flag + r"\b")      # an option line, not wrapped help
 
@@ -193,11 +194,20 @@ class Plans(unittest.TestCase):
     def test_a_scale_down_waits_while_a_higher_need_is_recent(self):
         windows = [(i * 100.0, (i + 1) * 100.0, 0) for i in range(6)]
         needs = [1, 3, 1, 1, 1, 2]
-        asked = main.autoscaled(needs, windows, main.Scaling(window_s=100, scale_down_after=150))
-        self.assertEqual(asked, [1, 3, 3, 1, 1, 2])     # at 200 the 3 of 100 is recent; at 300 it is not
+        steps = main.autoscaled(needs, windows, main.Scaling(window_s=100, scale_down_after=150))
+        # The need of 3 ends at 200: it is let go 150 s later, inside the window from 300 (helper-48:
+        # the wait was rounded to whole windows, so 1 h windows scaled down at once and cost less).
+        self.assertEqual(steps, [(0.0, 1), (100.0, 3), (350.0, 1), (500.0, 2)])
         capped = main.autoscaled(needs, windows, main.Scaling(window_s=100, scale_down_after=0, max_replicas=2,
                                                               min_replicas=2))
-        self.assertEqual(capped, [2, 2, 2, 2, 2, 2])
+        self.assertEqual(capped, [(0.0, 2)])
+        self.assertEqual(main.autoscaled(needs, windows, main.Scaling(scale_down_after=0), lead=30),
+                         [(0.0, 1), (70.0, 3), (200.0, 1), (470.0, 2)])      # --ahead: asked 30 s early
+        rows = [{"start_s": a, "end_s": b, "load": 0, "needs": n} for (a, b, _), n in zip(windows, needs)]
+        main.scheduled(rows, main.Scaling(window_s=100, scale_down_after=150), 56.0, 3600.0)
+        self.assertEqual([r["asked"] for r in rows], [1, 3, 3, 3, 1, 2])
+        self.assertEqual([r["usd"] for r in rows], [100, 300, 300, 200, 100, 200])     # 3 x 50 s + 1 x 50 s
+        self.assertEqual([r["short_s"] for r in rows], [0, 56, 0, 0, 0, 56])
 
     def test_a_plan_prices_its_schedule_and_its_csv_replays_in_simulate(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -286,6 +296,27 @@ class Plans(unittest.TestCase):
                   "windows": [dict(r, asked=2) for r in rows]}
         self.assertIn("1 window misses the slo with the replicas serving, from 00:01", main.plan_misses(report))
 
+    def test_a_scale_down_waits_into_the_next_window_and_is_paid_there(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
+            flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
+                     "--output-tokens", "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100",
+                     "--scale-up-delay", "30", "--no-verify")
+            code, out, err = call_cli(*flags, "--json")
+            self.assertEqual(code, 0, err)
+            report = __import__("json").loads(out)
+            rows = report["windows"]
+            self.assertLess(rows[2]["needs"], rows[1]["needs"])
+            # The need falls at 1200; the default 300 s wait lets the replicas go at 1500, not 1200.
+            self.assertEqual(report["schedule"][-1], {"time_s": 1500.0, "replicas": rows[2]["needs"]})
+            self.assertEqual(rows[2]["asked"], rows[1]["needs"])
+            per_gpu = main.HARDWARE["l4-24gb"].price_per_hour
+            self.assertAlmostEqual(rows[2]["usd"], (rows[1]["needs"] * 300 + rows[2]["needs"] * 300) * per_gpu / 3600)
+            self.assertAlmostEqual(report["totals"]["usd"], sum(r["usd"] for r in rows))
+            code, csv_text, err = call_cli(*flags, "--csv")
+            self.assertEqual(code, 0, err)
+            self.assertIn(f"\n1500.0,{rows[2]['needs']},,", csv_text)
+
     def test_plan_needs_changing_load_and_a_sane_range(self):
         code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate", "1")
         self.assertEqual(code, 2)
@@ -297,6 +328,12 @@ class Plans(unittest.TestCase):
                     code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate-profile", profile, *flags)
                     self.assertEqual(code, 2, err)
                     self.assertIn(said, err)
+            # helper-48: a profile too big to simulate was told to "cap them with --requests", which plan has not
+            big = write(tmp, "big.csv", "time_s,rate\n0,100\n86400,100\n")
+            code, _, err = call_cli("plan", "--slo", "ttft_p95:1000", "--rate-profile", big)
+            self.assertEqual(code, 2, err)
+            self.assertIn("plan a part of it", err)
+            self.assertNotIn("--requests", err)
 
 
 if __name__ == "__main__":

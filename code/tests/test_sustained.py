@@ -833,6 +833,8 @@ class TraceRepeats(unittest.TestCase):
         for n in (5, 10):
             spread = main.seeded(runs[:n])["seeds"]["spread"]["p95_ttft_ms"]
             self.assertNotIn("p10", spread)
+            # helper-48: seeds.too_short was there only when it was not 0, so a script's key came and went
+            self.assertIsInstance(main.seeded(runs[:n])["seeds"]["too_short"], int)
         spread = main.seeded(runs[:11])["seeds"]["spread"]["p95_ttft_ms"]
         values = sorted(r["p95_ttft_ms"] for r in runs[:11])
         self.assertEqual((spread["p10"], spread["p90"]), (values[1], values[9]))
