@@ -87,6 +87,10 @@ class CapacityError(Exception):
     """It does not fit, a server is unreachable, or a request failed. Exit code 1."""
 
 
+class Terminated(Exception):
+    """SIGTERM, raised in the main thread so that a run ends the way Ctrl-C ends it."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Presets: datasheet peaks times an efficiency factor. A user adds their own device or model
 # with a JSON file of the same fields (--hardware my-gpu.json).
@@ -8386,10 +8390,6 @@ def timings_report(records: list[StreamRecord]) -> Optional[dict]:
         "cache_n": sum(int(r.timings.get("cache_n") or 0) for r in timed),
         "predicted_n": sum(int(r.timings.get("predicted_n") or 0) for r in timed),
     }
-
-
-class Terminated(Exception):
-    """SIGTERM, raised in the main thread so that a run ends the way Ctrl-C ends it."""
 
 
 class Stopped(Exception):
