@@ -4250,6 +4250,12 @@ def profile_sends(profile: RateProfile, time_scale: float, seed: int, burstiness
     return sends
 
 
+def draws_from_seed(spec: RunSpec) -> bool:
+    """Whether --seed changes the run: a trace brings its own requests and send times, so only a
+    speculative decoder's acceptances (each request's own stream) are left to draw."""
+    return not spec.trace or bool(spec.speculative_tokens and spec.acceptance_rate < 1)
+
+
 def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = None) -> list[Request]:
     if spec.trace:
         rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)
@@ -5317,6 +5323,9 @@ class Probing:
         if self.confidence < 1 and self.seeds == 1:
             raise UserError(f"--confidence {self.confidence:g} is the share of --seeds that must pass, and there is "
                             f"one seed: give --seeds N (say 5), or drop --confidence")
+        if self.seeds > 1 and not draws_from_seed(spec):     # N copies of one run would read as N agreeing
+            raise UserError(f"--seeds {self.seeds}: every seed of trace {spec.trace.name} replays the same requests "
+                            f"at the same times, so the seeds would be copies of one run; drop --seeds")
         floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
         if self.sustained and self.steady_requests < floor:
             raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "

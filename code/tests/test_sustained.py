@@ -840,6 +840,17 @@ class TraceRepeats(unittest.TestCase):
         self.assertEqual((spread["p10"], spread["p90"]), (values[1], values[9]))
         self.assertNotEqual((spread["p10"], spread["p90"]), (spread["min"], spread["max"]))
 
+    def test_search_refuses_seeds_that_would_be_copies_of_one_trace_run(self):
+        # helper-48: search --trace --seeds 3 ran three identical runs and said "3 of 3 seeds" meet
+        code, out, err = call_cli("search", "--trace", BURST, "--hardware", "l4-24gb", "--slo", "ttft_p95:2000",
+                                  "--seeds", "3")
+        self.assertEqual((code, out), (2, ""))
+        self.assertIn("replays the same requests at the same times", err)
+        trace = main.RunSpec(trace=main.read_trace(BURST))
+        self.assertFalse(main.draws_from_seed(trace))
+        self.assertTrue(main.draws_from_seed(main.replace(trace, speculative_tokens=3)))     # its acceptances
+        self.assertTrue(main.draws_from_seed(main.RunSpec(rate=5)))
+
     def test_a_fixed_trace_has_no_spread_across_seeds_and_poisson_has(self):
         trace = main.RunSpec(trace=main.read_trace(BURST), hardware=main.HARDWARE["l4-24gb"])
         spread = main.run_seeds(trace, 3)["seeds"]["spread"]["p95_ttft_ms"]
