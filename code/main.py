@@ -5351,9 +5351,10 @@ class Probing:
     def probe(self, deployment: RunSpec, load: float, count: Optional[int] = None) -> RunSpec:
         if not self.sustained:
             return sweep_point(deployment, at_load(deployment, self.by, load))
-        # The whole trace's rate is scaled to the load: --requests counts only a burst's requests.
+        # The whole trace's rate is scaled to the load (--requests counts only a burst's requests),
+        # and the whole trace is played at least once: its first rows alone offer their own rate.
         spec = sweep_point(deployment, at_load(replace(deployment, requests=None), self.by, load))
-        return self.sized(spec, count or self.requests(deployment))
+        return self.sized(spec, max(count or self.requests(deployment), len(spec.trace.rows) if spec.trace else 0))
 
     @staticmethod
     def sized(spec: RunSpec, count: int) -> RunSpec:
@@ -5807,7 +5808,9 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     simulated with the schedule, and where a window misses the SLO (for another reason than
     replicas still starting), it gets one replica more and the period is simulated again."""
     windows = plan_windows(spec, scaling.window_s)
-    deployment = replace(spec, rate_profile=None, data_parallel_size=1, replica_schedule=None, scale_up_delay=None)
+    # The windows' loads have the profile's --time-scale in them: a probe at a load has none.
+    deployment = replace(spec, rate_profile=None, data_parallel_size=1, replica_schedule=None, scale_up_delay=None,
+                         time_scale=1.0 if spec.rate_profile else spec.time_scale)
     try:
         one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
     except (KeyboardInterrupt, Terminated) as e:
@@ -5846,7 +5849,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
               "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica}
-    for _ in range(MAX_REPAIRS + 1):
+    for attempt in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
         if not verify or stop:
             break
@@ -5859,7 +5862,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
             break
         fixable = [r for r in rows if r["start_s"] in verified["windows_missing_the_slo"]
                    and r["start_s"] not in verified["of_them_scaling_up"] and r["needs"] < scaling.max_replicas]
-        if not fixable:
+        if not fixable or attempt == MAX_REPAIRS:      # (a replica added now would be neither asked for nor simulated)
             break
         fixable[0]["needs"] += 1
         fixable[0]["raised"] += 1
@@ -5873,8 +5876,10 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         report["verified"] = verified
     report["does_not_meet_slo"] = plan_misses(report)
     if stop:     # the caller reports what was planned, then the stop
+        again = any(r["raised"] for r in rows)
         report["interrupted"] = (f"planning {len(rows)} of {len(windows)} windows" if len(rows) < len(windows) else
-                                 f"planning all {len(windows)} windows") + ", before the whole period was simulated"
+                                 f"planning all {len(windows)} windows") + ", before the whole period was simulated" \
+            + (" again with the replicas added" if again else "")
         stop.partial = report
         raise stop
     return report
@@ -5891,22 +5896,31 @@ def clock_text(seconds: float, fine: bool = False, end: bool = False) -> str:
         + (f":{rest % 60:02d}" if fine else "")
 
 
+def plan_clock(report: dict) -> Callable[..., str]:
+    """clock_text for a plan's times: to the second where a window's edge or a step (a scale-down
+    that waited into a window) falls inside a minute."""
+    times = [r[edge] for r in report["windows"] for edge in ("start_s", "end_s")] + \
+        [step["time_s"] for step in report.get("schedule") or []]
+    return functools.partial(clock_text, fine=any(round(t) % 60 for t in times))
+
+
 def plan_misses(report: dict) -> Optional[str]:
     """Why the plan's schedule does not meet the SLO (None: it does): windows no --max-replicas
     meets, or windows the whole-period simulation finds missing for a reason other than replicas
     still starting."""
+    clock = plan_clock(report)
     if report["never_met"]:
         n = len(report["never_met"])
         return (f"{n} window{'s' * (n != 1)} need{'s' * (n == 1)} more than "
-                f"--max-replicas {report['max_replicas']}, from {clock_text(report['never_met'][0])}")
+                f"--max-replicas {report['max_replicas']}, from {clock(report['never_met'][0])}")
     verified = report.get("verified") or {}
     missed = [t for t in verified.get("windows_missing_the_slo", []) if t not in verified.get("of_them_scaling_up", [])]
     if missed:
         full = any(r["asked"] >= report["max_replicas"] for r in report["windows"] if r["start_s"] in missed)
         return (f"simulated whole, {len(missed)} window{'s' * (len(missed) != 1)} miss{'es' * (len(missed) == 1)} "
-                f"the slo with the replicas serving, from {clock_text(missed[0])}: "
-                + ("raise --max-replicas" if full else f"the plan adds replicas after simulating at most "
-                   f"{MAX_REPAIRS} times, and ran out; raise the windows' replicas by hand, or shorten --window"))
+                f"the slo with the replicas serving, from {clock(missed[0])}: "
+                + ("raise --max-replicas" if full else f"the plan adds a replica after each of at most "
+                   f"{MAX_REPAIRS} simulations, and ran out; raise the windows' replicas by hand, or shorten --window"))
     return None
 
 
@@ -5917,16 +5931,21 @@ def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[
     windows = [(r["start_s"], r["end_s"], r["load"]) for r in rows]
     steps = autoscaled([min(r["needs"], scaling.max_replicas) for r in rows], windows, scaling,
                        delay if scaling.ahead else 0.0)
-    for i, row in enumerate(rows):
+    schedule = ReplicaSchedule("plan", tuple(steps))
+    spans = [span for replica in schedule.spans(delay) for span in replica]
+    for row in rows:
         start, end = row["start_s"], row["end_s"]
         inside = [(start, asked_at(steps, start))] + [(at, n) for at, n in steps if start < at < end]
         edges = [at for at, _ in inside[1:]] + [end]
         paid = sum(n * (stop - at) for (at, n), stop in zip(inside, edges))
-        grew = i > 0 and asked_at(steps, start) > asked_at(steps, start - 1e-9)   # they serve only after the delay
-        row.update(asked=max(n for _, n in inside),
-                   short_s=min(delay, end - start) if grew and not scaling.ahead else 0.0,
+        # Short of replicas asked for by its start until the last of them serves (a start-up
+        # longer than the window leaves all of it short; replicas asked for inside it are the
+        # next window's, asked ahead).
+        ready = max((at_ready for asked, at_ready, leave in spans if asked <= start < at_ready and leave > start),
+                    default=start)
+        row.update(asked=max(n for _, n in inside), short_s=min(ready, end) - start, serves_after_s=ready - start,
                    usd=paid * price / 3600 if price else None)
-    return ReplicaSchedule("plan", tuple(steps))
+    return schedule
 
 
 def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule, delay: float, probing: Probing,
@@ -5946,8 +5965,8 @@ def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule
                 missed.append(row["start_s"])
                 # The start-up is to blame only if the requests sent once the added replicas serve
                 # meet the SLO: a window that misses after that too is short of replicas.
-                served = [r for r in sent if r.sent_s >= row["start_s"] + row["short_s"]] if row["short_s"] else []
-                if served and not probing.slo.misses(summarize(served)):
+                served = [r for r in sent if r.sent_s >= row["start_s"] + row["short_s"]]
+                if row["short_s"] and (not served or not probing.slo.misses(summarize(served))):
                     starting.append(row["start_s"])
     return {"requests": result["completed"] + result["failed"], "failed": result["failed"],
             "windows_missing_the_slo": missed, "of_them_scaling_up": starting,
@@ -10799,14 +10818,14 @@ def print_plan(report: dict, title: str, w) -> None:
       + (" (asked for that much ahead)" if report["ahead"] else "")
       + f"; fewer are asked for once the need has been lower for {report['scale_down_after_s']:,.0f} s\n")
     metrics = list(slo)
-    fine = any(round(r[edge]) % 60 for r in report["windows"] for edge in ("start_s", "end_s"))   # seconds matter
-    clock = functools.partial(clock_text, fine=fine)
+    clock = plan_clock(report)
     label = lambda r: clock(r["start_s"]) + "-" + clock(r["end_s"], end=True)
     width = max(13, *(len(label(r)) + 2 for r in report["windows"]))
     header = f"{'window':<{width}}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
         + f"{'tpot p50':>10}{'$':>9}  note"
-    w("each window: the fewest replicas whose probe at its load meets the slo, that probe's figures, and what the "
-      "whole-period simulation found\n")
+    w("each window: the fewest replicas whose probe at its load meets the slo, " +
+      ("that probe's figures, and what the whole-period simulation found\n" if report.get("verified") else
+       "and that probe's figures\n"))
     w(header + "\n")
     for r in report["windows"]:
         needs = f"{r['needs']}" if r["needs"] <= r["asked"] or r["needs"] <= max(1, r["asked"]) else f">{r['asked']}"
@@ -10815,7 +10834,8 @@ def print_plan(report: dict, title: str, w) -> None:
         if r["raised"]:
             notes.append(f"+{r['raised']} after simulating the period")
         if r["short_s"]:
-            notes.append(f"the added replicas serve after {r['short_s']:,.0f} s")
+            notes.append(f"the added replicas serve after {r['serves_after_s']:,.0f} s"
+                         + (", after the window" if r["serves_after_s"] >= r["end_s"] - r["start_s"] else ""))
         notes += [f"asks {step['replicas']} from {clock(step['time_s'])}" for step in report["schedule"]
                   if r["start_s"] < step["time_s"] < r["end_s"]]        # a scale-down that waited into it
         simulated = r.get("simulated")
@@ -10837,7 +10857,10 @@ def print_plan(report: dict, title: str, w) -> None:
     elif plan_misses(report):       # a saving against a fleet that misses too would be no saving
         w("; no saving is claimed: the schedule misses the slo")
     elif round(saved, 2) > 0:     # (a schedule that never scales saves nothing, not $-0.00)
-        w(f"; the schedule saves ${saved:,.2f} ({saved / totals['peak_fleet_usd']:.0%})")
+        starting = len((report.get("verified") or {}).get("of_them_scaling_up") or [])
+        w(f"; the schedule saves ${saved:,.2f} ({saved / totals['peak_fleet_usd']:.0%})"
+          + (f", but misses the slo in {starting} window{'s' * (starting != 1)} while added replicas start "
+             f"(--ahead asks for them in time)" if starting else ""))
     w("\n")
     if report["never_met"]:
         w(f"never met   {len(report['never_met'])} window{'s' * (len(report['never_met']) != 1)} "
@@ -10849,8 +10872,8 @@ def print_plan(report: dict, title: str, w) -> None:
         scaling = len(verified["of_them_scaling_up"])
         w(f"simulated   the whole period with this schedule: {verified['requests']:,} requests, "
           f"{verified['failed']:,} failed; {len(missed)} of {len(report['windows'])} windows miss the slo"
-          + (f", {scaling} of them while added replicas start" if missed else "")
           + (f" ({', '.join(clock(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
+          + (f", {scaling} of them while added replicas start" if missed else "")
           + "\n")
     if report.get("interrupted"):
         w(f"interrupted after {report['interrupted']}\n")
@@ -11990,7 +12013,7 @@ def cmd_plan(args) -> int:
         raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
     if not (spec.rate_profile or spec.trace):
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
-    if spec.rate_profile:      # (said here: the reader's own message offers a --requests plan has not)
+    if spec.rate_profile and not args.no_verify:     # (said here: the reader's own offers a --requests plan has not)
         expected = spec.rate_profile.mean_rate(0, spec.rate_profile.end_s) * spec.rate_profile.end_s
         if expected > MAX_REQUESTS:
             raise UserError(f"rate profile {spec.rate_profile.name} sends about {expected:,.0f} requests, and plan "

@@ -30,7 +30,7 @@ from helpers import CODE, ROOT, START_COMPILED, compiled_main, main
 
 DOCUMENTS = ["README.md"] + [os.path.join("outputs", f) for f in sorted(os.listdir(os.path.join(ROOT, "outputs")))
                               if f.endswith(".md")]
-DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare", "search"}
+DETERMINISTIC = {"capacity", "simulate", "sweep", "presets", "explain", "compare", "search", "validate", "plan"}
 # Files a shown command writes (pictures, timelines): committed ones must be exactly what it writes.
 WRITTEN = re.compile(r"--(?:plot|timeline)\s+(\S+)")
 LEFT_OUT = "..."
@@ -94,7 +94,7 @@ def blocks(text):
 
 
 def progress_line(line):
-    return re.match(r"^(sweep|simulate|loadgen|search|confirm): ", line) is not None
+    return re.match(r"^(sweep|simulate|loadgen|search|confirm|plan|validate): ", line) is not None
 
 
 def fits(shown, printed):
