@@ -3868,10 +3868,11 @@ def engine_turned_caching_on(spec: RunSpec, given: Iterable[str]) -> bool:
         bool((spec.profile or ENGINES[spec.engine]).defaults(spec.hardware).get("prefix_caching"))
 
 
-def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = ()) -> None:
+def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = (), capped: bool = True) -> None:
     """Every rule that spans two settings, so the API refuses what the command line refuses.
     `given`: the settings the user named (else the engine's defaults are blamed where they apply),
-    `swept`: those of them a sweep or search gave several values (`given` holds their first)."""
+    `swept`: those of them a sweep or search gave several values (`given` holds their first);
+    `capped`: the command takes --requests, so a message may offer it."""
     default = RunSpec()
     if spec.engine and spec.engine not in ENGINES and not spec.profile:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
@@ -3909,7 +3910,7 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
         raise UserError(f"--trace-repeats {spec.trace_repeats:,} plays {len(spec.trace.rows):,} requests as "
                         f"{len(spec.trace.rows) * spec.trace_repeats:,}; servesim simulates up to {MAX_REQUESTS:,}: "
-                        f"lower it, or cap them with --requests")
+                        f"lower it" + (", or cap them with --requests" if capped else ""))
     if spec.turns > 1 and spec.trace:
         raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
     if spec.think_time and spec.turns == 1:
@@ -5253,12 +5254,18 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
 
 
 def trace_rate(spec: RunSpec) -> float:
-    """A trace's own mean arrival rate (requests/s over the span of its arrivals)."""
-    rows = spec.trace.rows[:spec.requests] if spec.requests else spec.trace.rows
+    """The mean arrival rate (requests/s over the span of their arrivals) of the requests a run of
+    the trace sends: its copies (--trace-repeats), up to --requests."""
+    rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)[:spec.requests or None]
     arrivals = [row[0] for row in rows]
     span = max(arrivals) - min(arrivals)
     if len(rows) < 2 or span <= 0:
-        raise UserError(f"trace {spec.trace.name}: its requests all arrive at once, so it has no rate to scale")
+        raise UserError(f"trace {spec.trace.name}: " + (
+            (f"its first {len(rows):,} requests (--requests {spec.requests}) arrive at once, so they have"
+             if len(rows) > 1 else "its first request alone (--requests 1) has")
+            + " no rate to scale: give a larger --requests, or drop it"
+            if spec.requests and len(rows) < len(spec.trace.rows) * spec.trace_repeats else
+            "its requests all arrive at once, so it has no rate to scale"))
     return (len(rows) - 1) / span
 
 
@@ -11177,8 +11184,10 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     bursts = [item for item in found if item.get("burst")]
     if bursts:
         burst = replace(probing, sustained=False)
-        first = len(spec.trace.rows) > spec.requests if spec.requests else False
-        once = f"the trace's first {spec.requests:,} requests (--requests)" if first else "the trace"
+        sent = len(spec.trace.rows) * spec.trace_repeats
+        first = bool(spec.requests) and sent > spec.requests
+        once = f"the first {spec.requests:,} requests (--requests)" if first else \
+            f"the trace x {spec.trace_repeats} (--trace-repeats)" if spec.trace_repeats > 1 else "the trace"
         lines += ["", f"{once} played once, as recorded (a burst):"]
         lines += search_table(axes, bursts, probe_columns(burst, True), probes=True, key="burst")
     for item in found:
@@ -11764,7 +11773,7 @@ def spec_from_args(args, base: Optional[RunSpec] = None, varies: Iterable[str] =
     spec = engine_defaults(replace(base or RunSpec(), **values), values)
     swept = {f.name for f in fields(RunSpec) if f.metadata and not f.metadata["nargs"]
              and isinstance(getattr(args, f.name, None), list) and len(getattr(args, f.name)) > 1}
-    check_spec(spec, values, swept | set(varies))
+    check_spec(spec, values, swept | set(varies), capped=hasattr(args, "requests"))     # (plan has no --requests)
     return spec
 
 
@@ -12106,6 +12115,8 @@ def cmd_search(args) -> int:
     probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
                       recheck=args.recheck or Probing.recheck)
     probing.check(spec)
+    if spec.trace and by == "rate" and target is None:
+        trace_rate(spec)          # a burst of --requests that arrive at once: said now, not after the search
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)

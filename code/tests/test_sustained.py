@@ -446,6 +446,28 @@ class SustainedSearch(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertAlmostEqual(main.json.loads(out)["p95_ttft_ms"], probe["p95_ttft_ms"], places=6)
 
+    def test_a_burst_of_requests_that_arrive_at_once_is_refused_before_the_search(self):
+        # helper-50: the first 5 rows of a conversation trace share one send time; the search ran its
+        # sustained probes, then died on the burst with a message that blamed the whole trace
+        for requests, said in (("5", "its first 5 requests (--requests 5) arrive at once"),
+                               ("1", "its first request alone (--requests 1) has no rate")):
+            code, out, err = call_cli("search", "--trace", main.os.path.join(main.os.path.dirname(BURST), "traces",
+                                      "mooncake_conversation_100.jsonl"), "--requests", requests,
+                                      "--slo", "ttft_p95:2000")
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertIn(said, err)
+            self.assertNotIn("search:", err)          # no probe ran
+
+    def test_the_burst_says_which_requests_it_plays(self):
+        # helper-50: with --trace-repeats 2 --requests 60 it said "the trace played once"
+        flags = ("search", "--hardware", "l4-24gb", "--trace", BURST, "--trace-repeats", "2", "--slo", "ttft_p95:2000",
+                 "--steady-requests", "200", "--recheck", "1", "--jobs", "1")
+        for extra, said in ((("--requests", "60"), "the first 60 requests (--requests), played once, meet the slo"),
+                            ((), "the trace x 2 (--trace-repeats), played once, meets the slo")):
+            code, out, err = call_cli(*flags, *extra)
+            self.assertEqual(code, 0, err)
+            self.assertIn(said, out)
+
     def test_a_probe_whose_window_falls_short_is_run_longer_and_reruns_so(self):
         # 60 req/s of 2,000-token outputs on an H100: the first request ends after most of the
         # usual probe's sends, so the window starts late; the probe is lengthened until it holds 200.
