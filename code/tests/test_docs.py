@@ -94,7 +94,8 @@ def blocks(text):
 
 
 def progress_line(line):
-    return re.match(r"^(sweep|simulate|loadgen|search|confirm|plan|validate): ", line) is not None
+    return re.match(r"^(sweep|simulate|loadgen|search|confirm|plan): |^validate: \d+ of \d+ runs replayed", line) \
+        is not None
 
 
 def fits(shown, printed):
