@@ -4486,7 +4486,7 @@ def mean_report(values: list):
     return first
 
 
-SPREAD_PERCENTILES_FROM = 11     # by nearest rank, fewer seeds' 10th and 90th percentiles are their min and max
+SPREAD_PERCENTILES_FROM = 11     # by nearest rank, below 11 seeds the 10th percentile is the min (below 10 the 90th the max)
 
 
 def seeded(runs: list[dict]) -> dict:
@@ -5259,7 +5259,8 @@ def trace_rate(spec: RunSpec) -> float:
     rows = repeated_rows(spec.trace.rows, spec.trace_repeats, spec.requests)[:spec.requests or None]
     arrivals = [row[0] for row in rows]
     span = max(arrivals) - min(arrivals)
-    if len(rows) < 2 or span <= 0:
+    own = [row[0] for row in spec.trace.rows[:len(rows)]]        # (copies are spaced apart whatever they hold)
+    if len(rows) < 2 or span <= 0 or max(own) == min(own):
         raise UserError(f"trace {spec.trace.name}: " + (
             (f"its first {len(rows):,} requests (--requests {spec.requests}) arrive at once, so they have"
              if len(rows) > 1 else "its first request alone (--requests 1) has")
@@ -5358,19 +5359,25 @@ class Probing:
     def probe(self, deployment: RunSpec, load: float, count: Optional[int] = None) -> RunSpec:
         if not self.sustained:
             return sweep_point(deployment, at_load(deployment, self.by, load))
-        # The whole trace's rate is scaled to the load (--requests counts only a burst's requests),
-        # and the whole trace is played at least once: its first rows alone offer their own rate.
-        spec = sweep_point(deployment, at_load(replace(deployment, requests=None), self.by, load))
-        return self.sized(spec, max(count or self.requests(deployment), len(spec.trace.rows) if spec.trace else 0))
+        count = count or self.requests(deployment)
+        if deployment.trace and len(deployment.trace.rows) <= MAX_PROBE_GROWTH * self.requests(deployment):
+            count = max(count, len(deployment.trace.rows))      # the whole of a trace, at least once
+        return self.sized(deployment, count, load)
 
-    @staticmethod
-    def sized(spec: RunSpec, count: int) -> RunSpec:
-        """The run with `count` requests: a trace repeated end to end as often as they take."""
+    def sized(self, spec: RunSpec, count: int, load: float) -> RunSpec:
+        """The run of `count` requests at `load`: a trace repeated end to end as often as they
+        take, at its own rate scaled to the load (--requests counts only a burst's requests), or
+        a trace too long to play whole, its first `count` rows, at their own rate scaled so (the
+        whole trace's rate would have them offer another load than the probe's)."""
+        spec = replace(spec, requests=count)
         if spec.trace:
-            return replace(spec, trace_repeats=-(-count // len(spec.trace.rows)), requests=count)
-        return replace(spec, requests=count)
+            rows = len(spec.trace.rows)
+            spec = replace(spec, trace_repeats=-(-count // rows))
+            return sweep_point(spec, at_load(replace(spec, requests=count if count < rows else None, trace_repeats=1),
+                                             self.by, load))
+        return sweep_point(spec, at_load(spec, self.by, load))
 
-    def longer(self, probe: RunSpec, result: dict) -> Optional[RunSpec]:
+    def longer(self, probe: RunSpec, result: dict, load: float) -> Optional[RunSpec]:
         """The probe again with more requests, when its steady window held fewer than
         steady_requests; None when it held enough (or it is a burst, or a closed loop, whose
         window starts at the skip). The window starts at the first request's end, so the requests
@@ -5392,7 +5399,7 @@ class Probing:
             count = max(count, math.ceil(probe.requests * (1 + (needs - lasted) / lasted)))
         if count > MAX_PROBE_GROWTH * self.requests(probe) or count > MAX_REQUESTS:
             return None
-        return self.sized(probe, count)
+        return self.sized(probe, count, load)
 
     def start(self, deployment: RunSpec) -> float:
         """Where the search starts: a guess at the capacity from the cost model alone, so that the
@@ -5561,7 +5568,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                 probe = how.probe(deployment, load, count)
                 runs = [run(probe, stop_on=how.stop_on())]
                 for _ in range(MAX_LENGTHENINGS):
-                    longer = how.longer(probe, runs[0])
+                    longer = how.longer(probe, runs[0], load)
                     if longer is None:
                         break
                     probe = longer
@@ -5750,32 +5757,57 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
     return [(a, b, counts[i] / (b - a)) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
 
 
+def window_trace(spec: RunSpec, start: float, end: float) -> RunSpec:
+    """The deployment a window of a trace is probed on: the trace cut to the requests sent in
+    the window (from 0), so a probe plays that window's own requests, not the day's peaks scaled
+    to its mean; the whole trace where a cut cannot stand alone (conversations, whose later turns
+    point at earlier rows, or fewer than two send times)."""
+    trace = spec.trace
+    if not trace or trace.parents:
+        return spec
+    kept = [i for i, row in enumerate(trace.rows) if start <= row[0] * spec.time_scale < end]
+    if len({trace.rows[i][0] for i in kept}) < 2:
+        return spec
+    first = trace.rows[kept[0]][0]
+    rows = tuple((trace.rows[i][0] - first, *trace.rows[i][1:]) for i in kept)
+    reasoning = tuple(trace.reasoning[i] for i in kept) if trace.reasoning else ()
+    return replace(spec, trace=replace(trace, name=f"{trace.name} {start:g}-{end:g} s", rows=rows, reasoning=reasoning,
+                                       notes=()))
+
+
 def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scaling, cache: dict,
-                    guess: int) -> tuple[int, Optional[dict]]:
+                    guess: int, below_guess: bool = False) -> tuple[int, Optional[dict]]:
     """The replicas for `load`: `guess` (the load over what one replica sustains), or more until
     their sustained probe meets the SLO, and that probe; (max + 1, None) if even max misses. Not
     fewer than the guess: replicas behind a router pool their queues, so a short probe of fewer
-    can pass where the load, held for a window, would outgrow them."""
+    can pass where the load, held for a window, would outgrow them. Fewer where `below_guess`
+    (a window of a trace: the guess is of the whole trace, bursts and all, and a window's own
+    requests may come more evenly), while the fewer still pass."""
     if load <= 0:
         return scaling.min_replicas, None
 
     def passes(n: int) -> Optional[dict]:
-        if (n, load) not in cache:
+        key = (spec.trace.name if spec.trace else None, n, load)     # a window's own trace, or none
+        if key not in cache:
             found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
             probe = (found.get("probes") or [None])[-1]
             if probe and probe.get("alone"):     # no replica count makes a lone request faster
-                counted = "served" in ((probe.get("steady_state") or {}).get("overloaded_on") or [])
+                # (A bound missed with every request alone is no count's noise, whatever else missed.)
+                counted = "served" in ((probe.get("steady_state") or {}).get("overloaded_on") or []) and \
+                    all(miss.startswith("overloaded") for miss in probe["misses"])
                 raise CapacityError(
                     f"at {load:g} req/s on {n} replica{'s' * (n != 1)} the probe's requests each ran alone and still "
                     f"miss ({probe['misses'][0]}); more replicas cannot help: " +
                     (f"with nothing shared or queued that shortfall is the noise of counting a short window's ends: "
                      f"raise --steady-requests (now {probing.steady_requests:,})" if counted else
                      "the window's requests need a faster deployment or shorter requests"))
-            cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
-        return cache[(n, load)]
+            cache[key] = found["best"] if not found.get("does_not_fit") else None
+        return cache[key]
 
     n = min(max(guess, scaling.min_replicas), scaling.max_replicas)
     if passes(n):
+        while below_guess and n > scaling.min_replicas and passes(n - 1):
+            n -= 1
         return n, passes(n)
     while n < scaling.max_replicas:
         n += 1
@@ -5837,7 +5869,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         for i, (start, end, load) in enumerate(windows):
             key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
             guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
-            need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
+            here = window_trace(deployment, start, end)
+            need, probe = replicas_needed(here, key, probing, scaling, cache, guess, below_guess=here is not deployment)
             rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
                          if probe else None, "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
@@ -5945,12 +5978,15 @@ def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[
         inside = [(start, asked_at(steps, start))] + [(at, n) for at, n in steps if start < at < end]
         edges = [at for at, _ in inside[1:]] + [end]
         paid = sum(n * (stop - at) for (at, n), stop in zip(inside, edges))
-        # Short of replicas asked for by its start until the last of them serves (a start-up
-        # longer than the window leaves all of it short; replicas asked for inside it are the
-        # next window's, asked ahead).
-        ready = max((at_ready for asked, at_ready, leave in spans if asked <= start < at_ready and leave > start),
-                    default=start)
-        row.update(asked=max(n for _, n in inside), short_s=min(ready, end) - start, serves_after_s=ready - start,
+        # Short until as many replicas serve as it needs: a start-up longer than the window leaves
+        # all of it short, and replicas asked for ahead of a later window do not make it short.
+        # (Never, where they are let go before they serve: a scale-down sooner than a start-up.)
+        need = min(row["needs"], scaling.max_replicas)
+        serving = lambda t: sum(ready <= t < leave for _, ready, leave in spans)
+        ready = next((t for t in sorted({start, *(r for _, r, _ in spans if r > start)}) if serving(t) >= need),
+                     math.inf)
+        row.update(asked=max(n for _, n in inside), short_s=round(min(ready, end) - start, 6),
+                   serves_after_s=round(ready - start, 6) if ready < math.inf else None,
                    usd=paid * price / 3600 if price else None)
     return schedule
 
@@ -7109,10 +7145,11 @@ TRACE_LINE_BYTES = 1 << 20
 MAX_HASH_IDS = 65_536        # a row's hash_ids: 1M tokens at Bailian's 16 a block, 33M at Mooncake's 512
 
 
-def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Trace:
+def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by_requests: bool = True) -> Trace:
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
     content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
-    only the first that many requests are read: a big trace is read a line at a time, never whole."""
+    only the first that many requests are read: a big trace is read a line at a time, never whole.
+    `cut_by_requests`: the command reads a trace's first --requests N, so a message may offer it."""
     data = head = pipe = None
     notes: Counter = Counter()     # what the reader left out or changed: message -> how many times
     try:
@@ -7134,8 +7171,8 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None) -> Tra
     if not rows:
         raise UserError(f"trace {path}: no requests in it")
     if len(rows) > MAX_REQUESTS:
-        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS}) "
-                        f"or read its first --requests N")
+        raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})"
+                        + (" or read its first --requests N" if cut_by_requests else ""))
     if fmt in ("azure", "vllm-bench"):          # wall-clock times: count from the first request
         first = min(row[0] for row in rows)
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
@@ -10840,11 +10877,14 @@ def print_plan(report: dict, title: str, w) -> None:
         notes = []
         if r["raised"]:
             notes.append(f"+{r['raised']} after simulating the period")
-        if r["short_s"]:
+        if r["short_s"] and r["serves_after_s"] is None:
+            notes.append("the added replicas are let go before they serve (--scale-down-after is shorter than "
+                         "their start-up)")
+        elif r["short_s"]:
             notes.append(f"the added replicas serve after {r['serves_after_s']:,.0f} s"
                          + (", after the window" if r["serves_after_s"] >= r["end_s"] - r["start_s"] else ""))
         notes += [f"asks {step['replicas']} from {clock(step['time_s'])}" for step in report["schedule"]
-                  if r["start_s"] < step["time_s"] < r["end_s"]]        # a scale-down that waited into it
+                  if r["start_s"] < step["time_s"] < r["end_s"]]   # a scale-down that waited, a scale-up --ahead
         simulated = r.get("simulated")
         if simulated and simulated["misses"]:
             notes.append("simulated: " + simulated["misses"][0])
@@ -11717,8 +11757,8 @@ def read_setting(args, f):
     if f.name == "trace" and value:
         # Read whole for search: its sustained probes repeat the whole trace (only the burst it
         # plays once stops at --requests), as the simulate it prints to rerun one reads it.
-        limit = getattr(args, "requests", None) if getattr(args, "command", None) != "search" else None
-        trace = read_trace(value, args.trace_format, limit)
+        cut = hasattr(args, "requests") and getattr(args, "command", None) != "search"    # (plan has no --requests)
+        trace = read_trace(value, args.trace_format, args.requests if cut else None, cut_by_requests=cut)
         for note in trace.notes:
             sys.stderr.write(f"servesim: trace {trace.name} ({trace.format}): {note}\n")
         return trace
@@ -12056,7 +12096,7 @@ def cmd_plan(args) -> int:
         write_json(report)
     elif args.csv:
         # A row at each window's start, and one (with the time and replicas only) at each step
-        # inside a window, a scale-down that waited into it: those two columns are the schedule
+        # inside a window (a scale-down that waited, a scale-up --ahead): those two columns are the schedule
         # simulate --replica-schedule replays.
         steps = [(s["time_s"], s["replicas"]) for s in report["schedule"]]
         rows = []

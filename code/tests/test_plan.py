@@ -324,20 +324,54 @@ class Plans(unittest.TestCase):
             profile = write(tmp, "p.csv", "time_s,rate\n0,0.5\n60,1.5\n120,0.4\n180,0.4\n240,1.2\n300,0.3\n")
             flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "1500",
                      "--output-tokens", "300", "--slo", "ttft_p95:2000", "--window", "60", "--steady-requests",
-                     "100", "--recheck", "1", "--scale-down-after", "30", "--scale-up-delay", "100")
+                     "100", "--recheck", "1", "--scale-up-delay", "100")
             code, out, err = call_cli(*flags, "--json")
+            self.assertIn(code, (0, 1), err)
             report = __import__("json").loads(out)
-            rows, steps = report["windows"], report["schedule"]
-            rise = next(r for r in rows if r["start_s"] == 60.0)
-            self.assertEqual((rise["short_s"], rise["serves_after_s"]), (60.0, 100.0))
-            later = next(r for r in rows if r["start_s"] == 120.0)
-            self.assertEqual(later["short_s"], 40.0)            # the replicas asked at 60 serve at 160
+            rows = {r["start_s"]: r for r in report["windows"]}
+            self.assertEqual((rows[60.0]["short_s"], rows[60.0]["serves_after_s"]), (60.0, 100.0))
+            self.assertEqual(rows[120.0]["short_s"], 40.0)            # the replicas asked at 60 serve at 160
             self.assertIn(60.0, report["verified"]["of_them_scaling_up"])
-            for r in rows:                   # every need is one the schedule asks for, and was simulated
-                self.assertLessEqual(r["needs"], max(s["replicas"] for s in steps if s["time_s"] < r["end_s"]))
+            for r in rows.values():           # every need is asked for, so it was simulated
+                self.assertLessEqual(r["needs"], r["asked"])
             code, out, err = call_cli(*flags)
             self.assertIn("the added replicas serve after 100 s, after the window", out)
-            self.assertRegex(out, r"miss the slo \(00:01:00, [^)]*\), \d+ of them while added replicas start")
+            self.assertRegex(out, r"miss the slo \(00:01, [^)]*\), \d+ of them while added replicas start")
+            # Let go 30 s after the need falls, before their 100 s start-up ends: they never serve.
+            code, out, err = call_cli(*flags, "--scale-down-after", "30", "--json")
+            rise = next(r for r in __import__("json").loads(out)["windows"] if r["start_s"] == 60.0)
+            self.assertEqual((rise["short_s"], rise["serves_after_s"]), (60.0, None))
+            # Asked for 200 s ahead: the windows before the rise need nothing more and are not short.
+            quiet = write(tmp, "q.csv", "time_s,rate\n0,0.3\n60,0.3\n120,0.3\n180,0.3\n240,1.5\n300,0.3\n")
+            code, out, err = call_cli(*(quiet if f == profile else f for f in flags[:-1]), "200", "--ahead",
+                                      "--no-verify", "--json")
+            rows = __import__("json").loads(out)["windows"]
+            self.assertGreater(rows[0]["asked"], rows[0]["needs"])      # asked for the rise at 40 s
+            self.assertEqual([r["short_s"] for r in rows], [0.0] * len(rows))
+
+    def test_a_window_of_a_trace_is_probed_on_its_own_requests(self):
+        # helper-51: each window's probe played the whole trace, its peaks scaled to the window's mean:
+        # 0.3 req/s for 20 minutes then 1.5 asked 2, 2, 9 replicas where the same loads as a profile ask 1, 1, 4.
+        rows = tuple((i / 0.3, 100, 10, ()) for i in range(360)) + \
+            tuple((1200 + i / 1.5, 200, 20, ()) for i in range(900))
+        trace = main.Trace("day", rows)
+        spec = main.RunSpec(trace=trace, time_scale=2.0)
+        cut = main.window_trace(spec, 2400.0, 3600.0)          # its arrivals x 2: the 1.5 req/s part
+        self.assertEqual(len(cut.trace.rows), 900)
+        self.assertEqual(cut.trace.rows[0], (0.0, 200, 20, ()))
+        self.assertEqual(main.window_trace(spec, 0.0, 2400.0).trace.rows, rows[:360])
+        self.assertIs(main.window_trace(spec, 100000.0, 100600.0), spec)                   # nothing in it
+        sessions = main.replace(trace, parents=(-1,) * len(rows), delays=(None,) * len(rows))
+        self.assertIs(main.window_trace(main.replace(spec, trace=sessions), 0.0, 600.0).trace, sessions)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(tmp, "day.jsonl", "".join(
+                f'{{"arrival": {t:.3f}, "prompt_tokens": 1500, "output_tokens": 300}}\n'
+                for t in [i / 0.3 for i in range(360)] + [1200 + i / 1.5 for i in range(900)]))
+            code, out, err = call_cli("plan", "--trace", path, "--hardware", "l4-24gb", "--slo", "ttft_p95:2000",
+                                      "--window", "600", "--steady-requests", "100", "--recheck", "1", "--no-verify",
+                                      "--json")
+        self.assertEqual(code, 0, err)
+        self.assertEqual([r["needs"] for r in __import__("json").loads(out)["windows"]][:2], [1, 1])
 
     def test_a_profile_stretched_by_time_scale_is_planned_at_its_stretched_load(self):
         # helper-50: --time-scale with --rate-profile was refused ("without either use --rate")

@@ -457,6 +457,10 @@ class SustainedSearch(unittest.TestCase):
             self.assertEqual((code, out), (2, ""), err)
             self.assertIn(said, err)
             self.assertNotIn("search:", err)          # no probe ran
+        # helper-51: copies of a trace sent all at once are spaced apart, which gave it a rate to scale
+        once = main.Trace("once", tuple((0.0, 10, 5, ()) for _ in range(5)))
+        with self.assertRaises(main.UserError):
+            main.trace_rate(main.RunSpec(trace=once, trace_repeats=2))
 
     def test_the_burst_says_which_requests_it_plays(self):
         # helper-50: with --trace-repeats 2 --requests 60 it said "the trace played once"
