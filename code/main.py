@@ -5757,37 +5757,17 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
     return [(a, b, counts[i] / (b - a)) for i, (a, b) in enumerate(zip(edges, edges[1:]))]
 
 
-def window_trace(spec: RunSpec, start: float, end: float) -> RunSpec:
-    """The deployment a window of a trace is probed on: the trace cut to the requests sent in
-    the window (from 0), so a probe plays that window's own requests, not the day's peaks scaled
-    to its mean; the whole trace where a cut cannot stand alone (conversations, whose later turns
-    point at earlier rows, or fewer than two send times)."""
-    trace = spec.trace
-    if not trace or trace.parents:
-        return spec
-    kept = [i for i, row in enumerate(trace.rows) if start <= row[0] * spec.time_scale < end]
-    if len({trace.rows[i][0] for i in kept}) < 2:
-        return spec
-    first = trace.rows[kept[0]][0]
-    rows = tuple((trace.rows[i][0] - first, *trace.rows[i][1:]) for i in kept)
-    reasoning = tuple(trace.reasoning[i] for i in kept) if trace.reasoning else ()
-    return replace(spec, trace=replace(trace, name=f"{trace.name} {start:g}-{end:g} s", rows=rows, reasoning=reasoning,
-                                       notes=()))
-
-
 def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scaling, cache: dict,
-                    guess: int, below_guess: bool = False) -> tuple[int, Optional[dict]]:
+                    guess: int) -> tuple[int, Optional[dict]]:
     """The replicas for `load`: `guess` (the load over what one replica sustains), or more until
     their sustained probe meets the SLO, and that probe; (max + 1, None) if even max misses. Not
     fewer than the guess: replicas behind a router pool their queues, so a short probe of fewer
-    can pass where the load, held for a window, would outgrow them. Fewer where `below_guess`
-    (a window of a trace: the guess is of the whole trace, bursts and all, and a window's own
-    requests may come more evenly), while the fewer still pass."""
+    can pass where the load, held for a window, would outgrow them."""
     if load <= 0:
         return scaling.min_replicas, None
 
     def passes(n: int) -> Optional[dict]:
-        key = (spec.trace.name if spec.trace else None, n, load)     # a window's own trace, or none
+        key = (n, load)
         if key not in cache:
             found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
             probe = (found.get("probes") or [None])[-1]
@@ -5806,8 +5786,6 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
 
     n = min(max(guess, scaling.min_replicas), scaling.max_replicas)
     if passes(n):
-        while below_guess and n > scaling.min_replicas and passes(n - 1):
-            n -= 1
         return n, passes(n)
     while n < scaling.max_replicas:
         n += 1
@@ -5869,8 +5847,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         for i, (start, end, load) in enumerate(windows):
             key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
             guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
-            here = window_trace(deployment, start, end)
-            need, probe = replicas_needed(here, key, probing, scaling, cache, guess, below_guess=here is not deployment)
+            need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
             rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
                          if probe else None, "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
@@ -10878,8 +10855,8 @@ def print_plan(report: dict, title: str, w) -> None:
         if r["raised"]:
             notes.append(f"+{r['raised']} after simulating the period")
         if r["short_s"] and r["serves_after_s"] is None:
-            notes.append("the added replicas are let go before they serve (--scale-down-after is shorter than "
-                         "their start-up)")
+            notes.append("not all the replicas it needs ever serve: one is let go before its start-up ends "
+                         "(--scale-down-after is shorter than the start-up)")
         elif r["short_s"]:
             notes.append(f"the added replicas serve after {r['serves_after_s']:,.0f} s"
                          + (", after the window" if r["serves_after_s"] >= r["end_s"] - r["start_s"] else ""))
@@ -10896,7 +10873,7 @@ def print_plan(report: dict, title: str, w) -> None:
     digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
     w(f"schedule    {totals['least']} to {totals['most']} replicas (mean {totals['mean_replicas']:.2f}) over "
       f"{hours:,.3g} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
-    w(f"peak fleet  {totals['peak_fleet']} replicas all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
+    w(f"peak fleet  {totals['peak_fleet']} replica{'s' * (totals['peak_fleet'] != 1)} all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
     if report.get("interrupted"):
@@ -11082,7 +11059,7 @@ def load_text(load: float) -> str:
 
 def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[dict], str]]]:
     load = ("rate" if probing.by == "rate" else "clients", lambda r: load_text(r["load"]))
-    columns = [load] + ([("time scale", lambda r: f"{r['config']['time_scale']:.4g}")]
+    columns = [load] + ([("time scale", lambda r: f"{r['config'].get('time_scale', 1.0):.4g}")]
                         if trace and probing.by == "rate" else [])
     columns += [(name.replace("_", " "), lambda r, name=name, key=key, bound=bound:
                  number(probing.figures(r)[key]) if not r.get("stopped") else

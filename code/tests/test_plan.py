@@ -349,30 +349,6 @@ class Plans(unittest.TestCase):
             self.assertGreater(rows[0]["asked"], rows[0]["needs"])      # asked for the rise at 40 s
             self.assertEqual([r["short_s"] for r in rows], [0.0] * len(rows))
 
-    def test_a_window_of_a_trace_is_probed_on_its_own_requests(self):
-        # helper-51: each window's probe played the whole trace, its peaks scaled to the window's mean:
-        # 0.3 req/s for 20 minutes then 1.5 asked 2, 2, 9 replicas where the same loads as a profile ask 1, 1, 4.
-        rows = tuple((i / 0.3, 100, 10, ()) for i in range(360)) + \
-            tuple((1200 + i / 1.5, 200, 20, ()) for i in range(900))
-        trace = main.Trace("day", rows)
-        spec = main.RunSpec(trace=trace, time_scale=2.0)
-        cut = main.window_trace(spec, 2400.0, 3600.0)          # its arrivals x 2: the 1.5 req/s part
-        self.assertEqual(len(cut.trace.rows), 900)
-        self.assertEqual(cut.trace.rows[0], (0.0, 200, 20, ()))
-        self.assertEqual(main.window_trace(spec, 0.0, 2400.0).trace.rows, rows[:360])
-        self.assertIs(main.window_trace(spec, 100000.0, 100600.0), spec)                   # nothing in it
-        sessions = main.replace(trace, parents=(-1,) * len(rows), delays=(None,) * len(rows))
-        self.assertIs(main.window_trace(main.replace(spec, trace=sessions), 0.0, 600.0).trace, sessions)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = write(tmp, "day.jsonl", "".join(
-                f'{{"arrival": {t:.3f}, "prompt_tokens": 1500, "output_tokens": 300}}\n'
-                for t in [i / 0.3 for i in range(360)] + [1200 + i / 1.5 for i in range(900)]))
-            code, out, err = call_cli("plan", "--trace", path, "--hardware", "l4-24gb", "--slo", "ttft_p95:2000",
-                                      "--window", "600", "--steady-requests", "100", "--recheck", "1", "--no-verify",
-                                      "--json")
-        self.assertEqual(code, 0, err)
-        self.assertEqual([r["needs"] for r in __import__("json").loads(out)["windows"]][:2], [1, 1])
-
     def test_a_profile_stretched_by_time_scale_is_planned_at_its_stretched_load(self):
         # helper-50: --time-scale with --rate-profile was refused ("without either use --rate")
         with tempfile.TemporaryDirectory() as tmp:

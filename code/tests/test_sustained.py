@@ -3,6 +3,7 @@ the growth of its wait, and the verdict; search's highest load is the highest su
 import json
 import os
 import signal
+import tempfile
 import time
 import unittest
 from unittest import mock
@@ -461,6 +462,19 @@ class SustainedSearch(unittest.TestCase):
         once = main.Trace("once", tuple((0.0, 10, 5, ()) for _ in range(5)))
         with self.assertRaises(main.UserError):
             main.trace_rate(main.RunSpec(trace=once, trace_repeats=2))
+
+    def test_a_trace_ranked_at_its_own_rate_has_a_time_scale_of_1(self):
+        # helper-52: --rate equal to the trace's own rate left time_scale out of the run's config, and
+        # the table's column raised KeyError
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.jsonl")
+            with open(path, "w") as f:
+                f.writelines(f'{{"arrival": {i * 0.2:.1f}, "prompt_tokens": 200, "output_tokens": 20}}\n'
+                             for i in range(200))
+            code, out, err = call_cli("search", "--trace", path, "--slo", "ttft_p95:2000", "--steady-requests", "100",
+                                      "--recheck", "1", "--jobs", "1", "--rate", "5")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"(?m)^ +1 +1 +[\d.]+ +200 ")
 
     def test_the_burst_says_which_requests_it_plays(self):
         # helper-50: with --trace-repeats 2 --requests 60 it said "the trace played once"
