@@ -476,6 +476,22 @@ class SustainedSearch(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertRegex(out, r"(?m)^ +1 +1 +[\d.]+ +200 ")
 
+    def test_a_trace_too_long_to_play_whole_offers_the_load_its_probe_is_labelled_with(self):
+        # helper-50: a probe of a trace's first rows, timed at the whole trace's rate, offered 2.69
+        # req/s under a 4.4 req/s label. Here the first 1,000 rows come 1 a second, the rest 5.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "long.jsonl")
+            with open(path, "w") as f:
+                f.writelines(f'{{"arrival": {t:.2f}, "prompt_tokens": 200, "output_tokens": 20}}\n'
+                             for t in [i * 1.0 for i in range(1000)] + [1000 + i * 0.2 for i in range(2000)])
+            code, out, err = call_cli("search", "--trace", path, "--slo", "ttft_p95:2000", "--steady-requests", "100",
+                                      "--recheck", "1", "--jobs", "1", "--json")
+        self.assertEqual(code, 0, err)
+        for probe in json.loads(out)["deployments"][0]["probes"]:
+            if probe["steady_state"].get("sustained"):
+                self.assertAlmostEqual(probe["steady_state"]["offered_rate"] / probe["load"], 1, delta=0.15)
+                self.assertLess(probe["probe_requests"], 3000)          # its first rows, not the whole trace
+
     def test_the_burst_says_which_requests_it_plays(self):
         # helper-50: with --trace-repeats 2 --requests 60 it said "the trace played once"
         flags = ("search", "--hardware", "l4-24gb", "--trace", BURST, "--trace-repeats", "2", "--slo", "ttft_p95:2000",
