@@ -12066,9 +12066,11 @@ def cmd_plan(args) -> int:
     hold_signals()           # the plan is written whole, whatever arrives now
     where = f"{spec.hardware.name}" + (f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else "")
     load = f"rate profile {spec.rate_profile.name}" if spec.rate_profile else f"trace {spec.trace.name}"
-    title = (f"plan {spec.model.name} on {where}  {load} in {len(report['windows'])} "
-             f"window{'s' * (len(report['windows']) != 1)} of "
-             f"{args.window / 60:g} min  slo {slo.text()}")
+    rows = report["windows"]
+    # One window of a period shorter than --window is as long as the period.
+    length = rows[0]["end_s"] - rows[0]["start_s"] if len(rows) == 1 else args.window
+    title = (f"plan {spec.model.name} on {where}  {load} in {len(rows)} window{'s' * (len(rows) != 1)} of "
+             + (f"{length / 60:g} min" if length % 60 == 0 else f"{length:,.4g} s") + f"  slo {slo.text()}")
     if args.json:
         write_json(report)
     elif args.csv:

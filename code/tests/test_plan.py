@@ -155,6 +155,7 @@ class Plans(unittest.TestCase):
             code, out, err = call_cli("plan", "--rate-profile", path, "--slo", "ttft_p95:500", "--window", "30",
                                       "--steady-requests", "100", "--recheck", "1", "--no-verify")
         self.assertEqual(code, 0, err)
+        self.assertIn(" in 2 windows of 30 s ", out)          # helper-52: "of 0.5 min"
         self.assertRegex(out, r"(?m)^00:00:00-00:00:30 ")
         self.assertRegex(out, r"(?m)^00:00:30-00:01:00 ")
         self.assertRegex(out, r"schedule .*: 0\.017 GPU-hours, \$0\.07")
@@ -170,6 +171,13 @@ class Plans(unittest.TestCase):
         trace = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(10)))
         windows = main.plan_windows(main.RunSpec(trace=trace), 900.0)
         self.assertEqual(windows, [(0.0, 10.0, 1.0)])
+        with tempfile.TemporaryDirectory() as tmp:          # titled with its own length, not --window's
+            path = write(tmp, "t.jsonl", "".join(f'{{"arrival": {i}, "prompt_tokens": 100, "output_tokens": 10}}\n'
+                                                 for i in range(10)))
+            code, out, err = call_cli("plan", "--trace", path, "--slo", "ttft_p95:2000", "--steady-requests", "100",
+                                      "--recheck", "1", "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertIn(" in 1 window of 10 s ", out)
         # A last window the trace covers in part is counted over the part it covers.
         long = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(1000)))
         windows = main.plan_windows(main.RunSpec(trace=long), 600.0)
