@@ -3475,6 +3475,11 @@ class RateProfile:
                     for (begin, rate), stop in zip(self.windows, bounds))
         return total / (end - start)
 
+    def expected_requests(self) -> float:
+        """About how many requests the whole profile sends (a --time-scale stretches its windows
+        and slows its rates alike: the count stays)."""
+        return self.mean_rate(0, self.end_s) * self.end_s
+
 
 @dataclass(frozen=True)
 class ReplicaSchedule:
@@ -3487,6 +3492,13 @@ class ReplicaSchedule:
     @property
     def most(self) -> int:
         return max(n for _, n in self.steps)
+
+    def serving(self, delay: float) -> tuple[Callable[[float], int], list[float]]:
+        """How many replicas serve at a time t (asked for, loaded, not yet let go), and the times
+        that count can change."""
+        spans = [span for replica in self.spans(delay) for span in replica]
+        return (lambda t: sum(ready <= t < leave for _, ready, leave in spans),
+                sorted({t for _, ready, leave in spans for t in (ready, leave) if t < math.inf}))
 
     def spans(self, delay: float) -> list[list[tuple[float, float, float]]]:
         """Each replica's (asked, ready, leave) spans; leave is inf if it is never let go."""
@@ -4241,7 +4253,7 @@ def profile_sends(profile: RateProfile, time_scale: float, seed: int, burstiness
     if end > MAX_ARRIVAL_S:
         raise UserError(f"rate profile {p.name} at time scale {x:g} spans {end / 86400:,.0f} days; servesim "
                         f"simulates up to a year")
-    expected = p.mean_rate(0, p.end_s) * p.end_s
+    expected = p.expected_requests()
     if not limit and expected > MAX_REQUESTS:
         raise UserError(f"rate profile {p.name} sends about {expected:,.0f} requests; servesim simulates up to "
                         f"{MAX_REQUESTS:,}: cap them with --requests, or lower its rates")
@@ -5261,12 +5273,11 @@ def trace_rate(spec: RunSpec) -> float:
     span = max(arrivals) - min(arrivals)
     own = [row[0] for row in spec.trace.rows[:len(rows)]]        # (copies are spaced apart whatever they hold)
     if len(rows) < 2 or span <= 0 or max(own) == min(own):
-        raise UserError(f"trace {spec.trace.name}: " + (
-            (f"its first {len(rows):,} requests (--requests {spec.requests}) arrive at once, so they have"
-             if len(rows) > 1 else "its first request alone (--requests 1) has")
-            + " no rate to scale: give a larger --requests, or drop it"
-            if spec.requests and len(rows) < len(spec.trace.rows) * spec.trace_repeats else
-            "its requests all arrive at once, so it has no rate to scale"))
+        if spec.requests and len(rows) < len(spec.trace.rows) * spec.trace_repeats:      # cut short by --requests
+            which = f"its first {len(rows):,} requests (--requests {spec.requests}) arrive at once, so they have" \
+                if len(rows) > 1 else "its first request alone (--requests 1) has"
+            raise UserError(f"trace {spec.trace.name}: {which} no rate to scale: give a larger --requests, or drop it")
+        raise UserError(f"trace {spec.trace.name}: its requests all arrive at once, so it has no rate to scale")
     return (len(rows) - 1) / span
 
 
@@ -5767,8 +5778,7 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
         return scaling.min_replicas, None
 
     def passes(n: int) -> Optional[dict]:
-        key = (n, load)
-        if key not in cache:
+        if (n, load) not in cache:
             found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
             probe = (found.get("probes") or [None])[-1]
             if probe and probe.get("alone"):     # no replica count makes a lone request faster
@@ -5781,8 +5791,8 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
                     (f"with nothing shared or queued that shortfall is the noise of counting a short window's ends: "
                      f"raise --steady-requests (now {probing.steady_requests:,})" if counted else
                      "the window's requests need a faster deployment or shorter requests"))
-            cache[key] = found["best"] if not found.get("does_not_fit") else None
-        return cache[key]
+            cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
+        return cache[(n, load)]
 
     n = min(max(guess, scaling.min_replicas), scaling.max_replicas)
     if passes(n):
@@ -5949,7 +5959,7 @@ def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[
     steps = autoscaled([min(r["needs"], scaling.max_replicas) for r in rows], windows, scaling,
                        delay if scaling.ahead else 0.0)
     schedule = ReplicaSchedule("plan", tuple(steps))
-    spans = [span for replica in schedule.spans(delay) for span in replica]
+    serving, changes = schedule.serving(delay)
     for row in rows:
         start, end = row["start_s"], row["end_s"]
         inside = [(start, asked_at(steps, start))] + [(at, n) for at, n in steps if start < at < end]
@@ -5959,9 +5969,7 @@ def scheduled(rows: list[dict], scaling: Scaling, delay: float, price: Optional[
         # all of it short, and replicas asked for ahead of a later window do not make it short.
         # (Never, where they are let go before they serve: a scale-down sooner than a start-up.)
         need = min(row["needs"], scaling.max_replicas)
-        serving = lambda t: sum(ready <= t < leave for _, ready, leave in spans)
-        ready = next((t for t in sorted({start, *(r for _, r, _ in spans if r > start)}) if serving(t) >= need),
-                     math.inf)
+        ready = next((t for t in [start, *(t for t in changes if t > start)] if serving(t) >= need), math.inf)
         row.update(asked=max(n for _, n in inside), short_s=round(min(ready, end) - start, 6),
                    serves_after_s=round(ready - start, 6) if ready < math.inf else None,
                    usd=paid * price / 3600 if price else None)
@@ -9597,7 +9605,8 @@ def validation_summary(results: list[dict]) -> dict:
                              (("throughput", "output_throughput"), ("tpot", "mean_tpot_ms"), ("ttft", "mean_ttft_ms"))}
     return {"medians": medians, "within_bound": len(within), "runs": len(results), "verdicts_judged": len(judged),
             "verdicts_wrong": wrong, "verdicts_by_construction": closed,
-            "verdicts": dict(Counter("sustained" if r["sustained"]["measured"] else "overloaded" for r in judged)), "by_source": by_source, "without_inferred": strict}
+            "verdicts": dict(Counter("sustained" if r["sustained"]["measured"] else "overloaded" for r in judged)),
+            "by_source": by_source, "without_inferred": strict}
 
 
 # What loadgen --simulate takes about the server beside the run's own shape: the engine it runs.
@@ -11540,9 +11549,7 @@ def plan_svg(report: dict, title: str) -> str:
         edges = sorted({t for t in times if t < end})
         return [(hours(t), level(a)) for a, b in zip(edges, edges[1:] + [end]) for t in (a, b)]
     replicas.add("asked for", stairs(functools.partial(asked_at, steps.steps), (at for at, _ in steps.steps)))
-    spans = [span for replica in steps.spans(report["scale_up_delay_s"]) for span in replica]
-    replicas.add("serving", stairs(lambda t: sum(ready <= t < leave for _, ready, leave in spans),
-                                   (t for _, ready, leave in spans for t in (ready, leave))), "dashed")
+    replicas.add("serving", stairs(*steps.serving(report["scale_up_delay_s"])), "dashed")
     return svg_figure(title, [load, replicas], columns=1, width=760, height=300)
 
 
@@ -12040,7 +12047,7 @@ def cmd_plan(args) -> int:
     if not (spec.rate_profile or spec.trace):
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
     if spec.rate_profile and not args.no_verify:     # (said here: the reader's own offers a --requests plan has not)
-        expected = spec.rate_profile.mean_rate(0, spec.rate_profile.end_s) * spec.rate_profile.end_s
+        expected = spec.rate_profile.expected_requests()
         if expected > MAX_REQUESTS:
             raise UserError(f"rate profile {spec.rate_profile.name} sends about {expected:,.0f} requests, and plan "
                             f"simulates the whole period; servesim simulates up to {MAX_REQUESTS:,}: plan a part of "

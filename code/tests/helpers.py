@@ -87,3 +87,15 @@ def call_cli(*args, env=None):
 def cells(line):
     """A table row as numbers: '2,568.2' -> 2568.2, '0.3%' -> 0.3."""
     return [float(c.replace(",", "").rstrip("%")) for c in line.split()]
+
+
+def stopping_run(when):
+    """main.run as it is now, except that a run `when(spec)` holds for raises KeyboardInterrupt
+    (Ctrl-C at that run), for mock.patch.object(main, "run", ...)."""
+    real = main.run
+
+    def run(spec, *args, **kwargs):
+        if when(spec):
+            raise KeyboardInterrupt
+        return real(spec, *args, **kwargs)
+    return run

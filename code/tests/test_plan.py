@@ -7,7 +7,7 @@ import tempfile
 import unittest
 from unittest import mock
 
-from helpers import call_cli, main, run_cli
+from helpers import call_cli, main, run_cli, stopping_run
 
 
 def write(tmp, name, text):
@@ -248,21 +248,13 @@ class Plans(unittest.TestCase):
 
     def test_an_interrupted_plan_prints_the_windows_it_planned_and_claims_no_saving(self):
         # helper-48: Ctrl-C or SIGTERM during plan printed nothing, even with every window planned.
-        real = main.run
-
-        def stopping(when):
-            def run(spec, *args, **kwargs):
-                if when(spec):
-                    raise KeyboardInterrupt
-                return real(spec, *args, **kwargs)
-            return run
         with tempfile.TemporaryDirectory() as tmp:
             profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
             flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
                      "--output-tokens", "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100")
             for when, planned, rows in ((lambda spec: spec.replica_schedule is not None, "all 3 windows", 3),
                                         (lambda spec: spec.data_parallel_size > 1, "1 of 3 windows", 1)):
-                with self.subTest(planned=planned), mock.patch.object(main, "run", stopping(when)):
+                with self.subTest(planned=planned), mock.patch.object(main, "run", stopping_run(when)):
                     code, out, err = call_cli(*flags)
                     self.assertEqual(code, 130, err)
                     self.assertEqual(len([line for line in out.splitlines() if line.startswith("00:")]), rows, out)
@@ -275,7 +267,7 @@ class Plans(unittest.TestCase):
                     self.assertNotIn("verified", report)
                     self.assertIn(planned, report["interrupted"])
             # Stopped before any window was planned (finding what one replica sustains): nothing to print.
-            with mock.patch.object(main, "run", stopping(lambda spec: True)):
+            with mock.patch.object(main, "run", stopping_run(lambda spec: True)):
                 code, out, err = call_cli(*flags)
             self.assertEqual((code, out, err.strip()), (130, "", "servesim: interrupted"))
 

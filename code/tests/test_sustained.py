@@ -8,7 +8,7 @@ import time
 import unittest
 from unittest import mock
 
-from helpers import MAIN, call_cli, main, run_cli
+from helpers import MAIN, call_cli, main, run_cli, stopping_run
 
 H100 = main.HARDWARE["h100-sxm-80gb"]
 
@@ -612,18 +612,9 @@ class SustainedSearch(unittest.TestCase):
                          ["highest: the slo is missed even at 1 client"])
 
     def test_an_interrupted_deployment_keeps_its_ended_probes_and_only_a_finished_answer(self):
-        real = main.run
-
-        def stopping(when):
-            def run(spec, *args, **kwargs):
-                if when(spec):
-                    raise KeyboardInterrupt
-                return real(spec, *args, **kwargs)
-            return run
-
         slo = main.parse_slo("ttft_p95:1000")
         calls = []
-        with mock.patch.object(main, "run", stopping(lambda spec: calls.append(spec) or len(calls) > 3)):
+        with mock.patch.object(main, "run", stopping_run(lambda spec: calls.append(spec) or len(calls) > 3)):
             with self.assertRaises(KeyboardInterrupt) as caught:
                 main.search_point(main.RunSpec(), {}, probing=main.Probing(slo))
         partial = caught.exception.partial
@@ -634,7 +625,7 @@ class SustainedSearch(unittest.TestCase):
         self.assertIsNone(partial["highest_load"])       # the first answer had not been rechecked
         # Interrupted in the burst search, after the sustained one ended: its answer stands.
         trace = main.replace(main.RunSpec(hardware=main.HARDWARE["l4-24gb"]), trace=main.read_trace(BURST))
-        with mock.patch.object(main, "run", stopping(lambda spec: spec.trace_repeats == 1)):
+        with mock.patch.object(main, "run", stopping_run(lambda spec: spec.trace_repeats == 1)):
             with self.assertRaises(KeyboardInterrupt) as caught:
                 main.search_point(trace, {}, probing=main.Probing(main.parse_slo("ttft_p95:2000"), recheck=1))
         partial = caught.exception.partial
