@@ -4598,6 +4598,16 @@ def window_floor(min_served: float) -> int:
 MAX_WINDOW_FLOOR = 400        # --min-served 1 (no shortfall at all) still judges a window this long
 
 
+def bunching(times: Iterable[float]) -> float:
+    """The mean size of the bunch a request is sent in, the requests sent at one moment making a
+    bunch (sum of sizes squared over sum of sizes): 1 where no two share a moment. A trace's
+    bunches keep their moments at any time scale, and cross a window's edge together: one bunch of
+    m more or fewer at an edge moves its counts by m, so a window needs m times the requests for
+    the same certainty, and the spread of its counts is sqrt(m) times as wide."""
+    sizes = Counter(times).values()
+    return sum(m * m for m in sizes) / max(1, sum(sizes))
+
+
 def steady_window(requests: list, skip: float, min_served: float, max_growth: float, closed_loop: bool,
                   slos: Optional[dict] = None, in_step: Optional[bool] = None) -> Optional[dict]:
     """The steady window of a run, and whether the server kept up in it. The window runs while
@@ -4625,7 +4635,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     start = max(sent[min(len(sent) - 1, math.ceil(skip * len(sent)))].sent_s, min(r.last_token_s for r in ended))
     end = sent[-1].sent_s
     window = [r for r in sent if start <= r.sent_s <= end]
-    floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served)
+    bunched = 1.0 if closed_loop else bunching(r.sent_s for r in window)
+    floor = MIN_WINDOW_REQUESTS if closed_loop else math.ceil(window_floor(min_served) * bunched - 1e-9)
     if end < start:         # no request ended while load was offered: the run is one burst
         return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None, "one_burst": True,
                 "sent": len(sent), "closed_loop": closed_loop,
@@ -4634,7 +4645,9 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
                                        "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
     if len(window) < floor or end == start:
         sent_in = f"{len(window)} request{'s' * (len(window) != 1)} sent in the steady window, " + (
-            f"fewer than the {floor} a verdict needs" if len(window) < floor else "all at one moment")
+            f"fewer than the {floor} a verdict needs" + (f" (they are sent in bunches at one moment, {bunched:.3g} "
+                                                         f"on average)" if bunched > 1 else "")
+            if len(window) < floor else "all at one moment")
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
                 "closed_loop": closed_loop, "note": f"{sent_in}: too short a run to tell whether the server keeps up"}
     # Ends are counted in the window moved later by the median request's end-to-end latency, so
@@ -4643,7 +4656,12 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     timed = [(r.sent_s, r.last_token_s - r.sent_s) for r in window if r.error is None and r.last_token_s is not None]
     latencies = sorted(latency for _, latency in timed)
     lag = latencies[len(latencies) // 2] if latencies else 0.0
-    offered = (len(window) - 1) / (end - start)
+    # Sends are counted as ends are, in a half-open window: those at its end belong to the next
+    # (with one send at a time, the window's sends less one). A trace's requests come in bunches
+    # sent at one moment, and the bunch at the end would count whole as offered while only those
+    # of its requests faster than the median could end inside the counted window: at 16 replicas
+    # on a conversation trace that read as 89% served where the wait did not grow.
+    offered = sum(1 for r in window if r.sent_s < end) / (end - start)
     served = sum(1 for r in ended if start + lag <= r.last_token_s < end + lag) / (end - start)
 
     def wait(r) -> float:       # its TTFT where a client cannot see the queue
@@ -4659,7 +4677,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     # median: latencies that grow with a queue move every end alike, and the ends then come at the
     # rate served.) So is a shortfall while the wait does not grow at all: what is offered and not
     # served must queue.
-    spread = math.sqrt(2 * offered * mean_residual(timed))
+    spread = math.sqrt(2 * offered * mean_residual(timed) * bunched)
     least = min_served - min(1 - min_served, 2 * spread / len(window))
     # (Failed requests are not served, whatever the wait does: they are no queue to show it.)
     failed = sum(1 for r in window if r.error is not None)
@@ -5346,13 +5364,19 @@ class Probing:
             raise UserError(f"--seeds {self.seeds}: every seed of trace {spec.trace.name} replays the same requests "
                             f"at the same times, so the seeds would be copies of one run; drop --seeds")
         floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
-        if self.sustained and self.steady_requests < floor:
-            raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {floor} requests a steady "
+        # (A trace's bunches keep their moments in a probe, at any rate: its windows need as many more.)
+        bunched = bunching(row[0] for row in spec.trace.rows) if spec.trace and self.by == "rate" else 1.0
+        if self.sustained and self.steady_requests < math.ceil(floor * bunched - 1e-9):
+            least = math.ceil(floor * bunched - 1e-9)
+            raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {least:,} requests a steady "
                             f"window needs for a verdict at --min-served {spec.min_served:g} " +
                             ("(2 / (1 - min served): one request more or fewer at each edge of the window is then "
-                             "within the shortfall allowed)" if floor < MAX_WINDOW_FLOOR else
+                             "within the shortfall allowed" if floor < MAX_WINDOW_FLOOR else
                              f"(2 / (1 - min served), at most {MAX_WINDOW_FLOOR}: no shortfall, or almost none, is "
-                             f"allowed)") + f"; give --steady-requests {floor} or more")
+                             f"allowed") +
+                            (f"; times {bunched:.3g}, the mean size of the bunch of requests trace {spec.trace.name} "
+                             f"sends at one moment, which cross an edge together)" if bunched > 1 else ")") +
+                            f"; give --steady-requests {least:,} or more")
         if self.sustained and spec.warmup >= self.requests(spec):      # (--requests is not what a probe sends)
             raise UserError(f"--warmup {spec.warmup:,} leaves no request to measure in a probe, which sends "
                             f"{self.requests(spec):,} (--steady-requests {self.steady_requests:,} after the first "
@@ -5856,7 +5880,9 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     try:
         for i, (start, end, load) in enumerate(windows):
             key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
-            guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.max_replicas
+            # One replica that meets the slo at no rate gives no lower bound (a trace's bunches of
+            # requests sent at one moment arrive together at any rate): climb from the fewest.
+            guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.min_replicas
             need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
             rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
@@ -10843,7 +10869,9 @@ def print_validation(report: dict, w) -> None:
 def print_plan(report: dict, title: str, w) -> None:
     totals, slo = report["totals"], report["slo"]
     w(f"{title}\n")
-    w(f"one replica sustains up to {report['one_replica_sustains']:.4g} req/s within the slo; a replica added serves "
+    w((f"one replica sustains up to {report['one_replica_sustains']:.4g} req/s within the slo" if
+       report["one_replica_sustains"] else "one replica meets the slo at no load tried, so each window's replicas are "
+       "tried from --min-replicas up") + "; a replica added serves "
       f"{report['scale_up_delay_s']:,.0f} s after it is asked for"
       + (" (asked for that much ahead)" if report["ahead"] else "")
       + f"; fewer are asked for once the need has been lower for {report['scale_down_after_s']:,.0f} s\n")
@@ -11819,7 +11847,9 @@ def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
                         "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
                         "answer does not move with --requests; it moves with N: a longer window sees more of a queue "
                         "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
-                        "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, and at most "
+                        "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, times the mean size of the "
+                        "bunch of requests a --trace sends at one moment (they cross a window's edge together), and at "
+                        "most "
                         f"{MAX_REQUESTS // 2:,} / --recheck (default: %(default)s)")
     g.add_argument("--recheck", type=whole(1, 100), metavar="N",
                    help=f"recheck {what} with probes N times as long (N times --steady-requests in the window), "

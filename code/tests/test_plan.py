@@ -187,6 +187,20 @@ class Plans(unittest.TestCase):
         sliver = main.Trace("t", tuple((float(i), 100, 10, ()) for i in range(610)))
         self.assertEqual(main.plan_windows(main.RunSpec(trace=sliver), 600.0), [(0.0, 610.0, 1.0)])
 
+    def test_a_window_one_replica_meets_at_no_load_climbs_from_the_fewest_replicas(self):
+        # Bunches of 8 requests sent at one moment every 4 s come together at any rate, so one replica
+        # misses at every load; the window's replicas were then tried from --max-replicas down to none
+        # (6 asked, where 4 meet the slo).
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(tmp, "bunches.jsonl", "".join(f'{{"arrival": {4 * b}, "prompt_tokens": 6000, '
+                                                       f'"output_tokens": 20}}\n' for b in range(5) for _ in range(8)))
+            code, out, err = call_cli("plan", "--trace", path, "--slo", "ttft_p95:700", "--steady-requests", "320",
+                                      "--recheck", "1", "--no-verify", "--max-replicas", "6", "--json")
+        self.assertEqual(code, 0, err)
+        report = main.json.loads(out)
+        self.assertEqual(report["one_replica_sustains"], 0)
+        self.assertEqual([w["needs"] for w in report["windows"]], [4])
+
     def test_a_plan_that_misses_the_slo_exits_1_and_claims_no_saving(self):
         with tempfile.TemporaryDirectory() as tmp:
             profile = write(tmp, "day.csv", "time_s,rate\n0,5\n600,60\n1200,5\n")

@@ -147,6 +147,37 @@ class SteadyWindow(unittest.TestCase):
         even = self.window([measured(i, i * 0.5, 0.001 * i * 0.5, 1.0) for i in range(60)])
         self.assertAlmostEqual(even["least_served_share"], 0.95, places=6)
 
+    def test_bunches_sent_at_one_moment_count_their_sends_as_their_ends_are_counted(self):
+        # 12 requests sent together every 3 s, served one after another in 2.4 s: the server keeps
+        # up, and its wait grows by a hair. The bunch sent at the window's last moment belongs to the
+        # next window, as its ends do (counting it read 4.09 req/s offered; in a window of 8 bunches,
+        # 4.52 req/s and 88% served: overloaded).
+        requests = [measured(12 * b + k, 3.0 * b, 0.2 * k + 1e-5 * b, 0.3) for b in range(50) for k in range(12)]
+        w = self.window(requests)
+        self.assertAlmostEqual(w["offered_rate"], 4.0, places=6)
+        self.assertAlmostEqual(w["served_rate"], 4.0, places=6)
+        self.assertGreater(w["wait_growth_s_per_s"], 0)
+        self.assertTrue(w["sustained"], w)
+        # One request at a time, the rule is as it was: the window's sends less one.
+        single = self.window([measured(i, i * 0.5, 0.1) for i in range(200)])
+        self.assertAlmostEqual(single["offered_rate"], (single["requests"] - 1) / (single["end_s"] - single["start_s"]))
+
+    def test_bunches_need_as_many_times_the_requests_for_a_verdict_and_widen_the_counts_spread(self):
+        self.assertEqual(main.bunching([0.0, 1.0, 2.0]), 1.0)
+        self.assertEqual(main.bunching([0.0] * 3 + [1.0]), 2.5)          # (9 + 1) / 4
+        # Bunches of 12 every 3 s: a window of 96 requests holds 8 bunches, where 40 lone requests
+        # would do, it needs 12 x 40 (one bunch more or fewer at each edge moves the counts by 24).
+        bunched = [measured(12 * b + k, 3.0 * b, 0.2 * k, 0.3) for b in range(10) for k in range(12)]
+        w = self.window(bunched)
+        self.assertIsNone(w["sustained"])
+        self.assertIn("fewer than the 480 a verdict needs (they are sent in bunches at one moment, 12 on average)",
+                      w["note"])
+        w = self.window([measured(12 * b + k, 3.0 * b, 0.2 * k, 0.3) for b in range(50) for k in range(12)])
+        self.assertIsNotNone(w["sustained"])
+        # The same latencies, sent one at a time at the same rate: the edges' spread is sqrt(12) narrower.
+        lone = self.window([measured(i, 0.25 * i, 0.2 * (i % 12), 0.3) for i in range(600)])
+        self.assertGreater(0.95 - w["least_served_share"], 3 * (0.95 - lone["least_served_share"]))
+
     def test_a_server_that_fell_behind_never_reads_as_serving_more_than_was_offered(self):
         # Ten sends a second; the wait grows 0.2 s per s. Only the first 40 requests end while load is
         # offered; the rest end in one burst after the last send (a drain, with no new prefills), and
@@ -462,6 +493,17 @@ class SustainedSearch(unittest.TestCase):
         once = main.Trace("once", tuple((0.0, 10, 5, ()) for _ in range(5)))
         with self.assertRaises(main.UserError):
             main.trace_rate(main.RunSpec(trace=once, trace_repeats=2))
+
+    def test_a_steady_window_too_short_for_a_traces_bunches_is_refused_before_the_search(self):
+        # helper-52: a plan of a conversation trace (bunches of 3 to 16 requests sent at one moment) with
+        # --steady-requests 100 called 16 replicas overloaded ("served 88.9% < 90%") on the noise of
+        # one bunch at an edge of a window of six
+        code, out, err = call_cli("search", "--trace", main.os.path.join(main.os.path.dirname(BURST), "traces",
+                                  "mooncake_conversation_100.jsonl"), "--slo", "ttft_p95:2000",
+                                  "--steady-requests", "100")
+        self.assertEqual((code, out), (2, ""), err)
+        self.assertIn("--steady-requests 100 is fewer than the 409 requests", err)
+        self.assertIn("times 10.2, the mean size of the bunch", err)
 
     def test_a_trace_ranked_at_its_own_rate_has_a_time_scale_of_1(self):
         # helper-52: --rate equal to the trace's own rate left time_scale out of the run's config, and
