@@ -4466,11 +4466,14 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if isinstance(decode.scheduler, SpeculativeScheduler):
         result["speculative"] = decode.scheduler.report()
     if timeline:
-        if result["duration"] > MAX_TIMELINE_S:      # a row a second: refuse before building them
+        # The timeline spans the whole run, warm-up included (its running, waiting and KV figures
+        # count every request; its token rates, as the engines' sampled counts do, the measured).
+        if served > MAX_TIMELINE_S:      # a row a second: refuse before building them
             raise UserError(f"--timeline and --plot keep one row per simulated second, and this run spans "
-                            f"{result['duration'] / 86400:,.1f} days, more than {MAX_TIMELINE_S / 86400:,.1f}: "
+                            f"{served / 86400:,.1f} days, more than {MAX_TIMELINE_S / 86400:,.1f} days: "
                             f"drop them, or shorten the run")
-        result["timeline"] = timeline_rows([e.timeline for e in replicas], done, result["duration"])
+        result["timeline"] = timeline_rows([e.timeline for e in replicas], done,
+                                           min((r.sent_s for r in requests), default=0.0), served)
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))
     return result
@@ -4870,23 +4873,26 @@ def cost_report(usd_per_hour: Optional[float], output_throughput: float, hours_p
 TIMELINE_COLUMNS = ("t", "prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct")
 
 
-def timeline_rows(snapshots: list[dict], requests: list, duration: float) -> list[dict]:
-    """One row per second, as vLLM's logged stats: prompt tokens credited when a request's first
-    token comes out (vLLM counts the whole prompt then), generated tokens when they do, and the
-    running, waiting and KV figures of the last step to end in that second (replicas: running and
-    waiting summed, KV use averaged). `snapshots` are the engines' timelines; the tokens after a
-    request's first are counted by its engine, the first ones here."""
-    seconds = max(1, math.ceil(duration))
+def timeline_rows(snapshots: list[dict], requests: list, start: float, duration: float) -> list[dict]:
+    """One row per second from the second the run starts in (a trace's first arrival may come
+    long after 0, and its seconds count from there), as vLLM's logged stats: prompt tokens
+    credited when a request's first token comes out (vLLM counts the whole prompt then), generated
+    tokens when they do, and the running, waiting and KV figures of the last step to end in that
+    second (replicas: running and waiting summed, KV use averaged). `snapshots` are the engines'
+    timelines, by the second of the run's clock; the tokens after a request's first are counted by
+    its engine, the first ones here."""
+    offset = math.floor(start)
+    seconds = max(1, math.ceil(start + duration) - offset)
     prompt, first = Counter(), Counter()
     for r in requests:
         if r.error is None and r.first_token_s is not None:
-            prompt[math.ceil(r.first_token_s) or 1] += r.prompt_tokens
-            first[math.ceil(r.first_token_s) or 1] += 1
+            prompt[max(offset + 1, math.ceil(r.first_token_s))] += r.prompt_tokens
+            first[max(offset + 1, math.ceil(r.first_token_s))] += 1
     rows, states, sampled = [], [(0, 0, 0.0, 0)] * len(snapshots), 0
-    for t in range(1, seconds + 1):
+    for t in range(offset + 1, offset + seconds + 1):
         states = [snapshot.get(t, state) for snapshot, state in zip(snapshots, states)]
         generated, sampled = first[t] + sum(s[3] for s in states) - sampled, sum(s[3] for s in states)
-        rows.append({"t": float(t), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated),
+        rows.append({"t": float(t - offset), "prompt_throughput": float(prompt[t]), "gen_throughput": float(generated),
                      "running": sum(s[0] for s in states), "waiting": sum(s[1] for s in states),
                      "kv_cache_pct": round(100 * sum(s[2] for s in states) / len(states), 2)})
     return rows
@@ -10451,6 +10457,11 @@ def check_writable(path: str, flag: str, args=None) -> None:
         raise UserError(f"{flag} {path}: is a directory; give a file name")
     if os.path.isfile(path) and not os.access(path, os.W_OK):      # a rename would replace it all the same
         raise UserError(f"{flag} {path}: is read-only; make it writable or give another file")
+    # A file is written through a new one beside it, so its directory must take a file (a device
+    # or a pipe, such as /dev/stdout, is written in place).
+    if (not os.path.exists(path) or os.path.isfile(path)) and not os.access(directory, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: cannot write in the directory {directory} (permission denied); give a file "
+                        f"in a directory you can write")
     for name, what in INPUT_ARGS.items():
         given = getattr(args, name, None)
         for value in given if isinstance(given, list) else [given]:
@@ -11529,14 +11540,17 @@ def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
     for color, (key, rows) in enumerate(groups.items()):
         name = key or short_label(load)
         for panel, metric in zip(panels, ("ttft", "tpot")):
+            # (TPOT is undefined where every output is one token: add() leaves such points out, and
+            # no knee or whisker is drawn for them.)
             for stat, label, style in (("p95", "p95", "line"), ("median", "p50", "dashed")):
                 panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"]) for r in rows],
                           style if load else "points", color)
-            panel.whiskers += [(r["output_throughput"], r["seeds"]["spread"][f"p95_{metric}_ms"]["min"],
-                                r["seeds"]["spread"][f"p95_{metric}_ms"]["max"], color)
-                               for r in rows if f"p95_{metric}_ms" in (r.get("seeds") or {}).get("spread", {})]
+            spreads = [(r["output_throughput"], ((r.get("seeds") or {}).get("spread") or {}).get(f"p95_{metric}_ms"))
+                       for r in rows]
+            panel.whiskers += [(x, spread["min"], spread["max"], color) for x, spread in spreads
+                               if spread and spread.get("min") is not None and spread.get("max") is not None]
             at = knee(rows) if load else None
-            if at is not None:
+            if at is not None and rows[at][f"p95_{metric}_ms"] is not None:
                 label = f"knee: {short_label(load)} {value_label(load, rows[at]['config']['sweep_point'][load])}"
                 panel.marks.append((rows[at]["output_throughput"], rows[at][f"p95_{metric}_ms"], label))
     return svg_figure(title, panels, width=640)
@@ -13033,6 +13047,8 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
     previous = {signum: signal.signal(signum, on_signal) for signum in SIGNAL_CODES} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
+        if sys.stdout is None:     # (`>&-`): found before a load is sent, not when its report is lost
+            raise UserError("stdout is closed: give it somewhere to go (`>/dev/null`, or a file) before the run")
         args = build_parser().parse_args(argv)
         code = args.func(args)
         if stops["noted"]:          # arrived while the output was being written: it is whole

@@ -6,10 +6,14 @@ user does (bounded.py) and asserts what the user sees."""
 import json
 import os
 import re
+import shlex
+import subprocess
 import tempfile
 import unittest
+import unittest.mock
 
 from bounded import jsonl, readme_section, run, write_json
+from helpers import call_cli, main, main_command
 from hostile_server import FakeServer, paced
 
 WORDS = re.compile(r"\S+")
@@ -221,3 +225,29 @@ class ReadmeExitCodes(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ClosedStdout(unittest.TestCase):
+    def test_a_closed_stdout_is_refused_before_the_run(self):
+        # helper-53: `loadgen ... >&-` sent and measured the whole load, then died writing its report
+        command = " ".join(map(shlex.quote, main_command())) + " simulate --requests 5 >&-"
+        r = subprocess.run(["sh", "-c", command], stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr, "servesim: stdout is closed: give it somewhere to go (`>/dev/null`, or a file) "
+                                   "before the run\n")
+
+
+class UnwritableDirectory(unittest.TestCase):
+    def test_a_picture_into_a_directory_that_takes_no_file_is_refused_before_the_run(self):
+        # helper-53: as a user without the right, --plot into a read-only directory sent the whole
+        # load, then failed to write. (The tests run as root, to whom every directory is open:
+        # the permission is asked of os.access, so it is answered here.)
+        real = main.os.access
+        with tempfile.TemporaryDirectory() as tmp, \
+                unittest.mock.patch.object(main.os, "access",
+                                           lambda p, mode: p != tmp and real(p, mode)):
+            code, out, err = call_cli("simulate", "--requests", "5", "--plot", os.path.join(tmp, "x.svg"))
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertIn(f"cannot write in the directory {tmp} (permission denied)", err)
+            code, _, err = call_cli("simulate", "--requests", "5", "--timeline", "/dev/stdout")
+            self.assertEqual(code, 0, err)

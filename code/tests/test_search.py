@@ -595,3 +595,37 @@ class Shards(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PicturesOfOddRuns(unittest.TestCase):
+    """helper-54 and helper-55: a timeline of a trace that starts long after 0 was every second
+    zero, and a sweep whose outputs are one token (no TPOT) died drawing its knee."""
+
+    def test_a_timeline_counts_from_the_first_arrival_and_holds_every_measured_token(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = os.path.join(tmp, "late.jsonl")
+            with open(trace, "w") as f:
+                f.writelines(f'{{"arrival": {1000 + i * 0.5}, "prompt_tokens": 1000, "output_tokens": 200}}\n'
+                             for i in range(60))
+            for extra, measured in (((), 60), (("--warmup", "10"), 50)):
+                timeline = os.path.join(tmp, "t.csv")
+                code, out, err = call_cli("simulate", "--trace", trace, "--timeline", timeline, *extra)
+                self.assertEqual(code, 0, err)
+                with open(timeline) as f:
+                    rows = list(csv.DictReader(f))
+                self.assertEqual(rows[0]["t"], "1.0")
+                self.assertLess(len(rows), 40)                       # 30 s of arrivals, not 1,030 s
+                self.assertEqual(sum(float(r["prompt_throughput"]) for r in rows), measured * 1000)
+                self.assertEqual(sum(float(r["gen_throughput"]) for r in rows), measured * 200)
+                self.assertGreater(max(int(r["running"]) for r in rows), 0)
+
+    def test_a_sweep_without_tpot_draws_what_it_has(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            picture = os.path.join(tmp, "s.svg")
+            code, _, err = call_cli("sweep", "--output-tokens", "1", "--concurrency", "8,16", "--seeds", "2",
+                                    "--requests", "20", "--plot", picture, "--jobs", "1")
+            self.assertEqual(code, 0, err)
+            with open(picture) as f:
+                found, _, _ = series(f.read())
+        self.assertEqual(len(found[("TTFT against throughput", "concurrency p95")]), 2)
+        self.assertFalse([key for key in found if key[0] == "TPOT against throughput"])
