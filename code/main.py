@@ -2500,6 +2500,20 @@ def lockstep(replicas: int, model: ModelSpec, engine: EngineProfile) -> bool:
     return replicas > 1 and bool(model.experts) and engine.rules == "vllm"
 
 
+def expert_ranks(spec: RunSpec) -> int:
+    """The data-parallel ranks a mixture of experts' expert layers are spread over (1: each rank
+    holds them all). With --enable-expert-parallel each rank holds its own experts. Without it,
+    vLLM spreads them all the same: its ranks that step in lockstep shard every expert over their
+    DP x TP GPUs as tensor parallelism does (FusedMoEParallelConfig.make, flatten_tp_across_dp:
+    "there are actually dp_size * tp_size devices"), gathering every rank's tokens before each
+    MoE layer and reduce-scattering after it, as its expert-parallel default does; the same
+    memory, expert read and traffic, so it is priced as expert parallelism, each expert split
+    evenly rather than the experts dealt out."""
+    if spec.enable_expert_parallel:
+        return spec.data_parallel_size
+    return spec.data_parallel_size if lockstep(spec.data_parallel_size, spec.model, engine_profile(spec)) else 1
+
+
 class Lockstep(Replicas):
     """Replicas on one clock that step together: each schedules its own batch, and every one's
     step ends when the slowest ends. (Per step: the event engine's runs of plain steps are one
@@ -4127,10 +4141,11 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
     included): what capacity prints and what each engine of run() is built from."""
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
-    tp, ep, pp = spec.tensor_parallel_size, spec.data_parallel_size if spec.enable_expert_parallel else 1, \
-        spec.pipeline_parallel_size
+    tp, ep, pp = spec.tensor_parallel_size, expert_ranks(spec), spec.pipeline_parallel_size
     stage = pipeline_shard(model, pp)
-    device = expert_shard(tensor_shard(stage, tp), ep)      # what each GPU holds and computes
+    device = tensor_shard(stage, tp)      # what each GPU holds and computes
+    if ep > 1:
+        device = expert_shard(device, ep) if spec.enable_expert_parallel else replace(device, expert_share=1 / ep)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free)
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
@@ -4143,7 +4158,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
         cost = Pipeline(cost, hardware, model, spec)
     plan.tensor_parallel_size, plan.group_model = tp, model
     plan.pipeline_parallel_size = pp
-    plan.replicas, plan.expert_parallel = spec.data_parallel_size, ep > 1
+    plan.replicas, plan.expert_parallel = spec.data_parallel_size, spec.enable_expert_parallel
     return plan, cost
 
 
@@ -6347,7 +6362,7 @@ PRESET_RANGES = {
     "host_memory_gib": (0, 1_000_000, "GiB of host memory per GPU, 0 if not stated"),
 }
 PRESET_SWITCHES = ("tie_word_embeddings", "nvlink", "peer_to_peer")
-INTERNAL_FIELDS = ("expert_share",)        # set by --enable-expert-parallel, never by a file
+INTERNAL_FIELDS = ("expert_share",)        # set by data-parallel ranks of a mixture of experts, never by a file
 
 
 def preset_fields(preset) -> dict:
@@ -11336,8 +11351,11 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     if isinstance(cost, ExpertParallel):
         share = cost.communication_seconds(1) * 1000
         held = round(m.expert_share * m.experts)
-        out.write(f"{'expert parallel':<17}{held} of {m.experts} experts on each GPU; gathering every rank's tokens "
-                  f"and scattering back costs {share:.2f} ms of the step ({share / step:.0%}) at batch 1 on each\n")
+        out.write((f"{'expert parallel':<17}{held} of {m.experts} experts on each GPU" if plan.expert_parallel else
+                   f"{'expert layers':<17}each of the {m.experts} experts split over the {plan.replicas} ranks' GPUs "
+                   f"(vLLM shards them so across data-parallel ranks without --enable-expert-parallel)")
+                  + f"; gathering every rank's tokens and scattering back costs {share:.2f} ms of the step "
+                    f"({share / step:.0%}) at batch 1 on each\n")
     if plan.replicas > 1:
         out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "

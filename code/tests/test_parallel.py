@@ -214,6 +214,34 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("add -dp N", err)
 
+    def test_without_expert_parallelism_vllms_ranks_still_shard_every_expert(self):
+        """helper-55: -dp 8 of Qwen3-235B-A22B in FP8 "did not fit" with 235 GB on each GPU, where vLLM
+        shards every expert over the DP x TP GPUs (FusedMoEParallelConfig.make) and runs it."""
+        model, h100 = main.MODELS["qwen3-30b-a3b"], main.HARDWARE["h100-sxm-80gb"]
+        plans = {}
+        for dp, extra in ((2, ()), (2, ("--enable-expert-parallel",)), (3, ()), (3, ("--enable-expert-parallel",))):
+            code, out, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "-dp", str(dp), *extra, "--json")
+            self.assertEqual(code, 0, err)
+            plans[dp, bool(extra)] = json.loads(out)
+        # Each expert split in N: 1/N of the experts' bytes, whether they divide evenly or not ...
+        for dp in (2, 3):
+            self.assertAlmostEqual(plans[dp, False]["weight_bytes"], model.weight_bytes - model.expert_bytes * (1 - 1 / dp),
+                                   delta=1e3)
+            self.assertFalse(plans[dp, False]["enable_expert_parallel"])
+            self.assertAlmostEqual(plans[dp, False]["expert_parallel_ms"],
+                                   main.ExpertParallel(None, h100, model, dp).communication_seconds(1) * 1000)
+        # ... where experts dealt out give the busiest GPU 43 of 128 at three, and the same at two.
+        self.assertAlmostEqual(plans[2, True]["weight_bytes"], plans[2, False]["weight_bytes"], delta=1e3)
+        self.assertAlmostEqual(plans[3, True]["weight_bytes"] - plans[3, False]["weight_bytes"],
+                               model.expert_bytes * (43 / 128 - 1 / 3), delta=1e3)
+        code, out, err = call_cli("capacity", "--model", "qwen3-235b-a22b", "--quantization", "fp8", "-dp", "8")
+        self.assertEqual(code, 0, err)
+        self.assertIn("each of the 128 experts split over the 8 ranks' GPUs", out)
+        # Engines whose replicas do not step together keep whole copies.
+        code, out, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "-dp", "2", "--engine", "sglang", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertAlmostEqual(json.loads(out)["weight_bytes"], model.weight_bytes, delta=1e3)
+
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
         device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)
