@@ -2500,19 +2500,6 @@ def lockstep(replicas: int, model: ModelSpec, engine: EngineProfile) -> bool:
     return replicas > 1 and bool(model.experts) and engine.rules == "vllm"
 
 
-def expert_ranks(spec: RunSpec) -> int:
-    """The data-parallel ranks a mixture of experts' expert layers are spread over (1: each rank
-    holds them all). With --enable-expert-parallel each rank holds its own experts. Without it,
-    vLLM spreads them all the same: its ranks that step in lockstep shard every expert over their
-    DP x TP GPUs as tensor parallelism does (FusedMoEParallelConfig.make, flatten_tp_across_dp:
-    "there are actually dp_size * tp_size devices"), gathering every rank's tokens before each
-    MoE layer and reduce-scattering after it, as its expert-parallel default does; the same
-    memory, expert read and traffic, so it is priced as expert parallelism, each expert split
-    evenly rather than the experts dealt out."""
-    if spec.enable_expert_parallel:
-        return spec.data_parallel_size
-    return spec.data_parallel_size if lockstep(spec.data_parallel_size, spec.model, engine_profile(spec)) else 1
-
 
 class Lockstep(Replicas):
     """Replicas on one clock that step together: each schedules its own batch, and every one's
@@ -3292,6 +3279,17 @@ def one_number(text: str) -> None:
                                          f"(sweep and search take lists of server settings)")
 
 
+def given(what: str) -> Callable[[str], str]:
+    """Text that must say something: an empty --api-key would send `Bearer ` with no key, and an
+    empty --model ask for a model named ''."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty; give {what}, or leave the flag out")
+        return text
+    parse.__name__ = what
+    return parse
+
+
 def real(low: float, high: float, above_low: bool = True, what: str = "") -> Callable[[str], float]:
     """A finite number in (low, high] (or [low, high])."""
     def parse(text: str) -> float:
@@ -4005,8 +4003,8 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError("--enable-expert-parallel spreads the experts over data-parallel replicas: add -dp N "
                         "(N of 2 or more), or drop it")
     if spec.enable_expert_parallel and spec.tensor_parallel_size > 1:
-        raise UserError("servesim models expert parallelism across data-parallel replicas (-tp 1 -dp N "
-                        "--enable-expert-parallel); with tensor parallelism it is not modelled: drop one of them")
+        raise UserError("expert parallelism with tensor parallelism is not modelled (servesim spreads the experts "
+                        "over data-parallel replicas: -tp 1 -dp N --enable-expert-parallel): drop one of them")
     if spec.enable_expert_parallel and spec.data_parallel_size > spec.model.experts:
         raise UserError(f"--enable-expert-parallel over {spec.data_parallel_size} replicas: {spec.model.name} has "
                         f"{spec.model.experts} experts, fewer than one per GPU")
@@ -4136,6 +4134,19 @@ def device_kv_bytes(spec: RunSpec) -> int:
     draft = draft_of(spec)
     return tensor_shard(stage, spec.tensor_parallel_size).kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
 
+
+def expert_ranks(spec: RunSpec) -> int:
+    """The data-parallel ranks a mixture of experts' expert layers are spread over (1: each rank
+    holds them all). With --enable-expert-parallel each rank holds its own experts. Without it,
+    vLLM spreads them all the same: its ranks that step in lockstep shard every expert over their
+    DP x TP GPUs as tensor parallelism does (FusedMoEParallelConfig.make, flatten_tp_across_dp:
+    "there are actually dp_size * tp_size devices"), gathering every rank's tokens before each
+    MoE layer and reduce-scattering after it, as its expert-parallel default does; the same
+    memory, expert read and traffic, so it is priced as expert parallelism, each expert split
+    evenly rather than the experts dealt out."""
+    if spec.enable_expert_parallel:
+        return spec.data_parallel_size
+    return spec.data_parallel_size if lockstep(spec.data_parallel_size, spec.model, engine_profile(spec)) else 1
 
 def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
@@ -4656,8 +4667,9 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     bunched = 1.0 if closed_loop else bunching(r.sent_s for r in window)
     floor = MIN_WINDOW_REQUESTS if closed_loop else math.ceil(window_floor(min_served) * bunched - 1e-9)
     if end < start:         # no request ended while load was offered: the run is one burst
-        return {"start_s": start - t0, "end_s": end - t0, "requests": 0, "sustained": None, "one_burst": True,
-                "sent": len(sent), "closed_loop": closed_loop,
+        # (An empty window at the first end: one that ended at the last send would end before it began.)
+        return {"start_s": start - t0, "end_s": start - t0, "requests": 0, "sustained": None, "one_burst": True,
+                "sent": len(sent), "last_sent_s": end - t0, "closed_loop": closed_loop,
                 "note": f"{burst_words(len(sent), start - t0)}: one burst, with no steady window to tell whether the "
                 "server keeps up; " + ("send more requests than there are clients for a verdict" if closed_loop else
                                        "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
@@ -5049,7 +5061,7 @@ class WorkerDied(CapacityError):
 
 
 def point_label(settings: dict) -> str:
-    return " ".join(f"{k.replace('_', '-')} {getattr(v, 'name', v)}" for k, v in settings.items())
+    return " ".join(f"{k.replace('_', '-')} {value_label(k, v)}" for k, v in settings.items())
 
 
 class PointRunner:
@@ -6319,17 +6331,38 @@ def text_lines(path: str, kind: str, max_line: Optional[int] = None, why: str = 
             yield number, line
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice: json keeps the last silently."""
+
+
+def unique_keys(pairs: list) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def parse_json(text: str, where: str, expect: str):
-    """JSON, or a one-line error: bad syntax, integers past Python's 4,300 digits, deep nesting."""
+    """JSON, or a one-line error: bad syntax (where in a file of several lines), a key given
+    twice in one object (which of two values was meant is not ours to guess), integers past
+    Python's 4,300 digits, deep nesting."""
     try:
         # An integer past 20 digits is read as the float it is (inf past 308), so every range
         # check that follows sees a number it can compare, not one too large to convert.
-        return json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= 20 else float(digits))
+        return json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= 20 else float(digits),
+                          object_pairs_hook=unique_keys)
     except RecursionError:
         raise UserError(f"{where}: JSON nested too deeply; {expect}") from None
+    except DuplicateKey as e:
+        raise UserError(f"{where}: the key {str(e.args[0])[:60]!r} is given twice in one object; keep the one "
+                        f"you mean") from None
     except ValueError as e:
         reason = getattr(e, "msg", None) or str(e).split(";")[0]
-        raise UserError(f"{where}: not valid JSON ({reason}); {expect}") from None
+        at = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) and "\n" in text.strip() \
+            else f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise UserError(f"{where}: not valid JSON ({reason}{at}); {expect}") from None
 
 
 # What a preset's numbers may be: (lowest, highest, note). Real devices and models sit well inside.
@@ -6696,18 +6729,18 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                             f"got {str(value)[:40]}")
         return int(value)
 
-    def seconds(value, i: int, what: str, low: float = 0.0) -> float:
-        # A TTFT or a gap is held to a year, as the arrivals are (start times are absolute: 10^10 s).
-        high = 10**10 if low < 0 else MAX_ARRIVAL_S
+    def seconds(value, i: int, what: str, high: float = MAX_ARRIVAL_S) -> float:
+        # A TTFT or a gap is held to a year, as the arrivals are. Start times are read off a clock
+        # (time.perf_counter for vllm bench serve and loadgen) that does not run below 0: 10^10 s.
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not low <= value <= high:
+                or not 0 <= value <= high:
             shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
-            bound = f"0 to a year ({high:,.0f})" if high == MAX_ARRIVAL_S else f"{low:g} to {high:g}"
+            bound = f"0 to a year ({high:,.0f})" if high == MAX_ARRIVAL_S else f"0 to {high:g}"
             raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds from {bound}, "
                             f"got {shown}")
         return float(value)
 
-    starts = [seconds(t, i, "start time", -10**10) for i, t in enumerate(starts)]
+    starts = [seconds(t, i, "start time", 10**10) for i, t in enumerate(starts)]
     began = config.get("started_perf")
     if isinstance(began, (int, float)) and not isinstance(began, bool) and math.isfinite(began):
         # loadgen sends nothing before it starts: an earlier start time is an edited one, and
@@ -6727,6 +6760,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     requests = []
     for i in range(n):
         error = (columns["errors"] or [""] * n)[i] or None
+        if error is not None and not isinstance(error, str):
+            raise UserError(f"{kind} {name}: request {i}'s error must be text (or empty), got {printable(str(error)[:40])}")
         ttft = columns["ttfts"][i]
         failed = bool(error) or ttft is None
         # A failed request may have sent nothing the server counted: 0 tokens is then its length.
@@ -7651,9 +7686,10 @@ class LoadConfig:
     """A load run described once; each field with a flag is a row of loadgen's settings table."""
     url: str = setting("http://127.0.0.1:8080", "--url", str, "the server's base address (a pasted endpoint ending "
                        "in /v1 or /v1/chat/completions is taken for it)", "server")
-    model: Optional[str] = setting(None, "--model", str, "model id to request", "server",
+    model: Optional[str] = setting(None, "--model", given("the model id"), "model id to request", "server",
                                    default_text="the first id from GET /v1/models")
-    api_key: Optional[str] = setting(None, "--api-key", str, "sent as a Bearer token, never printed", "server",
+    api_key: Optional[str] = setting(None, "--api-key", given("the key"), "sent as a Bearer token, never printed",
+                                     "server",
                                      default_text="$OPENAI_API_KEY if set")
     timeout_s: float = setting(
         120.0, "--timeout", real(0, 86400), "longest wait for the next event of a stream (or for the answer to "
@@ -7963,6 +7999,7 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
     event_at = 0.0
     event_bytes = 0
     done = False
+    failing = False
     events = 0
     for raw, at in stream_lines(response, sock, deadline):
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
@@ -7978,8 +8015,11 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
                 data_lines.append(value)
             elif name == "error":     # llama.cpp reports a failure mid-stream as an `error:` field
                 raise StreamError(f"server error in stream: {value}")
-            continue                  # comments (": keep-alive"), event:, id:, unknown fields
-        if not data_lines:
+            elif name == "event" and value.strip() == "error":    # its data: lines are the server's failure
+                failing = True
+            continue                  # comments (": keep-alive"), other event:s, id:, unknown fields
+        if not data_lines:            # (an event with no data is none, and its type goes with it)
+            failing = False
             continue
         # A whole event (its blank line came) is progress; a data: line without one is not.
         data, data_lines, event_bytes, last_event = "\n".join(data_lines), [], 0, at
@@ -7989,6 +8029,8 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
         if data.strip() == "[DONE]":
             done = True
             break
+        if failing:
+            raise StreamError(f"server error in stream: {error_message(data)}")
         take_event(data, event_at, record)
     if data_lines and "".join(data_lines).strip() == "[DONE]":
         done = True            # a last event without its blank line
@@ -8007,6 +8049,17 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
         raise StreamError("empty answer: no content in the stream")
     if not record.usage_seen:
         record.output_tokens = len(record.token_times)   # the server ignored include_usage
+
+
+def error_message(data: str) -> str:
+    """What an `event: error`'s data says: its message (or its error's), else the data itself."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return data[:200]
+    inner = body.get("error", body) if isinstance(body, dict) else body
+    message = inner.get("message") if isinstance(inner, dict) else inner
+    return str(message if message is not None else data)[:200]
 
 
 def take_event(data: str, at: float, record: StreamRecord) -> None:
@@ -8050,7 +8103,9 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
             if "<think>" in record.tag_tail or "</think>" in record.tag_tail:
                 record.think_tags = True
         if choice.get("finish_reason"):
-            record.finish_reason = str(choice["finish_reason"])
+            if not isinstance(choice["finish_reason"], str):
+                raise StreamError(f"bad stream: a finish_reason is not a string: {data[:80]!r}")
+            record.finish_reason = choice["finish_reason"]
     usage = event.get("usage")
     if usage:
         counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
@@ -10619,7 +10674,7 @@ def spread_texts(seeds: dict) -> list[str]:
 
 
 def point_text(point: dict) -> str:
-    return "  ".join(f"{flag_of(k)[2:]} {v}" for k, v in point.items())
+    return "  ".join(f"{flag_of(k)[2:]} {value_label(k, v)}" for k, v in point.items())
 
 
 def sweep_seed_lines(results: list[dict]) -> list[str]:
@@ -10651,6 +10706,7 @@ def print_run(result: dict, out=None) -> None:
         example = examples.get(kind, kind)
         if n > 1 and example != kind:    # one request's figures stand for them all: say whose
             example = f"{kind} (the first: {example[len(kind):].lstrip(': ')})"
+        example = printable(example)     # a report's errors are a server's words: no terminal escapes
         w(f"{'':<12}{count_text(n)} x {example if len(example) <= 160 else example[:157] + '...'}\n")
     if result.get("stopped"):
         w(f"{'':<12}stopped early: {result['stopped']}\n")

@@ -828,3 +828,47 @@ class ThirdPass(Checks):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HelperFiftyFour(Checks):
+    """helper-54 and helper-53: a key given twice in one JSON object kept its last value in silence
+    (a profile's kernel_scale 1.2 then 9.9 made TPOT 8x); a JSON error said where in no file; a
+    start time below 0 stretched a run 50 s; a report's error that is not text was a failure kind."""
+
+    def test_a_key_given_twice_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = os.path.join(tmp, "p.json")
+            write(profile, '{"name": "mine", "base": "vllm",\n "kernel_scale": 1.2,\n "kernel_scale": 9.9}\n')
+            self.assert_one_line(run("simulate", "--engine", profile, "--requests", 5),
+                                 mentions=["p.json", "'kernel_scale' is given twice"])
+            trace = os.path.join(tmp, "t.jsonl")
+            write(trace, '{"arrival": 0, "prompt_tokens": 100, "output_tokens": 5, "prompt_tokens": 7}\n')
+            self.assert_one_line(run("simulate", "--trace", trace), mentions=["line 1", "'prompt_tokens' is given twice"])
+
+    def test_a_json_error_says_where_in_the_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = os.path.join(tmp, "r.json")
+            write(report, '{\n  "completed": 2,\n  "failed": 0,\n}\n')
+            self.assert_one_line(run("compare", report, *PRESETS), mentions=["r.json", "at line 4 column 1"])
+
+    def test_a_start_time_below_0_or_an_error_that_is_not_text_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = detailed_report(3)
+            del report["config"]["started_perf"]
+            report["start_times"][1] = -50.0
+            path = write_json(os.path.join(tmp, "neg.json"), report)
+            self.assert_one_line(run("compare", path, *PRESETS), mentions=["request 1's start time", "from 0"])
+            path = write_json(os.path.join(tmp, "err.json"), detailed_report(2, errors=["", 12345]))
+            self.assert_one_line(run("compare", path, *PRESETS), mentions=["request 1's error must be text"])
+
+    def test_a_reports_error_reaches_the_terminal_without_its_escapes(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = detailed_report(2, errors=["", "http 500: \x1b[2Jboom"], completed=1, failed=1)
+            report["ttfts"][1], report["itls"][1], report["output_lens"][1] = None, [], 0
+            first = write_json(os.path.join(tmp, "a.json"), report)
+            second = detailed_report(2, config={"run_id": "abc123", "started_unix": 1.7e9 + 5, "started_perf": 15.0})
+            second["start_times"] = [15.0, 15.5]
+            second = write_json(os.path.join(tmp, "b.json"), second)
+            r = run("merge", first, second)
+            self.assertNotIn("\x1b", r.out + r.err, r.seen())
+            self.assertIn("\\x1b[2Jboom", r.out, r.seen())

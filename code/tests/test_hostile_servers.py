@@ -113,8 +113,8 @@ class ServerStrings(unittest.TestCase):
         found = []
         for mode in ((), ("--json",), ("--detailed",)):
             svg = os.path.join(tmp, f"run{len(found)}.svg")
-            r = run("loadgen", "--url", server.url, "--requests", 1, "--api-key", key, "--plot", svg, *mode,
-                    *extra)
+            r = run("loadgen", "--url", server.url, "--requests", 1, *(("--api-key", key) if key else ()), "--plot",
+                    svg, *mode, *extra)
             self.assertNotIn("Traceback", r.err)
             text = ""
             if os.path.exists(svg):
@@ -387,3 +387,34 @@ class DefaultPrompt(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class StreamWords(unittest.TestCase):
+    """helper-53: an SSE `event: error` was recorded as `truncated`, its message lost; a finish_reason
+    that is an object was counted as a completion and stored as a Python repr; an empty --api-key
+    sent `Bearer ` with no key."""
+
+    def test_an_error_event_is_the_servers_failure_with_its_message(self):
+        stream = scripted("event: error\ndata: " + json.dumps({"message": "overloaded, retry"}) + "\n\n")
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
+        self.assertEqual(r.code, 1, r.err)
+        report = r.json()
+        self.assertEqual(list(report["first_error_by_kind"].values()), ["server error in stream: overloaded, retry"])
+
+    def test_a_finish_reason_that_is_not_text_fails_the_request(self):
+        stream = scripted(data(chunk({"content": " tok"})), data(chunk(finish={"x": [1, 2]})), "data: [DONE]\n\n")
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
+        self.assertEqual(r.code, 1, r.err)
+        (error,) = r.json()["first_error_by_kind"].values()
+        self.assertTrue(error.startswith("bad stream: a finish_reason is not a string"), error)
+        self.assertEqual(r.json()["completed"], 0)
+
+    def test_an_empty_key_or_model_is_refused(self):
+        for flag in ("--api-key", "--model"):
+            for value in ("", "  "):
+                with self.subTest(flag=flag, value=value):
+                    r = run("loadgen", "--url", "http://127.0.0.1:9", flag, value, "--requests", 1)
+                    self.assertEqual(r.code, 2, r.err)
+                    self.assertIn(f"argument {flag}: is empty", r.err)

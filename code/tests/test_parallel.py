@@ -429,6 +429,12 @@ class Sweep(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertRegex(out, r"\n +1  does not fit: llama-3.3-70b does not fit")
         self.assertIn("1 of 2 points do not fit", err)
+        # Each setting as its flag takes it (helper-55: "quantization None" for none, "True" for on).
+        code, out, err = call_cli("sweep", "--model", "llama-3.3-70b", "--quantization", "none,fp8",
+                                  "--hardware", "l4-24gb", "--requests", "20", "--jobs", "1")
+        self.assertIn("points do not fit (quantization none, quantization fp8)", err)
+        self.assertEqual(main.point_label({"enable_expert_parallel": True, "hardware": main.HARDWARE["l4-24gb"]}),
+                         "enable-expert-parallel on hardware l4-24gb")
         code, out, err = call_cli("sweep", "--model", "llama-3.3-70b", "--hardware", "l4-24gb,rtx-4090-24gb",
                                   "--requests", "30", "--jobs", "1")
         self.assertEqual(code, 1)

@@ -113,6 +113,8 @@ class SteadyWindow(unittest.TestCase):
         self.assertIn("all 100 requests were sent before the first one ended (30.0 s in): one burst", w["note"])
         self.assertEqual(main.load_verdict({"steady_state": w}), "one burst")
         self.assertEqual(main.steady_lines(w), [f"{'steady':<12}{w['note']}"])
+        # An empty window at the first end (helper-55: it ended at the last send, before it began).
+        self.assertEqual((w["start_s"], w["end_s"], w["last_sent_s"]), (30.0, 30.0, 0.99))
         probing = main.Probing(main.parse_slo("ttft_p95:1e9"))
         self.assertEqual(probing.misses({"steady_state": w, "p95_ttft_ms": 1.0, "failed": 0}),
                          ["one burst: all 100 requests were sent before the first one ended (30.0 s in)"])
@@ -907,7 +909,7 @@ class TraceRepeats(unittest.TestCase):
         lines = out.splitlines()
         at = next(i for i, line in enumerate(lines) if line.startswith("seeds"))
         self.assertIn("3 runs a point, seeds 7-9: every figure above is their mean", lines[at])
-        for point, rate in zip(json.loads(js), ("5.0", "20.0")):
+        for point, rate in zip(json.loads(js), ("5", "20")):
             spread = point["seeds"]["spread"]["output_throughput"]
             said = f"  rate {rate}, sustained in {point['seeds']['sustained']} of 3"
             short = point["seeds"].get("too_short")
