@@ -4468,7 +4468,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
-        "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
+        "pipeline_parallel_size": spec.pipeline_parallel_size, "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
         "engine_base": engine_profile(spec).base or None, "async_scheduling": engine_profile(spec).overlap,
     }
@@ -6344,15 +6344,19 @@ def unique_keys(pairs: list) -> dict:
     return seen
 
 
+def json_int(digits: str):
+    """An integer past 20 digits read as the float it is (inf past 308), so every range check
+    that follows sees a number it can compare, not one too large to convert (Python refuses
+    integers past 4,300 digits outright)."""
+    return int(digits) if len(digits) <= 20 else float(digits)
+
+
 def parse_json(text: str, where: str, expect: str):
     """JSON, or a one-line error: bad syntax (where in a file of several lines), a key given
     twice in one object (which of two values was meant is not ours to guess), integers past
     Python's 4,300 digits, deep nesting."""
     try:
-        # An integer past 20 digits is read as the float it is (inf past 308), so every range
-        # check that follows sees a number it can compare, not one too large to convert.
-        return json.loads(text, parse_int=lambda digits: int(digits) if len(digits) <= 20 else float(digits),
-                          object_pairs_hook=unique_keys)
+        return json.loads(text, parse_int=json_int, object_pairs_hook=unique_keys)
     except RecursionError:
         raise UserError(f"{where}: JSON nested too deeply; {expect}") from None
     except DuplicateKey as e:
@@ -6776,7 +6780,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             raise UserError(f"{kind} {name}: request {i}'s itls must be a list of seconds between tokens, got "
                             f"{printable(str(gaps)[:40])!r}")
         gaps = [seconds(g, i, "gap between tokens") for g in gaps]
-        if output and len(gaps) > output - 1:       # a gap is between two of its tokens
+        if len(gaps) > max(0, output - 1):       # a gap is between two of its tokens (0 tokens: none)
             raise UserError(f"{kind} {name}: request {i} has {len(gaps):,} gaps between tokens for an output of "
                             f"{output:,} tokens; each gap is between two of them")
         first = sent + seconds(ttft, i, "ttft")
@@ -6818,6 +6822,9 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                                 f"got {str(value)[:40]}")
             settings[key] = value
         if "block_size" in shape:     # vLLM's: its block count, which a changed deployment drops (recorded_spec)
+            if settings["kv_tokens"] % shape["block_size"] or settings["kv_tokens"] < shape["block_size"]:
+                raise UserError(f"{kind} {name}: server.shape.kv_tokens {settings['kv_tokens']:,} is not a whole "
+                                f"number of its {shape['block_size']:,}-token blocks; a cache holds whole blocks")
             settings["num_gpu_blocks"] = settings.pop("kv_tokens") // shape["block_size"]
         if "prefix_caching" in shape:
             if not isinstance(shape["prefix_caching"], bool):
@@ -8065,7 +8072,7 @@ def error_message(data: str) -> str:
 def take_event(data: str, at: float, record: StreamRecord) -> None:
     """One chat.completion.chunk into the record; a malformed one is a StreamError."""
     try:
-        event = json.loads(data)
+        event = json.loads(data, parse_int=json_int)     # (a 5,000-digit count is a bad count, not bad JSON)
     except (ValueError, RecursionError):
         raise StreamError(f"bad stream: an event is not JSON: {data[:80]!r}") from None
     if not isinstance(event, dict):
@@ -11444,6 +11451,7 @@ def capacity_json(plan: CapacityPlan, cost: Roofline, engine: Optional[str] = No
         "decode_step_ms": cost.step_seconds(1, 0, 1, 1) * 1000,
         "critical_batch_tokens": cost.critical_batch(),
         "tensor_parallel_size": plan.tensor_parallel_size,     # every figure above is one GPU's
+        "pipeline_parallel_size": plan.pipeline_parallel_size,
         "data_parallel_size": plan.replicas, "enable_expert_parallel": plan.expert_parallel,
         "all_reduce_ms": (cost.inner if isinstance(cost, ExpertParallel) else cost).communication_seconds(1) * 1000
         if isinstance(cost.inner if isinstance(cost, ExpertParallel) else cost, Parallel) else 0.0,

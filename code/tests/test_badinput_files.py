@@ -872,3 +872,30 @@ class HelperFiftyFour(Checks):
             r = run("merge", first, second)
             self.assertNotIn("\x1b", r.out + r.err, r.seen())
             self.assertIn("\\x1b[2Jboom", r.out, r.seen())
+
+
+class ReportsThatContradictThemselves(Checks):
+    """helper-54: a request of 0 output tokens with 101 gaps between them was scored, and a server
+    shape of fewer KV tokens than one block was blamed on the memory (exit 1); helper-55: --json kept
+    no pipeline parallel size."""
+
+    def test_zero_tokens_with_gaps_and_a_cache_of_part_blocks_are_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = detailed_report(2)
+            report["output_lens"][1] = 0
+            path = write_json(os.path.join(tmp, "zero.json"), report)
+            self.assert_one_line(run("compare", path, *PRESETS), mentions=["request 1 has 4 gaps", "output of 0"])
+            for tokens in (1000, 100001):
+                shaped = detailed_report(2, server={"shape": {"kv_tokens": tokens, "block_size": 2048 if tokens == 1000
+                                                              else 16}})
+                path = write_json(os.path.join(tmp, f"shape{tokens}.json"), shaped)
+                self.assert_one_line(run("compare", path, *PRESETS),
+                                     mentions=[f"server.shape.kv_tokens {tokens:,} is not a whole number"])
+
+    def test_json_says_the_pipeline(self):
+        for command in ("capacity", "simulate"):
+            r = run(command, "-pp", 2, "--requests", 5, "--json") if command == "simulate" else \
+                run(command, "-pp", 2, "--json")
+            self.assertEqual(r.code, 0, r.seen())
+            found = r.json() if command == "capacity" else r.json()["config"]
+            self.assertEqual(found["pipeline_parallel_size"], 2)

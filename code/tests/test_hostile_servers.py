@@ -343,6 +343,18 @@ class Contradictions(unittest.TestCase):
         tok_s = float(throughput.split()[1].replace(",", ""))
         self.assertTrue(shown or tok_s < 1e6, f"the text report shows no warning beside: {throughput}")
 
+    def test_a_5000_digit_usage_count_is_a_bad_count_not_a_failed_request(self):
+        # helper-53: valid JSON past Python's 4,300-digit integers read as "an event is not JSON"
+        huge = "9" * 5000
+        stream = scripted(data(chunk({"content": " tok"})), data(chunk({"content": " tok"})), data(chunk(finish="stop")),
+                          'data: {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 12, '
+                          '"completion_tokens": ' + huge + ', "total_tokens": 12}}\n\n', "data: [DONE]\n\n")
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        report = r.json()
+        self.assertEqual((report["completed"], report["total_output_tokens"]), (1, 2))     # its events, counted
+
     def test_a_server_listing_no_model_says_so_and_a_gzip_trace_says_how_to_read_it(self):
         # helper-38: "(IndexError: list index out of range)"; "is a binary file, not text"
         with FakeServer(paced(), models={"object": "list", "data": []}) as server:
