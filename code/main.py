@@ -7096,6 +7096,12 @@ def read_corpus(folder: str) -> tuple[list[PublishedRun], list[str]]:
                 run = published_run(row, source, os.path.join(folder, source), where)
                 if any(r.name == run.name for r in runs):     # it would be scored twice, and weigh twice in every median
                     raise UserError(f"{where}: a second run named {run.name}; give each run its own name")
+                replays = lambda r: os.path.realpath(os.path.join(r.folder, r.load["replay"])) \
+                    if "replay" in r.load else None
+                twin = next((r for r in runs if replays(run) and replays(r) == replays(run)), None)
+                if twin:                                      # the same measurements under another name
+                    raise UserError(f"{where} ({run.name}): replays {run.load['replay']}, which run {twin.name} "
+                                    f"replays already; a run is scored once")
                 runs.append(run)
             except UserError as e:
                 skipped.append(str(e))
@@ -7120,7 +7126,7 @@ PUBLISHED_RUN_FIELDS = frozenset(("name", "engine", "engine_version", "hardware"
 
 
 def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
-    if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+    if not isinstance(row, dict) or not isinstance(row.get("name"), str) or not row["name"].strip():
         raise UserError(f"{where}: expected an object with a name")
     where = f"{where} ({printable(row['name'][:80])})"
     unknown = sorted(set(row) - PUBLISHED_RUN_FIELDS)
@@ -7247,8 +7253,11 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
     if len(rows) > MAX_REQUESTS:
         raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})"
                         + (" or read its first --requests N" if cut_by_requests else ""))
-    if fmt in ("azure", "vllm-bench"):          # wall-clock times: count from the first request
-        first = min(row[0] for row in rows)
+    first = min(row[0] for row in rows)
+    if fmt in ("azure", "vllm-bench") or first > MAX_ARRIVAL_S:      # wall-clock times: count from the first
+        if fmt not in ("azure", "vllm-bench"):
+            notes[f"its first request is sent at {first:,.0f} s, more than a year in: wall-clock (epoch) seconds "
+                  f"by the look of it, so its times are counted from that request"] += 1
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
@@ -10906,16 +10915,22 @@ def print_validation(report: dict, w) -> None:
     figures = (("tok/s", "output_throughput"), ("TPOT ms", "mean_tpot_ms"), ("TTFT ms", "mean_ttft_ms"),
                ("E2E ms", "mean_e2el_ms"))
     width = max([3, *(len(r["name"]) + 2 * bool(r.get("inferred")) for r in runs)]) + 4
+
+    def cell(row: Optional[dict]) -> tuple[str, str]:
+        return (number(row["measured"]), f"{row['error']:+.0%}") if row and row["error"] is not None else ("-", "-")
+    # Each column as wide as its widest cell (a 7-hour TTFT and its -100% ran into the next column).
+    cells_of = {key: [cell(r["rows"].get(key)) for r in runs] for _, key in figures}
+    widths = {key: (max([10, *(len(a) + 1 for a, _ in cells_of[key])]), max([8, *(len(b) + 1 for _, b in cells_of[key])]))
+              for _, key in figures}
     w(f"{'run':<{width}}{'engine':<8}{'GPUs':>4}{'scale':>7}"
-      + "".join(f"{label:>10}{'error':>8}" for label, _ in figures) + "  kept up\n")
+      + "".join(f"{label:>{widths[key][0]}}{'error':>{widths[key][1]}}" for label, key in figures) + "  kept up\n")
     for source in summary["by_source"]:
         w(f"{source}\n")
         for r in (r for r in runs if r["source"] == source):
             cells = ""
             for _, key in figures:
-                row = r["rows"].get(key)
-                cells += f"{number(row['measured']):>10}{row['error']:>+8.0%}" if row and row["error"] is not None \
-                    else f"{'-':>10}{'-':>8}"
+                shown, error = cell(r["rows"].get(key))
+                cells += f"{shown:>{widths[key][0]}}{error:>{widths[key][1]}}"
             measured, predicted = r["sustained"]["measured"], r["sustained"]["servesim"]
             verdict = "-" if measured is None or predicted is None else ("yes" if measured else "no") + (
                 "" if measured == predicted else f", predicted {'yes' if predicted else 'no'}")

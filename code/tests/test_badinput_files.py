@@ -899,3 +899,17 @@ class ReportsThatContradictThemselves(Checks):
             self.assertEqual(r.code, 0, r.seen())
             found = r.json() if command == "capacity" else r.json()["config"]
             self.assertEqual(found["pipeline_parallel_size"], 2)
+
+
+class EpochTimes(Checks):
+    def test_a_trace_whose_times_are_wall_clock_seconds_counts_from_its_first_request(self):
+        # helper-54: a BurstGPT trace of two rows one second apart at epoch seconds "spans more than a year"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(os.path.join(tmp, "epoch.csv"), "Timestamp,Model,Request tokens,Response tokens,Total tokens,"
+                         "Log Type\n1700000000,ChatGPT,100,20,120,Conversation log\n"
+                         "1700000001,ChatGPT,200,30,230,Conversation log\n")
+            r = run("simulate", "--trace", path, "--trace-format", "burstgpt", "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertIn("first request is sent at 1,700,000,000 s, more than a year in", r.err)
+        self.assertEqual(r.json()["completed"], 2)
+        self.assertLess(r.json()["duration"], 10)

@@ -4,8 +4,9 @@ measured can move the scale it is scored with. Engine profiles and their sources
 against the values the engines' own code sets."""
 import json
 import math
-import shutil
 import os
+import re
+import shutil
 import tempfile
 import unittest
 
@@ -152,6 +153,30 @@ class Corpus(unittest.TestCase):
                      "(o): no engine; give the engine it ran on"):
             self.assertIn(said, out)
         self.assertEqual(out.count("  fine "), 1, out)
+
+    def test_one_replay_under_two_names_or_a_blank_name_is_skipped(self):
+        # helper-54: runs "a" and "a-copy" replaying one folder both scored, weighing twice in every median
+        source = os.path.join(FIXTURES, "published-runs", "llmservingsim")
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "s"))
+            shutil.copytree(os.path.join(source, "rtx4090-llama-3.1-8b"), os.path.join(tmp, "s", "run"))
+            row = {"name": "a", "engine": "vllm", "settings": {}, "load": {"replay": "run"}}
+            with open(os.path.join(tmp, "s", "runs.json"), "w") as f:
+                json.dump({"runs": [row, {**row, "name": "a-copy"}, {**row, "name": "  "}]}, f)
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("(a-copy): replays run, which run a replays already; a run is scored once", out)
+        self.assertIn("run 3: expected an object with a name", out)
+        self.assertEqual(len(re.findall(r"(?m)^  a +vllm", out)), 1, out)
+
+    def test_a_figure_wider_than_its_column_widens_the_column(self):
+        # helper-54: "+31%27,516,291.1   -100%": a 7-hour TTFT ran into the error before it
+        with tempfile.TemporaryDirectory() as tmp:
+            write_corpus(tmp, {"a": [closed_loop_run("slow", ttft=27_516_291.1), closed_loop_run("fine")]})
+            code, out, err = call_cli("validate", tmp, "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        row = next(line for line in out.splitlines() if line.startswith("  slow"))
+        self.assertRegex(row, r"%\s+27,516,291\.1\s+-100%")
 
     def test_runs_with_settings_read_from_their_own_figures_are_marked_and_scored_apart(self):
         with tempfile.TemporaryDirectory() as tmp:
