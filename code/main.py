@@ -7261,6 +7261,10 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
+    for before, row in zip(rows, rows[1:]):      # (a file sorted by another column, or merged from several)
+        if row[0] < before[0]:
+            notes["{:,} rows are timed before the row above them; every request is sent at its own time, "
+                  "in time order"] += 1
     # A reader may add a fifth field of extras: the row's reasoning tokens, its id, its parent's.
     extras = [row[4] if len(row) > 4 else {} for row in rows]
     reasoning = tuple(extra.get("reasoning", 0) for extra in extras)

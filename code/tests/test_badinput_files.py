@@ -913,3 +913,15 @@ class EpochTimes(Checks):
         self.assertIn("first request is sent at 1,700,000,000 s, more than a year in", r.err)
         self.assertEqual(r.json()["completed"], 2)
         self.assertLess(r.json()["duration"], 10)
+
+
+class RowsOutOfOrder(Checks):
+    def test_rows_timed_before_the_row_above_are_said_and_sent_in_time_order(self):
+        # helper-54: reordered in every format without a word
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(os.path.join(tmp, "back.jsonl"), "".join(
+                f'{{"arrival": {t}, "prompt_tokens": 10, "output_tokens": 2}}\n' for t in (5, 1, 3)))
+            r = run("simulate", "--trace", path, "--detailed")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertIn("1 rows are timed before the row above them; every request is sent at its own time", r.err)
+        self.assertEqual(sorted(r.json()["start_times"]), [1.0, 3.0, 5.0])
