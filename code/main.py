@@ -10155,6 +10155,7 @@ def server_flags(text: str) -> dict:
     except ValueError as e:
         raise UserError(f"--server-flags: cannot split {text!r} ({e})") from None
     found: dict = {}
+    setters: dict = {}      # what set each: the flag as given
     i = 0
     while i < len(words):
         flag, value = words[i].partition("=")[::2] if words[i].startswith("--") else (words[i], "")
@@ -10170,7 +10171,11 @@ def server_flags(text: str) -> dict:
                 raise UserError(f"--server-flags: {flag} needs a whole number, got {value!r}") from None
             if not 1 <= number <= 10**9:
                 raise UserError(f"--server-flags: {flag} must be from 1 to 1,000,000,000, got {number}")
-            found[FLAG_NAMES[flag]] = number
+            key = FLAG_NAMES[flag]
+            if key in found and found[key] != number:     # (two engines' names for one knob: which ran?)
+                raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {setters[key]} "
+                                f"{found[key]:,} and {flag} {number:,}; give the one the server ran with")
+            found[key], setters[key] = number, flag
         elif flag.startswith("-"):
             close = difflib.get_close_matches(flag, [*FLAG_NAMES, *SWITCHES], n=1, cutoff=0.8)
             if close:
@@ -10230,6 +10235,10 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                     f"a loadgen --json report or a simulate/sweep --json report")
 
 
+EXPLAIN_SHARES = frozenset(("kv_peak", "prefix_hit_rate", "peak_kv_cache_usage", "peak_token_usage"))
+EXPLAIN_AT_LEAST_ONE = frozenset(("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size"))
+
+
 def signals_from_report(report: dict, name: str, previous: Optional[dict] = None) -> Signals:
     def number_at(section: dict, key: str, label: str = "") -> Optional[float]:
         """A figure of the report: None if it is not there, a one-line error if it is not a number."""
@@ -10238,6 +10247,12 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise UserError(f"explain input {name}: {label or key} is {str(value)[:40]!r}; expected a number")
+        # Every figure explain reads is a count, a time or a share: a diagnosis drawn from a KV peak
+        # of 7,500% or a cap of 0 sequences would be the edit's, not the server's.
+        low, high = (0, 1) if key in EXPLAIN_SHARES else (1, math.inf) if key in EXPLAIN_AT_LEAST_ONE else (0, math.inf)
+        if not low <= value <= high:
+            raise UserError(f"explain input {name}: {label or key} is {value:g}; expected "
+                            + ("a share from 0 to 1" if high == 1 else f"a number of at least {low}"))
         return value
 
     done = number_at(report, "completed") or 0

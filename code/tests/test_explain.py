@@ -6,7 +6,7 @@ import re
 import tempfile
 import unittest
 
-from helpers import FIXTURES, ROOT, main, run_cli
+from helpers import FIXTURES, ROOT, call_cli, main, run_cli
 
 RUNBOOK = os.path.join(ROOT, "outputs", "skill-llm-serving-tuning.md")
 
@@ -325,3 +325,32 @@ class NothingRan(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ExplainReadsWhatCanBe(unittest.TestCase):
+    """helper-55: a KV peak edited to 75 (7,500%) turned a healthy run KV-bound; a cap of 0 sequences
+    dropped the cap line; --server-flags with two engines' caps (64 and 4) used one in silence."""
+
+    def test_impossible_figures_and_a_cap_given_twice_are_refused(self):
+        code, out, err = call_cli("simulate", "--requests", "20", "--json")
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        with tempfile.TemporaryDirectory() as tmp:
+            for where, key, value, said in (("engine", "kv_peak", 75, "engine.kv_peak is 75; expected a share"),
+                                            ("config", "max_num_seqs", 0, "config.max_num_seqs is 0; expected a number "
+                                                                          "of at least 1"),
+                                            ("engine", "peak_waiting", -3, "engine.peak_waiting is -3")):
+                edited = json.loads(out)
+                edited[where][key] = value
+                path = os.path.join(tmp, f"{key}.json")
+                with open(path, "w") as f:
+                    json.dump(edited, f)
+                code, shown, err = call_cli("explain", path)
+                self.assertEqual((code, shown), (2, ""), err)
+                self.assertIn(said, err)
+            path = os.path.join(tmp, "fine.json")
+            with open(path, "w") as f:
+                json.dump(report, f)
+            code, _, err = call_cli("explain", path, "--server-flags", "--max-num-seqs 64 --parallel 4")
+        self.assertEqual(code, 2)
+        self.assertIn("--server-flags gives the sequence cap twice, --max-num-seqs 64 and --parallel 4", err)
