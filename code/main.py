@@ -8466,6 +8466,8 @@ class MetricsSampler:
 
 
 SHARES = ("peak_kv_cache_usage", "peak_token_usage", "prefix_hit_rate")     # of the cache, of prefix lookups: 0 to 1
+WHOLE_COUNTS = ("decode_calls", "peak_requests_processing", "peak_requests_deferred", "peak_running", "peak_waiting",
+                "peak_queued", "preemptions")      # requests and calls come whole
 
 
 def server_window(scrapes: list[dict[str, float]]) -> dict:
@@ -8474,9 +8476,12 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
         return {}
     before, after = scrapes[0], scrapes[-1]
 
-    went_down = []
+    went_down, below_zero = [], []
 
     def delta(name):     # a counter that went backwards (the server restarted) has no window
+        if name in after and name in before and min(after[name], before[name]) < 0:
+            below_zero.append(f"{name} {min(after[name], before[name]):,.4g}")    # no counter counts below 0
+            return None
         if name in after and name in before and after[name] < before[name]:
             went_down.append(name)
         return after[name] - before[name] if name in after and name in before and after[name] >= before[name] \
@@ -8538,11 +8543,11 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
     # Each figure held to what a server can give: no count of requests or tokens below 0, no share
     # of the cache or of prefix lookups above 1. One that is not is left out and said.
     bad = {key: value for key, value in window.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
-           and (value < 0 or (key in SHARES and value > 1))}
-    if bad:
+           and (value < 0 or (key in SHARES and value > 1) or (key in WHOLE_COUNTS and value != int(value)))}
+    if bad or below_zero:
         window.update(dict.fromkeys(bad))
         window["impossible"] = "left out, as no server gives them: " + ", ".join(
-            f"{key} {value:,.4g}" for key, value in bad.items())
+            [*(f"{key} {value:,.4g}" for key, value in bad.items()), *(printable(n) for n in below_zero)])
     if went_down:
         window["went_down"] = (f"{', '.join(printable(n) for n in sorted(set(went_down)))} went down between the "
                                f"first scrape and the last (the server restarted?): their window is left out")

@@ -100,6 +100,13 @@ class ServerWindow(unittest.TestCase):
         w = main.server_window(llama)
         self.assertIsNone(w["mean_batch_per_decode"])      # (0.5 x 120 - 5 x 100) / 20 = -22
         self.assertIn("mean_batch_per_decode -22", w["impossible"])
+        # helper-53: a counter stuck at -4 read as 0 tokens, and 1.5 requests as a peak.
+        stuck = [{"llamacpp:prompt_tokens_total": -4, "llamacpp:requests_processing": 1.5},
+                 {"llamacpp:prompt_tokens_total": -4, "llamacpp:requests_processing": 1.0}]
+        w = main.server_window(stuck)
+        self.assertEqual((w["prompt_tokens"], w["peak_requests_processing"]), (None, None))
+        self.assertEqual(w["impossible"], "left out, as no server gives them: peak_requests_processing 1.5, "
+                                          "llamacpp:prompt_tokens_total -4")
         # One series twice is left out, not added (it doubled the tokens); several engines' series add up.
         ignored = Counter()
         page = ('vllm:generation_tokens_total{model_name="a"} 30\nvllm:generation_tokens_total{model_name="a"} 30\n'
