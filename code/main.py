@@ -1604,6 +1604,11 @@ def detailed_arrays(requests: list) -> dict:
         "latencies": [r.last_token_s - r.sent_s if good else None for r, good in zip(requests, ok)],
         "start_times": [r.sent_s for r in requests],
         "errors": [r.error or "" for r in requests],
+        # What a request streamed before it failed (its tokens, and its first token's time): the
+        # arrays above count it as vllm bench serve does, as nothing.
+        "failed_streamed": [None if good or not r.token_times else
+                            {"tokens": len(r.token_times), "ttft": r.token_times[0] - r.sent_s}
+                            for r, good in zip(requests, ok)],
         **({"ttfas": [r.answer_s - r.sent_s if good and r.answer_s is not None else None
                       for r, good in zip(requests, ok)]}
            if any(getattr(r, "reasoning_tokens", 0) for r in requests) else {}),
@@ -8987,6 +8992,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         else set(range(config.warmup))
     measured = [r for r in records if r.index not in warm]
     result = summarize(measured, slos=config.slos)
+    # vllm bench serve counts a failed request's tokens as none, and so does the summary above; what
+    # a request streamed before it failed or was stopped was measured all the same: kept apart.
+    result["failed_streamed_tokens"] = sum(len(r.token_times) for r in measured if r.error is not None)
     if config.warmup:
         result["warmup_requests"] = len(records) - len(measured)
     result["cost"] = cost_report(config.price_per_hour, result["output_throughput"])
@@ -10748,6 +10756,9 @@ def print_run(result: dict, out=None) -> None:
             example = f"{kind} (the first: {example[len(kind):].lstrip(': ')})"
         example = printable(example)     # a report's errors are a server's words: no terminal escapes
         w(f"{'':<12}{count_text(n)} x {example if len(example) <= 160 else example[:157] + '...'}\n")
+    if result.get("failed_streamed_tokens"):
+        w(f"{'':<12}{result['failed_streamed_tokens']:,} tokens streamed before their requests failed (counted apart: "
+          f"vllm bench serve counts a failed request's as none)\n")
     if result.get("stopped"):
         w(f"{'':<12}stopped early: {result['stopped']}\n")
     if result.get("hint"):

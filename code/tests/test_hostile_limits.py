@@ -189,13 +189,15 @@ def group_members(group):
 
 class DeadWorkers(unittest.TestCase):
     """# issue 20 finding 7: a --jobs worker killed (by the OOM killer) leaves the pool waiting
-    forever; Ctrl-C then reports 0 points. Point order 1,64: the slow point (1 client) first, so
-    the fast point's result waits behind it; the worker running the slow one is SIGKILLed."""
-    SWEEP = ["sweep", "--requests", "24000", "--concurrency", "1,64", "--jobs", "2"]
+    forever; Ctrl-C then reports 0 points. Point order 1,96: the slow point (1 client) first, so
+    the fast point's result waits behind it; the worker running the slow one is SIGKILLed. (At
+    24,000 requests and 64 clients the engine grew fast enough that the slow point ended about
+    a second after the fast one, and an idle machine never showed one worker idle for a second.)"""
+    SWEEP = ["sweep", "--requests", "60000", "--concurrency", "1,96", "--jobs", "2"]
 
     def start_until_one_worker_is_idle(self, args):
-        """Start the sweep; wait until one worker has gone idle (concurrency 64 done, ~2 s) while
-        the other still runs concurrency 1 (~7 s); the busy worker's pid. Idle means no CPU at all
+        """Start the sweep; wait until one worker has gone idle (concurrency 96 done, ~3 s) while
+        the other still runs concurrency 1 (~6 s); the busy worker's pid. Idle means no CPU at all
         over a second, busy a few ticks: on a machine other tests load, a running worker may get
         a small share of a core, but never none for a second."""
         t0 = time.monotonic()
@@ -230,7 +232,7 @@ class DeadWorkers(unittest.TestCase):
         self.assertEqual(len(r.lines()), 1, r.err)
         self.assertRegex(r.lines()[0], r"(?i)worker process died.*concurrency 1")
         points = r.json()
-        self.assertEqual([p["config"]["sweep_value"] for p in points], [64], "the finished point was not kept")
+        self.assertEqual([p["config"]["sweep_value"] for p in points], [96], "the finished point was not kept")
 
     def test_ctrl_c_after_a_worker_died_keeps_the_finished_points(self):
         # issue 20 finding 7: "SIGINT then reports 0 points"
@@ -245,10 +247,10 @@ class DeadWorkers(unittest.TestCase):
             kill_group(proc)
         self.assertNotIn("Traceback", r.err)
         points = r.json()
-        self.assertIn(64, [p["config"]["sweep_value"] for p in points], "the finished point was lost")
+        self.assertIn(96, [p["config"]["sweep_value"] for p in points], "the finished point was lost")
 
     def test_ctrl_c_keeps_a_point_that_finished_behind_a_running_one(self):
-        # issue 20 finding 7: concurrency 64 finished while concurrency 1 (before it in order)
+        # issue 20 finding 7: concurrency 96 finished while concurrency 1 (before it in order)
         # still runs; Ctrl-C keeps it, in the JSON list and as a row of the table
         for mode in (("--json",), ()):
             with self.subTest(mode=mode):
@@ -262,10 +264,10 @@ class DeadWorkers(unittest.TestCase):
                 self.assertEqual(r.code, 130, r.seen())
                 self.assertEqual(len(r.lines()), 1, r.err)
                 if mode:
-                    self.assertEqual([p["config"]["sweep_value"] for p in r.json()], [64])
+                    self.assertEqual([p["config"]["sweep_value"] for p in r.json()], [96])
                 else:
                     rows = [line.split()[0] for line in r.out.splitlines()[2:]]
-                    self.assertEqual(rows, ["64"], r.out)
+                    self.assertEqual(rows, ["96"], r.out)
 
 
 class WholeInputs(unittest.TestCase):

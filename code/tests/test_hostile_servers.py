@@ -423,6 +423,20 @@ class StreamWords(unittest.TestCase):
         self.assertTrue(error.startswith("bad stream: a finish_reason is not a string"), error)
         self.assertEqual(r.json()["completed"], 0)
 
+    def test_what_a_failed_request_streamed_is_kept_apart(self):
+        # helper-53: three tokens streamed, then the stream ended: the report kept none of them
+        stream = scripted(*[data(chunk({"content": " tok"})) for _ in range(3)])
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--detailed")
+            text = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1)
+        self.assertEqual(r.code, 1, r.err)
+        report = r.json()
+        self.assertEqual((report["completed"], report["total_output_tokens"]), (0, 0))    # as vllm bench serve
+        self.assertEqual(report["failed_streamed_tokens"], 3)
+        self.assertEqual(report["failed_streamed"][0]["tokens"], 3)
+        self.assertGreater(report["failed_streamed"][0]["ttft"], 0)
+        self.assertIn("3 tokens streamed before their requests failed", text.out)
+
     def test_an_empty_key_or_model_is_refused(self):
         for flag in ("--api-key", "--model"):
             for value in ("", "  "):
