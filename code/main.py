@@ -6185,14 +6185,18 @@ def search_grid(given: dict) -> tuple[list[str], list[dict]]:
     return axes, [dict(zip(axes, combination)) for combination in itertools.product(*(given[a] for a in axes))]
 
 
-def applicable(spec: RunSpec, points: list[dict]) -> tuple[list[dict], int]:
-    """The grid's deployments less those where expert parallelism, tried on and off, has one GPU to
-    spread the experts over (the same deployment as with it off); and how many were left out."""
+def applicable(spec: RunSpec, points: list[dict], what: str) -> list[dict]:
+    """The grid's points less those where expert parallelism, tried on and off, has one GPU to
+    spread the experts over (the same deployment as with it off), said on stderr."""
     if not any("enable_expert_parallel" in p for p in points):
-        return points, 0
+        return points
     single = lambda d: d.enable_expert_parallel and d.data_parallel_size == 1 and d.tensor_parallel_size == 1
     kept = [p for p in points if not single(sweep_point(spec, p))]
-    return (kept, len(points) - len(kept)) if kept else (points, 0)
+    alone = len(points) - len(kept)
+    if kept and alone:
+        sys.stderr.write(f"servesim: {alone} {what}{'s' * (alone != 1)} with --enable-expert-parallel on and one GPU "
+                         f"left out: the experts have nowhere to spread (the same as with it off)\n")
+    return kept or points
 
 
 def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
@@ -12146,6 +12150,7 @@ def cmd_sweep(args) -> int:
                         f"{flag_of(fixed[0])} would change nothing: drop it")
     axes, points = sweep_grid(listed(args), args.gpus, args.trace)
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
+    points = applicable(spec, points, "point")
     for point in points:       # a bad combination is refused before any point runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
@@ -12322,10 +12327,7 @@ def cmd_search(args) -> int:
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
-    points, alone = applicable(spec, points)
-    if alone:
-        sys.stderr.write(f"servesim: {alone} deployment{'s' * (alone != 1)} with --enable-expert-parallel on and one "
-                         f"GPU left out: the experts have nowhere to spread (the same as with it off)\n")
+    points = applicable(spec, points, "deployment")
     for point in points:       # a bad combination is refused before anything runs, with a load on it
         with contextlib.suppress(CapacityError):
             build_engines(probing.probe(sweep_point(spec, point), 1))

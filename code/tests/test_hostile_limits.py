@@ -257,7 +257,7 @@ class DeadWorkers(unittest.TestCase):
                 proc, out_f, err_f, t0, _ = self.start_until_one_worker_is_idle(mode)
                 os.kill(proc.pid, signal.SIGINT)
                 try:
-                    r = finish(proc, out_f, err_f, t0, 20)
+                    r = finish(proc, out_f, err_f, t0, 45)
                 finally:
                     kill_group(proc)
                 self.assertNotIn("Traceback", r.err)

@@ -242,6 +242,15 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertAlmostEqual(json.loads(out)["weight_bytes"], model.weight_bytes, delta=1e3)
 
+    def test_a_sweep_over_expert_parallelism_on_and_off_leaves_out_its_one_gpu_point(self):
+        # helper-55: search took -dp 2,1 --enable-expert-parallel on,off and sweep refused it ("add -dp N")
+        code, out, err = call_cli("sweep", "--model", "qwen3-30b-a3b", "-dp", "2,1", "--enable-expert-parallel",
+                                  "on,off", "--requests", "20", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("1 point with --enable-expert-parallel on and one GPU left out", err)
+        points = [(r["config"]["data_parallel_size"], r["config"]["enable_expert_parallel"]) for r in json.loads(out)]
+        self.assertEqual(points, [(2, True), (2, False), (1, False)])
+
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
         device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)

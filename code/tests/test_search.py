@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 import xml.etree.ElementTree as ET
 
 from helpers import CODE, FIXTURES, ROOT, call_cli, main
@@ -54,10 +55,12 @@ class ExpertParallelGrid(unittest.TestCase):
     def test_expert_parallel_on_one_gpu_is_left_out_of_a_grid_that_tries_it_on_and_off(self):
         spec = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"])
         points = [{"data_parallel_size": dp, "enable_expert_parallel": ep} for dp in (2, 1) for ep in (True, False)]
-        kept, left_out = main.applicable(spec, points)
-        self.assertEqual(left_out, 1)
+        with mock.patch.object(main.sys, "stderr", io.StringIO()) as said:
+            kept = main.applicable(spec, points, "deployment")
+        self.assertEqual(len(kept), 3)
         self.assertNotIn({"data_parallel_size": 1, "enable_expert_parallel": True}, kept)
-        self.assertEqual(main.applicable(spec, [{"data_parallel_size": 2}]), ([{"data_parallel_size": 2}], 0))
+        self.assertIn("1 deployment with --enable-expert-parallel on and one GPU left out", said.getvalue())
+        self.assertEqual(main.applicable(spec, [{"data_parallel_size": 2}], "deployment"), [{"data_parallel_size": 2}])
 
 class Goodput(unittest.TestCase):
     def test_a_request_is_good_when_every_bound_holds_with_vllms_tpot(self):
