@@ -7442,16 +7442,19 @@ def trace_format(path: str, data: Optional[bytes] = None) -> str:
     return "servesim"
 
 
+WHOLE_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def trace_number(where: str, row: dict, name: str, low: float, high: float, whole_number: bool = True):
     value = row.get(name)
     if value is None:
         raise UserError(f"{where}: missing field {name!r}")
     kind = "a whole number" if whole_number else "a number"
-    if isinstance(value, str):
-        try:
-            value = float(value.strip()) if not whole_number else int(value.strip())
-        except ValueError:
-            raise UserError(f"{where}: field {name!r} must be {kind}, got {value[:40]!r}") from None
+    if isinstance(value, str):       # a CSV cell: ASCII digits only (Python's int() reads 4_4 as 44, and other scripts' digits)
+        if not (WHOLE_TEXT if whole_number else NUMBER_TEXT).fullmatch(value.strip()):
+            raise UserError(f"{where}: field {name!r} must be {kind}, got {printable(value[:40])!r}")
+        value = float(value.strip()) if not whole_number else int(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high or (whole_number and value != int(value)):
         raise UserError(f"{where}: field {name!r} must be {kind} from {low:,} to {high:,}, got {str(value)[:40]}")

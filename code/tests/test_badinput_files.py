@@ -925,3 +925,15 @@ class RowsOutOfOrder(Checks):
         self.assertEqual(r.code, 0, r.seen())
         self.assertIn("1 rows are timed before the row above them; every request is sent at its own time", r.err)
         self.assertEqual(sorted(r.json()["start_times"]), [1.0, 3.0, 5.0])
+
+
+class CsvDigits(Checks):
+    def test_a_cell_of_other_than_ascii_digits_is_refused_not_misread(self):
+        # helper-54: 1_000 and 4_4 read as 1000 and 44, and Arabic-Indic digits as 100, in silence
+        with tempfile.TemporaryDirectory() as tmp:
+            for cell in ("4_4", "\u0661\u0660\u0660"):
+                path = write(os.path.join(tmp, "t.csv"), "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                             f"2023-11-16 18:15:46.6805900,374,{cell}\n2023-11-16 18:15:50.9951690,374,44\n")
+                with self.subTest(cell=cell):
+                    self.assert_one_line(run("simulate", "--trace", path, "--trace-format", "azure"),
+                                         mentions=["line 2", "'GeneratedTokens' must be a whole number"])
