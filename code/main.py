@@ -4194,7 +4194,13 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):
             scheduler.deliver = engine.deliver
-        engine.plan_note = plan.note
+        # vLLM checks at start that one request of max_model_len fits the cache, and stops if not;
+        # the run is simulated as given, and says what vLLM would do (capacity says it too).
+        refused = f"vLLM would refuse to start this deployment: one request of {plan.max_model_len:,} tokens (the " \
+                  f"model's own length unless --max-model-len says) does not fit its {plan.kv_tokens:,}-token KV " \
+                  f"cache; vLLM needs --max-model-len {plan.kv_tokens} or less (simulated as given)" \
+            if plan.max_concurrency < 1 and engine_profile(spec).rules == "vllm" else ""
+        engine.plan_note = "; ".join(note for note in (plan.note, refused) if note)
         return engine
 
     if not spec.disaggregate:
@@ -12119,7 +12125,8 @@ def cmd_simulate(args) -> int:
     result = run(spec, Progress("simulate"), timeline=pictured) if args.seeds == 1 else \
         run_seeds(spec, args.seeds, Progress("simulate"))
     timeline = result.pop("timeline", None)
-    if result["config"].get("kv_plan_note"):
+    # (Where no request ran, the one line that says why is the run's: the cache it did not fit.)
+    if result["config"].get("kv_plan_note") and result["completed"]:
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
     if args.json or args.detailed:
         write_json(result)

@@ -64,6 +64,16 @@ class ModelLength(unittest.TestCase):
         self.assertIn("0.24x               at 131,072 tokens per request", out)
         self.assertIn("vLLM refuses to start: pass --max-model-len 31056 or less", out)
         self.assertNotIn("vllm would log", out)
+        # helper-55: simulate ran it without a word; it still runs it, and says what vLLM would do.
+        said = "vLLM would refuse to start this deployment: one request of 131,072 tokens"
+        code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn(said, err)
+        self.assertIn("vLLM needs --max-model-len 31056 or less", json.loads(out)["config"]["kv_plan_note"])
+        for flags in (("--max-model-len", "31056"), ("--engine", "sglang")):
+            code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", *flags)
+            self.assertEqual(code, 0, err)
+            self.assertNotIn(said, err)
 
 
 class CriticalBatch(unittest.TestCase):
