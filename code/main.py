@@ -8073,7 +8073,12 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
     if data_lines and "".join(data_lines).strip() == "[DONE]":
         done = True            # a last event without its blank line
     elif data_lines:
-        take_event("\n".join(data_lines), event_at, record)
+        try:
+            take_event("\n".join(data_lines), event_at, record)
+        except StreamError as e:      # a body cut inside an event: what ended it was the connection
+            if "not JSON" not in str(e):
+                raise
+            raise StreamError(f"truncated: the stream ended inside an event ({str(e).partition(': ')[2]})") from None
     if events == 0 and not done and not data_lines:
         if "text/event-stream" in (response.getheader("Content-Type") or ""):
             # It said it would stream, and the body ended first: a server stopped mid-answer.

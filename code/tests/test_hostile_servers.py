@@ -437,6 +437,15 @@ class StreamWords(unittest.TestCase):
         self.assertGreater(report["failed_streamed"][0]["ttft"], 0)
         self.assertIn("3 tokens streamed before their requests failed", text.out)
 
+    def test_a_stream_cut_inside_an_event_is_truncated_not_bad_json(self):
+        # helper-53: a connection closed halfway through an event's JSON read as "bad stream: not JSON"
+        stream = scripted(data(chunk({"content": " tok"})), 'data: {"object": "chat.completion.chunk", "choi')
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
+        self.assertEqual(r.code, 1, r.err)
+        (error,) = r.json()["first_error_by_kind"].values()
+        self.assertTrue(error.startswith("truncated: the stream ended inside an event"), error)
+
     def test_an_empty_key_or_model_is_refused(self):
         for flag in ("--api-key", "--model"):
             for value in ("", "  "):
