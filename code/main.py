@@ -7954,6 +7954,10 @@ class Http:
                 response.socket.settimeout(remaining)
                 chunk = response.read1(65536)
                 if not chunk:
+                    where = response.getheader("Location") if 300 <= response.status < 400 else None
+                    if where:       # not followed (it would take the key elsewhere): what is said is where
+                        body = bytearray(f"redirected to {redact_url(self.redact(where))[:200]}; pass that as --url"
+                                         .encode())
                     return response.status, bytes(body)
                 body += chunk
                 if len(body) > MAX_PAGE_BYTES:

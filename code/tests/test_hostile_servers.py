@@ -5,10 +5,12 @@ final scrape end within their bounds, and a pasted URL is understood. Each test 
 its own process group, as a user does (bounded.py), against a server of its own on 127.0.0.1."""
 import base64
 import gzip
+import http.server
 import json
 import os
 import re
 import tempfile
+import threading
 import unittest
 import xml.etree.ElementTree as ET
 
@@ -445,6 +447,27 @@ class StreamWords(unittest.TestCase):
         self.assertEqual(r.code, 1, r.err)
         (error,) = r.json()["first_error_by_kind"].values()
         self.assertTrue(error.startswith("truncated: the stream ended inside an event"), error)
+
+    def test_a_get_redirected_says_where_it_pointed(self):
+        # helper-53: "HTTP 302:" and nothing after it for /v1/models
+        class Moved(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(302)
+                self.send_header("Location", "http://user:pw@elsewhere.example:8000/v1/models")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Moved)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            r = run("loadgen", "--url", f"http://127.0.0.1:{server.server_address[1]}", "--requests", 1)
+        finally:
+            server.shutdown()
+        self.assertEqual(r.code, 1, r.err)
+        self.assertIn("redirected to http://***@elsewhere.example:8000/v1/models; pass that as --url", r.err)
+        self.assertNotIn("pw", r.err)
 
     def test_an_empty_key_or_model_is_refused(self):
         for flag in ("--api-key", "--model"):
