@@ -7263,8 +7263,10 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
     finally:
         if pipe:
             pipe.close()
-    if not rows:
-        raise UserError(f"trace {path}: no requests in it")
+    if not rows:        # (every row may have been one the run cannot use: say which)
+        raise UserError(f"trace {path}: no requests in it" if not notes else
+                        f"trace {path}: no request to replay: " + "; ".join(note.format(count)
+                                                                          for note, count in notes.items()))
     if len(rows) > MAX_REQUESTS:
         raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})"
                         + (" or read its first --requests N" if cut_by_requests else ""))

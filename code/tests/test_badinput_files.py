@@ -937,3 +937,14 @@ class CsvDigits(Checks):
                 with self.subTest(cell=cell):
                     self.assert_one_line(run("simulate", "--trace", path, "--trace-format", "azure"),
                                          mentions=["line 2", "'GeneratedTokens' must be a whole number"])
+
+
+class NothingToReplay(Checks):
+    def test_a_trace_whose_every_request_failed_says_so(self):
+        # helper-54: "no requests in it" for a bench result of 5 requests that all failed
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_json(os.path.join(tmp, "failed.json"), {
+                "input_lens": [10] * 5, "output_lens": [0] * 5, "ttfts": [None] * 5, "itls": [[]] * 5,
+                "start_times": [1.0, 2.0, 3.0, 4.0, 5.0], "errors": ["boom"] * 5})
+            self.assert_one_line(run("simulate", "--trace", path, "--trace-format", "vllm-bench"),
+                                 mentions=["no request to replay: 5 requests failed in the measured run"])
