@@ -6736,9 +6736,12 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     starts = columns["start_times"]
     if starts is None:
         rate = report.get("request_rate") or config.get("request_rate")
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        if rate is None or rate == "inf":     # (vllm bench serve writes "inf" for all at once)
             raise UserError(f"{kind} {name}: no start_times and no finite request_rate; newer vllm bench serve and "
                             f"loadgen --detailed save start_times")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 1e-6 <= rate <= 1e6:
+            raise UserError(f"{kind} {name}: no start_times, and request_rate must be from 1e-06 to 1,000,000 "
+                            f"requests/s (as --rate), got {printable(str(rate)[:40])}")
         starts = arrival_times(n, random.Random(0), rate)
         notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
     def count(value, i: int, what: str, low: int) -> int:

@@ -948,3 +948,16 @@ class NothingToReplay(Checks):
                 "start_times": [1.0, 2.0, 3.0, 4.0, 5.0], "errors": ["boom"] * 5})
             self.assert_one_line(run("simulate", "--trace", path, "--trace-format", "vllm-bench"),
                                  mentions=["no request to replay: 5 requests failed in the measured run"])
+
+
+class RequestRate(Checks):
+    def test_a_request_rate_standing_in_for_start_times_is_held_to_rates_range(self):
+        # helper-54: 1e300 req/s was accepted, and -3 called "not finite"
+        with tempfile.TemporaryDirectory() as tmp:
+            for rate in (1e300, -3):
+                report = detailed_report(2, request_rate=rate)
+                del report["start_times"]
+                path = write_json(os.path.join(tmp, "rate.json"), report)
+                with self.subTest(rate=rate):
+                    self.assert_one_line(run("compare", path, *PRESETS),
+                                         mentions=["request_rate must be from 1e-06 to 1,000,000"])
