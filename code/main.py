@@ -9337,6 +9337,12 @@ def calibrate_engine(found: list[StepObservation], model: ModelSpec, hardware: H
     if all(o.tokens == o.seqs for o in found):
         # Decode steps' kernels (weights, then each sequence's KV) grow nearly as a line in the batch,
         # as the CPU costs do: only a prefill tells the kernel scale from them.
+        short = next((o for o in found if "ttft of a" in o.label), None)
+        if short:      # (a one-client run is there: its prompts are too short to be a prefill to the fit)
+            raise UserError(f"calibrate --fit engine: {short.label.split(' ttft')[0]}'s prompts are {short.tokens:.0f} "
+                            f"token{'s' * (short.tokens != 1)}, a prefill that prices as a decode step, so it cannot "
+                            f"tell the kernel scale from the CPU costs; give the one-client run prompts of a few "
+                            f"hundred tokens")
         raise UserError("calibrate --fit engine needs a one-client run among the reports: its TTFT is a prefill "
                         "step, the one step whose kernels the CPU costs cannot stand in for")
 

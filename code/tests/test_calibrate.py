@@ -302,6 +302,15 @@ class EngineFitInputs(unittest.TestCase):
         code, _, err = run_cli("calibrate", *reports, "--fit", "engine")
         self.assertEqual(code, 2)
         self.assertIn("needs a one-client run", err)
+        # helper-54: a one-client run of 1-token prompts was there, and the line said it was not
+        code, out, err = run_cli("simulate", "--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b", "--concurrency",
+                                 "1", "--requests", "2", "--prompt-tokens", "1", "--output-tokens", "4", "--json")
+        one = os.path.join(self.tmp.name, "one.json")
+        with open(one, "w") as f:
+            f.write(out)
+        code, _, err = run_cli("calibrate", one, *reports[1:], "--fit", "engine")
+        self.assertEqual(code, 2)
+        self.assertIn("one.json's prompts are 1 token, a prefill that prices as a decode step", err)
 
     def test_a_run_records_its_async_scheduling_and_the_fit_takes_it(self):
         reports = [self.report(c, 2 * c, "--async-scheduling", "off") for c in (1, 8, 64)]
