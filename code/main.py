@@ -9229,6 +9229,9 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     if prompt < 1:
         raise UserError(f"{name}: total_input_tokens {report['total_input_tokens']} over {done} requests; every "
                         f"request sends at least one prompt token")
+    if output < 1:       # (a TPOT is read off a request's second token and on: it had tokens)
+        raise UserError(f"{name}: total_output_tokens {report['total_output_tokens']} over {done} completed requests "
+                        f"that have a TPOT; each of them answered at least one token")
     # (Never more than the requests there were: 64 clients sending 16 requests run 16 at most.)
     batch = measured or min(clients, seqs or clients, done)
     context = batch * (prompt + output / 2)

@@ -311,6 +311,15 @@ class EngineFitInputs(unittest.TestCase):
         code, _, err = run_cli("calibrate", one, *reports[1:], "--fit", "engine")
         self.assertEqual(code, 2)
         self.assertIn("one.json's prompts are 1 token, a prefill that prices as a decode step", err)
+        # helper-54: 0 output tokens over completed requests with a TPOT moved a fit by 85%
+        with open(reports[1]) as f:
+            report = json.load(f)
+        report["total_output_tokens"] = 0
+        with open(one, "w") as f:
+            json.dump(report, f)
+        code, _, err = run_cli("calibrate", one, reports[2])
+        self.assertEqual(code, 2)
+        self.assertIn("total_output_tokens 0 over", err)
 
     def test_a_run_records_its_async_scheduling_and_the_fit_takes_it(self):
         reports = [self.report(c, 2 * c, "--async-scheduling", "off") for c in (1, 8, 64)]
