@@ -3404,7 +3404,12 @@ def quantization_flag(text: str) -> Optional[str]:
 
 def tokens_or_none(text: str) -> Optional[int]:
     """A token cap, where 0 (or none) is no cap."""
-    return None if text.strip() in ("0", "none") else whole(1, 10**12)(text)
+    if text.strip() in ("0", "none"):
+        return None
+    try:
+        return whole(1, 10**12)(text)
+    except argparse.ArgumentTypeError as e:       # (0 is taken too: say so)
+        raise argparse.ArgumentTypeError(f"{e} (or 0 for no cap)") from None
 
 
 def goodput_bound(text: str) -> tuple[str, float]:
