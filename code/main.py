@@ -1198,6 +1198,7 @@ class Engine:
         self.clock = 0.0
         self.inbox: deque = deque()  # (time, request) not yet handed to the scheduler, in time order
         self.plan_note = ""
+        self.refused_note = ""     # vLLM would not start this deployment (simulate says so; a measured run did start)
         # When asked for: second -> (running, waiting, KV use, tokens sampled so far), the state
         # at the last step to end in that second, as vLLM logs its stats.
         self.timeline: Optional[dict] = None
@@ -4205,7 +4206,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
                   f"model's own length unless --max-model-len says) does not fit its {plan.kv_tokens:,}-token KV " \
                   f"cache; vLLM needs --max-model-len {plan.kv_tokens} or less (simulated as given)" \
             if plan.max_concurrency < 1 and engine_profile(spec).rules == "vllm" else ""
-        engine.plan_note = "; ".join(note for note in (plan.note, refused) if note)
+        engine.plan_note, engine.refused_note = plan.note, refused
         return engine
 
     if not spec.disaggregate:
@@ -4505,6 +4506,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     result["cost"] = cost_report(price, result["output_throughput"], spec.hours_per_month)
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
+    if decode.refused_note:
+        result["config"]["vllm_would_refuse"] = decode.refused_note
     if isinstance(decode.scheduler, SpeculativeScheduler):
         result["speculative"] = decode.scheduler.report()
     if timeline:
@@ -4695,7 +4698,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
                                                          f"on average)" if bunched > 1 else "")
             if len(window) < floor else "all at one moment")
         return {"start_s": start - t0, "end_s": end - t0, "requests": len(window), "sustained": None,
-                "closed_loop": closed_loop, "note": f"{sent_in}: too short a run to tell whether the server keeps up"}
+                "closed_loop": closed_loop, "needs_requests": floor,
+                "note": f"{sent_in}: too short a run to tell whether the server keeps up"}
     # Ends are counted in the window moved later by the median request's end-to-end latency, so
     # a request sent at its start is counted where it ends: counted in the window itself, the
     # requests in flight at its two edges would make the served rate swing by their number.
@@ -5472,13 +5476,15 @@ class Probing:
             return None
         held = steady.get("requests") or 0
         # Lengthened a quarter past the lifetimes a window needs: the other seeds' windows, of other
-        # lengths, are to hold them too.
+        # lengths, are to hold them too. And to the requests its own verdict needs, where its bunches
+        # of requests sent at one moment ask more than the trace's as a whole (its first rows').
         needs = 1.25 * WINDOW_LIFETIMES * (steady.get("lifetime_s") or 0)
+        wanted = max(self.steady_requests, steady.get("needs_requests") or 0)
         lasted = (steady.get("end_s") or 0) - (steady.get("start_s") or 0)
         if not self.sustained or self.by != "rate" or steady.get("closed_loop") or \
-                (held >= self.steady_requests and lasted >= needs):
+                (held >= wanted and lasted >= needs):
             return None
-        count = math.ceil((probe.requests + self.steady_requests - held) * 1.1) if held else 2 * probe.requests
+        count = math.ceil((probe.requests + wanted - held) * 1.1) if held else 2 * probe.requests
         if 0 < lasted < needs:         # as many requests more as the window needs seconds more
             count = max(count, math.ceil(probe.requests * (1 + (needs - lasted) / lasted)))
         if count > MAX_PROBE_GROWTH * self.requests(probe) or count > MAX_REQUESTS:
@@ -7609,7 +7615,7 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     return read
 
 
-ISO_TIME = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?\s*")
+ISO_TIME = re.compile(r"\s*(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s*(Z|[+-]\d\d:?\d\d)?\s*", re.ASCII)
 
 
 def iso_seconds(where: str, text: str) -> float:
@@ -7633,8 +7639,8 @@ def iso_seconds(where: str, text: str) -> float:
 
 
 def plain_seconds(where: str, text: str) -> float:
-    try:
-        value = float(text)
+    try:      # (ASCII digits only, as every CSV cell: float() reads 1_0 and other scripts' digits)
+        value = float(text) if NUMBER_TEXT.fullmatch((text or "").strip()) else math.nan
     except (TypeError, ValueError):
         value = math.nan
     if not 0 <= value <= 10**10:
@@ -8159,10 +8165,11 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
             record.tag_tail = (record.tag_tail + content)[-16:]
             if "<think>" in record.tag_tail or "</think>" in record.tag_tail:
                 record.think_tags = True
-        if choice.get("finish_reason"):
-            if not isinstance(choice["finish_reason"], str):
-                raise StreamError(f"bad stream: a finish_reason is not a string: {data[:80]!r}")
-            record.finish_reason = choice["finish_reason"]
+        reason = choice.get("finish_reason")
+        if reason is not None and not isinstance(reason, str):    # ([], 0 and false too: not "no reason yet")
+            raise StreamError(f"bad stream: a finish_reason is not a string: {data[:80]!r}")
+        if reason:
+            record.finish_reason = reason
     usage = event.get("usage")
     if usage:
         counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
@@ -11506,7 +11513,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
         share = cost.communication_seconds(1) * 1000
         held = round(m.expert_share * m.experts)
         out.write((f"{'expert parallel':<17}{held} of {m.experts} experts on each GPU" if plan.expert_parallel else
-                   f"{'expert layers':<17}each of the {m.experts} experts split over the {plan.replicas} ranks' GPUs "
+                   f"{'expert layers':<17}each of the {m.experts} experts split over the {plan.replicas * tp} GPUs of "
+                   f"the {plan.replicas} ranks "
                    f"(vLLM shards them so across data-parallel ranks without --enable-expert-parallel)")
                   + f"; gathering every rank's tokens and scattering back costs {share:.2f} ms of the step "
                     f"({share / step:.0%}) at batch 1 on each\n")
@@ -12153,9 +12161,11 @@ def cmd_simulate(args) -> int:
     result = run(spec, Progress("simulate"), timeline=pictured) if args.seeds == 1 else \
         run_seeds(spec, args.seeds, Progress("simulate"))
     timeline = result.pop("timeline", None)
-    # (Where no request ran, the one line that says why is the run's: the cache it did not fit.)
-    if result["config"].get("kv_plan_note") and result["completed"]:
+    if result["config"].get("kv_plan_note"):
         sys.stderr.write(f"servesim: {result['config']['kv_plan_note']}\n")
+    # (Where no request ran, the one line that says why is the run's: the cache it did not fit.)
+    if result["config"].get("vllm_would_refuse") and result["completed"]:
+        sys.stderr.write(f"servesim: {result['config']['vllm_would_refuse']}\n")
     if args.json or args.detailed:
         write_json(result)
     else:
@@ -12359,9 +12369,9 @@ def cmd_search(args) -> int:
                         f"--recheck")
     probing = Probing(slo, by, target, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
                       recheck=args.recheck or Probing.recheck)
-    probing.check(spec)
     if spec.trace and by == "rate" and target is None:
         trace_rate(spec)          # a burst of --requests that arrive at once: said now, not after the search
+    probing.check(spec)           # (after: a trace sent all at once has no rate, whatever window it gets)
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)

@@ -937,6 +937,14 @@ class CsvDigits(Checks):
                 with self.subTest(cell=cell):
                     self.assert_one_line(run("simulate", "--trace", path, "--trace-format", "azure"),
                                          mentions=["line 2", "'GeneratedTokens' must be a whole number"])
+            # helper-56: the time columns too (BurstGPT's seconds, Azure's date)
+            for name, text in (("bg.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                                          "0,ChatGPT,10,2,12,Conversation log\n1_0,ChatGPT,10,2,12,Conversation log\n"),
+                               ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                                          "\u0662023-11-16 18:15:50.9951690,374,44\n")):
+                path = write(os.path.join(tmp, name), text)
+                with self.subTest(file=name):
+                    self.assert_one_line(run("simulate", "--trace", path), mentions=["line 3"])
 
 
 class NothingToReplay(Checks):

@@ -69,7 +69,7 @@ class ModelLength(unittest.TestCase):
         code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", "--json")
         self.assertEqual(code, 0, err)
         self.assertIn(said, err)
-        self.assertIn("vLLM needs --max-model-len 31056 or less", json.loads(out)["config"]["kv_plan_note"])
+        self.assertIn("vLLM needs --max-model-len 31056 or less", json.loads(out)["config"]["vllm_would_refuse"])
         for flags in (("--max-model-len", "31056"), ("--engine", "sglang")):
             code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", *flags)
             self.assertEqual(code, 0, err)

@@ -417,13 +417,14 @@ class StreamWords(unittest.TestCase):
         self.assertEqual(list(report["first_error_by_kind"].values()), ["server error in stream: overloaded, retry"])
 
     def test_a_finish_reason_that_is_not_text_fails_the_request(self):
-        stream = scripted(data(chunk({"content": " tok"})), data(chunk(finish={"x": [1, 2]})), "data: [DONE]\n\n")
-        with FakeServer(stream) as server:
-            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
-        self.assertEqual(r.code, 1, r.err)
-        (error,) = r.json()["first_error_by_kind"].values()
-        self.assertTrue(error.startswith("bad stream: a finish_reason is not a string"), error)
-        self.assertEqual(r.json()["completed"], 0)
+        for reason in ({"x": [1, 2]}, [], 0, False):       # (helper-56: the empty ones read as "truncated")
+            stream = scripted(data(chunk({"content": " tok"})), data(chunk(finish=reason)), "data: [DONE]\n\n")
+            with self.subTest(reason=reason), FakeServer(stream) as server:
+                r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--json")
+                self.assertEqual(r.code, 1, r.err)
+                (error,) = r.json()["first_error_by_kind"].values()
+                self.assertTrue(error.startswith("bad stream: a finish_reason is not a string"), error)
+                self.assertEqual(r.json()["completed"], 0)
 
     def test_what_a_failed_request_streamed_is_kept_apart(self):
         # helper-53: three tokens streamed, then the stream ended: the report kept none of them

@@ -236,7 +236,7 @@ class MixtureOfExperts(unittest.TestCase):
                                model.expert_bytes * (43 / 128 - 1 / 3), delta=1e3)
         code, out, err = call_cli("capacity", "--model", "qwen3-235b-a22b", "--quantization", "fp8", "-dp", "8")
         self.assertEqual(code, 0, err)
-        self.assertIn("each of the 128 experts split over the 8 ranks' GPUs", out)
+        self.assertIn("each of the 128 experts split over the 8 GPUs of the 8 ranks", out)
         # Engines whose replicas do not step together keep whole copies.
         code, out, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "-dp", "2", "--engine", "sglang", "--json")
         self.assertEqual(code, 0, err)

@@ -507,6 +507,21 @@ class SustainedSearch(unittest.TestCase):
         self.assertIn("--steady-requests 100 is fewer than the 409 requests", err)
         self.assertIn("times 10.2, the mean size of the bunch", err)
 
+    def test_a_window_too_short_for_its_own_bunches_is_run_longer_not_missed(self):
+        # helper-56: a long trace whose first rows come in bunches of 50: its probe's window (its first
+        # rows) needed more requests than the whole trace's bunching asked for, read "too short" at
+        # every rate, and search answered that no load is sustained (79 req/s before bunches counted).
+        rows = tuple((float(t), 100, 10, ()) for t in range(40) for _ in range(50)) + \
+            tuple((40 + i * 0.1, 100, 10, ()) for i in range(38_000))
+        spec = main.RunSpec(trace=main.Trace("front", rows))
+        probing = main.Probing(main.parse_slo("ttft_p95:2000"), steady_requests=1000)
+        probe = probing.probe(spec, 10.0)
+        short = {"steady_state": {"requests": 1003, "needs_requests": 2000, "sustained": None, "start_s": 5.0,
+                                  "end_s": 105.0, "lifetime_s": 1.0, "closed_loop": False}}
+        longer = probing.longer(probe, short, 10.0)
+        self.assertIsNotNone(longer)
+        self.assertGreaterEqual(longer.requests, probe.requests + 997)
+
     def test_a_trace_ranked_at_its_own_rate_has_a_time_scale_of_1(self):
         # helper-52: --rate equal to the trace's own rate left time_scale out of the run's config, and
         # the table's column raised KeyError
