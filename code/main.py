@@ -10221,7 +10221,11 @@ def server_flags(text: str) -> dict:
     while i < len(words):
         flag, value = words[i].partition("=")[::2] if words[i].startswith("--") else (words[i], "")
         if flag in SWITCHES:
-            found[SWITCHES[flag][0]] = SWITCHES[flag][1]
+            key, on = SWITCHES[flag]
+            if key in found and found[key] != on:
+                raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {setters[key]} and {flag}; "
+                                f"give the one the server ran with")
+            found[key], setters[key] = on, flag
         elif flag in FLAG_NAMES:
             if not value:
                 i += 1

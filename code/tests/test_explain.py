@@ -354,3 +354,6 @@ class ExplainReadsWhatCanBe(unittest.TestCase):
             code, _, err = call_cli("explain", path, "--server-flags", "--max-num-seqs 64 --parallel 4")
         self.assertEqual(code, 2)
         self.assertIn("--server-flags gives the sequence cap twice, --max-num-seqs 64 and --parallel 4", err)
+        code, _, err = call_cli("explain", path, "--server-flags", "--enable-prefix-caching --no-enable-prefix-caching")
+        self.assertEqual(code, 2)
+        self.assertIn("gives prefix caching twice, --enable-prefix-caching and --no-enable-prefix-caching", err)
