@@ -6386,7 +6386,11 @@ def parse_json(text: str, where: str, expect: str):
     except RecursionError:
         raise UserError(f"{where}: JSON nested too deeply; {expect}") from None
     except DuplicateKey as e:
-        raise UserError(f"{where}: the key {str(e.args[0])[:60]!r} is given twice in one object; keep the one "
+        # Where: the key's second place in the text (in another object it may stand alone, but the
+        # line is where to look).
+        places = [m.start() for m in re.finditer(re.escape(json.dumps(e.args[0])) + r"\s*:", text)]
+        at = f" (line {text.count(chr(10), 0, places[1]) + 1})" if len(places) > 1 and "\n" in text.strip() else ""
+        raise UserError(f"{where}: the key {str(e.args[0])[:60]!r} is given twice in one object{at}; keep the one "
                         f"you mean") from None
     except ValueError as e:
         reason = getattr(e, "msg", None) or str(e).split(";")[0]

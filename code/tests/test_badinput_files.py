@@ -840,7 +840,7 @@ class HelperFiftyFour(Checks):
             profile = os.path.join(tmp, "p.json")
             write(profile, '{"name": "mine", "base": "vllm",\n "kernel_scale": 1.2,\n "kernel_scale": 9.9}\n')
             self.assert_one_line(run("simulate", "--engine", profile, "--requests", 5),
-                                 mentions=["p.json", "'kernel_scale' is given twice"])
+                                 mentions=["p.json", "'kernel_scale' is given twice in one object (line 3)"])
             trace = os.path.join(tmp, "t.jsonl")
             write(trace, '{"arrival": 0, "prompt_tokens": 100, "output_tokens": 5, "prompt_tokens": 7}\n')
             self.assert_one_line(run("simulate", "--trace", trace), mentions=["line 1", "'prompt_tokens' is given twice"])
