@@ -9884,6 +9884,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
     parts, notes, seen, machines, models, devices = [], [], {}, [], {}, {}
+    streamed = 0      # what failed requests streamed, each report's (loadgen keeps it apart from the summary)
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
             raise UserError(f"report {path}: no per-request arrays; run loadgen with --detailed")
@@ -9925,6 +9926,11 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         seen.update({mark: path for mark in marks})
         parts.append((path, measured, anchor))
         machines.append(machine_of(path, report))
+        tokens = report.get("failed_streamed_tokens", 0)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**12:
+            raise UserError(f"report {path}: failed_streamed_tokens must be a whole number of tokens, got "
+                            f"{printable(str(tokens)[:40])}")
+        streamed += tokens
         if isinstance(config.get("model"), str):
             models.setdefault(config["model"], path)
         if isinstance(config.get("hardware"), str):
@@ -9958,6 +9964,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):
         notes.append("these runs did not all overlap in time; throughput is over the union of their windows")
     result = summarize(requests, slos=slos)
+    result["failed_streamed_tokens"] = streamed
     busy = union_length(windows)
     if on_wall_clock and 0 < busy < result["duration"]:      # gaps between the runs measured nothing
         scale = result["duration"] / busy

@@ -969,3 +969,19 @@ class RequestRate(Checks):
                 with self.subTest(rate=rate):
                     self.assert_one_line(run("compare", path, *PRESETS),
                                          mentions=["request_rate must be from 1e-06 to 1,000,000"])
+
+
+class MergeKeepsWhatFailedRequestsStreamed(Checks):
+    def test_the_reports_failed_streamed_tokens_add_up(self):
+        # helper-56: merge printed and kept none of them
+        with tempfile.TemporaryDirectory() as tmp:
+            first = write_json(os.path.join(tmp, "a.json"), detailed_report(2, failed_streamed_tokens=12))
+            second = detailed_report(2, failed_streamed_tokens=3, config={"run_id": "abc123", "started_unix": 1.7e9 + 5,
+                                                                          "started_perf": 15.0})
+            second["start_times"] = [15.0, 15.5]
+            second = write_json(os.path.join(tmp, "b.json"), second)
+            r = run("merge", first, second, "--json")
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertEqual(r.json()["failed_streamed_tokens"], 15)
+            bad = write_json(os.path.join(tmp, "c.json"), detailed_report(2, failed_streamed_tokens=-1))
+            self.assert_one_line(run("merge", bad, second), mentions=["failed_streamed_tokens must be a whole number"])
