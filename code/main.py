@@ -4692,7 +4692,8 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
                 "note": f"{burst_words(len(sent), start - t0)}: one burst, with no steady window to tell whether the "
                 "server keeps up; " + ("send more requests than there are clients for a verdict" if closed_loop else
                                        "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
-    if len(window) < floor or end == start:
+    # (A window whose sends all fall at its last moment offers nothing in it: one moment too.)
+    if len(window) < floor or end == start or all(r.sent_s == end for r in window):
         sent_in = f"{len(window)} request{'s' * (len(window) != 1)} sent in the steady window, " + (
             f"fewer than the {floor} a verdict needs" + (f" (they are sent in bunches at one moment, {bunched:.3g} "
                                                          f"on average)" if bunched > 1 else "")
