@@ -164,6 +164,14 @@ class SteadyWindow(unittest.TestCase):
         single = self.window([measured(i, i * 0.5, 0.1) for i in range(200)])
         self.assertAlmostEqual(single["offered_rate"], (single["requests"] - 1) / (single["end_s"] - single["start_s"]))
 
+    def test_a_window_whose_sends_all_fall_at_its_end_offers_nothing_and_gets_no_verdict(self):
+        # Closed-loop clients in step: 10 sent at 0 end at 2 s, then 20 sent together at 5 s, the
+        # window's last moment. Counted half-open, nothing was offered inside it (a rate of 0).
+        requests = [measured(i, 0.0, 0.0, 2.0) for i in range(10)] + [measured(10 + i, 5.0, 0.0, 2.0) for i in range(20)]
+        w = main.steady_window(requests, 0.2, 0.95, 0.05, True)
+        self.assertIsNone(w["sustained"])
+        self.assertIn("all at one moment", w["note"])
+
     def test_bunches_need_as_many_times_the_requests_for_a_verdict_and_widen_the_counts_spread(self):
         self.assertEqual(main.bunching([0.0, 1.0, 2.0]), 1.0)
         self.assertEqual(main.bunching([0.0] * 3 + [1.0]), 2.5)          # (9 + 1) / 4
