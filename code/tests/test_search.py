@@ -14,6 +14,7 @@ import unittest
 from unittest import mock
 import xml.etree.ElementTree as ET
 
+from bounded import jsonl
 from helpers import CODE, FIXTURES, ROOT, call_cli, main
 from fake_server import FakeServer, paced
 
@@ -606,10 +607,8 @@ class PicturesOfOddRuns(unittest.TestCase):
 
     def test_a_timeline_counts_from_the_first_arrival_and_holds_every_measured_token(self):
         with tempfile.TemporaryDirectory() as tmp:
-            trace = os.path.join(tmp, "late.jsonl")
-            with open(trace, "w") as f:
-                f.writelines(f'{{"arrival": {1000 + i * 0.5}, "prompt_tokens": 1000, "output_tokens": 200}}\n'
-                             for i in range(60))
+            trace = jsonl(os.path.join(tmp, "late.jsonl"), ({"arrival": 1000 + i * 0.5, "prompt_tokens": 1000,
+                                                             "output_tokens": 200} for i in range(60)))
             for extra, measured in (((), 60), (("--warmup", "10"), 50)):
                 timeline = os.path.join(tmp, "t.csv")
                 code, out, err = call_cli("simulate", "--trace", trace, "--timeline", timeline, *extra)

@@ -8,6 +8,7 @@ import time
 import unittest
 from unittest import mock
 
+from bounded import jsonl
 from helpers import MAIN, call_cli, main, run_cli, stopping_run
 
 H100 = main.HARDWARE["h100-sxm-80gb"]
@@ -534,10 +535,8 @@ class SustainedSearch(unittest.TestCase):
         # helper-52: --rate equal to the trace's own rate left time_scale out of the run's config, and
         # the table's column raised KeyError
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "t.jsonl")
-            with open(path, "w") as f:
-                f.writelines(f'{{"arrival": {i * 0.2:.1f}, "prompt_tokens": 200, "output_tokens": 20}}\n'
-                             for i in range(200))
+            path = jsonl(os.path.join(tmp, "t.jsonl"), ({"arrival": round(i * 0.2, 1), "prompt_tokens": 200,
+                                                          "output_tokens": 20} for i in range(200)))
             code, out, err = call_cli("search", "--trace", path, "--slo", "ttft_p95:2000", "--steady-requests", "100",
                                       "--recheck", "1", "--jobs", "1", "--rate", "5")
         self.assertEqual(code, 0, err)
@@ -547,10 +546,10 @@ class SustainedSearch(unittest.TestCase):
         # helper-50: a probe of a trace's first rows, timed at the whole trace's rate, offered 2.69
         # req/s under a 4.4 req/s label. Here the first 1,000 rows come 1 a second, the rest 5.
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "long.jsonl")
-            with open(path, "w") as f:
-                f.writelines(f'{{"arrival": {t:.2f}, "prompt_tokens": 200, "output_tokens": 20}}\n'
-                             for t in [i * 1.0 for i in range(1000)] + [1000 + i * 0.2 for i in range(2000)])
+            path = jsonl(os.path.join(tmp, "long.jsonl"), ({"arrival": round(t, 2), "prompt_tokens": 200,
+                                                             "output_tokens": 20}
+                                                            for t in [i * 1.0 for i in range(1000)]
+                                                            + [1000 + i * 0.2 for i in range(2000)]))
             code, out, err = call_cli("search", "--trace", path, "--slo", "ttft_p95:2000", "--steady-requests", "100",
                                       "--recheck", "1", "--jobs", "1", "--json")
         self.assertEqual(code, 0, err)
