@@ -2506,7 +2506,6 @@ def lockstep(replicas: int, model: ModelSpec, engine: EngineProfile) -> bool:
     return replicas > 1 and bool(model.experts) and engine.rules == "vllm"
 
 
-
 class Lockstep(Replicas):
     """Replicas on one clock that step together: each schedules its own batch, and every one's
     step ends when the slowest ends. (Per step: the event engine's runs of plain steps are one
@@ -3658,8 +3657,9 @@ class RunSpec:
         "with the fewest running and waiting, or the one whose cache holds the longest run of its prompt (llm-d's "
         "and SGLang's prefix-aware routing)", "replicas", metavar="|".join(ROUTERS), axis=4, recorded=True)
     enable_expert_parallel: bool = setting(
-        False, "--enable-expert-parallel", on_off, "with replicas and a mixture-of-experts model: spread the experts "
-        "over the replicas (attention stays on each), adding an all-to-all per MoE layer", "replicas", axis=18,
+        False, "--enable-expert-parallel", on_off, "with replicas and a mixture-of-experts model: deal the experts "
+        "out over the replicas (attention stays on each), adding an all-to-all per MoE layer; without it, vLLM's "
+        "replicas split every expert between their GPUs instead, at the same memory and traffic", "replicas", axis=18,
         switch=True, recorded=True)
     replica_schedule: Optional[ReplicaSchedule] = setting(
         None, "--replica-schedule", None, "replicas that come and go: a CSV of time_s,replicas rows, the replicas "
@@ -4159,6 +4159,7 @@ def expert_ranks(spec: RunSpec) -> int:
         return spec.data_parallel_size
     return spec.data_parallel_size if lockstep(spec.data_parallel_size, spec.model, engine_profile(spec)) else 1
 
+
 def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofline]:
     """One GPU's memory plan, and how a step of its engine is priced (its group's communication
     included): what capacity prints and what each engine of run() is built from."""
@@ -4485,7 +4486,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
-        "pipeline_parallel_size": spec.pipeline_parallel_size, "router": spec.router if router else None, "enable_expert_parallel": spec.enable_expert_parallel,
+        "pipeline_parallel_size": spec.pipeline_parallel_size, "router": spec.router if router else None,
+        "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
         "engine_base": engine_profile(spec).base or None, "async_scheduling": engine_profile(spec).overlap,
     }
@@ -4634,13 +4636,15 @@ MIN_WINDOW_REQUESTS = 10      # fewer sent inside the steady window: too few to 
 WINDOW_LIFETIMES = 2
 
 
-def window_floor(min_served: float) -> int:
+def window_floor(min_served: float, bunched: float = 1.0) -> int:
     """The fewest requests a steady window needs for a verdict. Its served rate counts the requests
     that end inside it, so one more or fewer at each edge moves the rate by 2/N of the offered: below
     N = 2 / (1 - min_served) (40 at 0.95) that edge alone is larger than the shortfall the rule
-    allows, and a run would be called overloaded, or not, by where its last request happened to end."""
-    return min(MAX_WINDOW_FLOOR, max(MIN_WINDOW_REQUESTS, math.ceil(2 / (1 - min_served) - 1e-9))) \
+    allows, and a run would be called overloaded, or not, by where its last request happened to end.
+    Requests sent in bunches (`bunched`, see bunching) cross an edge together: as many times more."""
+    alone = min(MAX_WINDOW_FLOOR, max(MIN_WINDOW_REQUESTS, math.ceil(2 / (1 - min_served) - 1e-9))) \
         if min_served < 1 else MAX_WINDOW_FLOOR
+    return math.ceil(alone * bunched - 1e-9)
 
 
 MAX_WINDOW_FLOOR = 400        # --min-served 1 (no shortfall at all) still judges a window this long
@@ -4684,7 +4688,7 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     end = sent[-1].sent_s
     window = [r for r in sent if start <= r.sent_s <= end]
     bunched = 1.0 if closed_loop else bunching(r.sent_s for r in window)
-    floor = MIN_WINDOW_REQUESTS if closed_loop else math.ceil(window_floor(min_served) * bunched - 1e-9)
+    floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served, bunched)
     if end < start:         # no request ended while load was offered: the run is one burst
         # (An empty window at the first end: one that ended at the last send would end before it began.)
         return {"start_s": start - t0, "end_s": start - t0, "requests": 0, "sustained": None, "one_burst": True,
@@ -4934,8 +4938,9 @@ def timeline_rows(snapshots: list[dict], requests: list, start: float, duration:
     prompt, first = Counter(), Counter()
     for r in requests:
         if r.error is None and r.first_token_s is not None:
-            prompt[max(offset + 1, math.ceil(r.first_token_s))] += r.prompt_tokens
-            first[max(offset + 1, math.ceil(r.first_token_s))] += 1
+            second = max(offset + 1, math.ceil(r.first_token_s))
+            prompt[second] += r.prompt_tokens
+            first[second] += 1
     rows, states, sampled = [], [(0, 0, 0.0, 0)] * len(snapshots), 0
     for t in range(offset + 1, offset + seconds + 1):
         states = [snapshot.get(t, state) for snapshot, state in zip(snapshots, states)]
@@ -5420,8 +5425,8 @@ class Probing:
         floor = MIN_WINDOW_REQUESTS if self.by == "concurrency" else window_floor(spec.min_served)
         # (A trace's bunches keep their moments in a probe, at any rate: its windows need as many more.)
         bunched = bunching(row[0] for row in spec.trace.rows) if spec.trace and self.by == "rate" else 1.0
-        if self.sustained and self.steady_requests < math.ceil(floor * bunched - 1e-9):
-            least = math.ceil(floor * bunched - 1e-9)
+        least = floor if self.by == "concurrency" else window_floor(spec.min_served, bunched)
+        if self.sustained and self.steady_requests < least:
             raise UserError(f"--steady-requests {self.steady_requests:,} is fewer than the {least:,} requests a steady "
                             f"window needs for a verdict at --min-served {spec.min_served:g} " +
                             ("(2 / (1 - min served): one request more or fewer at each edge of the window is then "
@@ -6395,8 +6400,9 @@ def parse_json(text: str, where: str, expect: str):
                         f"you mean") from None
     except ValueError as e:
         reason = getattr(e, "msg", None) or str(e).split(";")[0]
-        at = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) and "\n" in text.strip() \
-            else f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        at = ""
+        if isinstance(e, json.JSONDecodeError):      # (a one-line text: its column is enough)
+            at = f" at line {e.lineno} column {e.colno}" if "\n" in text.strip() else f" at column {e.colno}"
         raise UserError(f"{where}: not valid JSON ({reason}{at}); {expect}") from None
 
 
@@ -7290,10 +7296,11 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
         raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})"
                         + (" or read its first --requests N" if cut_by_requests else ""))
     first = min(row[0] for row in rows)
-    if fmt in ("azure", "vllm-bench") or first > MAX_ARRIVAL_S:      # wall-clock times: count from the first
-        if fmt not in ("azure", "vllm-bench"):
-            notes[f"its first request is sent at {first:,.0f} s, more than a year in: wall-clock (epoch) seconds "
-                  f"by the look of it, so its times are counted from that request"] += 1
+    wall_clock = fmt in ("azure", "vllm-bench")      # these formats' times: count from the first request
+    if not wall_clock and first > MAX_ARRIVAL_S:
+        notes[f"its first request is sent at {first:,.0f} s, more than a year in: wall-clock (epoch) seconds "
+              f"by the look of it, so its times are counted from that request"] += 1
+    if wall_clock or first > MAX_ARRIVAL_S:
         rows = [(arrival - first, *rest) for arrival, *rest in rows]
     if max(row[0] for row in rows) > MAX_ARRIVAL_S:
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
@@ -10228,36 +10235,34 @@ def server_flags(text: str) -> dict:
     except ValueError as e:
         raise UserError(f"--server-flags: cannot split {text!r} ({e})") from None
     found: dict = {}
-    setters: dict = {}      # what set each: the flag as given
+    said: dict = {}      # what set each, as given
     i = 0
     while i < len(words):
         flag, value = words[i].partition("=")[::2] if words[i].startswith("--") else (words[i], "")
+        i += 1
         if flag in SWITCHES:
-            key, on = SWITCHES[flag]
-            if key in found and found[key] != on:
-                raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {setters[key]} and {flag}; "
-                                f"give the one the server ran with")
-            found[key], setters[key] = on, flag
+            key, setting = SWITCHES[flag]
+            shown = flag
         elif flag in FLAG_NAMES:
             if not value:
-                i += 1
-                value = words[i] if i < len(words) else ""
+                value, i = (words[i], i + 1) if i < len(words) else ("", i)
             try:
-                number = int(value.replace(",", "").replace("_", ""))
+                setting = int(value.replace(",", "").replace("_", ""))
             except ValueError:
                 raise UserError(f"--server-flags: {flag} needs a whole number, got {value!r}") from None
-            if not 1 <= number <= 10**9:
-                raise UserError(f"--server-flags: {flag} must be from 1 to 1,000,000,000, got {number}")
-            key = FLAG_NAMES[flag]
-            if key in found and found[key] != number:     # (two engines' names for one knob: which ran?)
-                raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {setters[key]} "
-                                f"{found[key]:,} and {flag} {number:,}; give the one the server ran with")
-            found[key], setters[key] = number, flag
-        elif flag.startswith("-"):
-            close = difflib.get_close_matches(flag, [*FLAG_NAMES, *SWITCHES], n=1, cutoff=0.8)
+            if not 1 <= setting <= 10**9:
+                raise UserError(f"--server-flags: {flag} must be from 1 to 1,000,000,000, got {setting}")
+            key, shown = FLAG_NAMES[flag], f"{flag} {setting:,}"
+        else:
+            close = difflib.get_close_matches(flag, [*FLAG_NAMES, *SWITCHES], n=1, cutoff=0.8) \
+                if flag.startswith("-") else None
             if close:
                 sys.stderr.write(f"servesim: --server-flags: ignoring {flag}; did you mean {close[0]}?\n")
-        i += 1
+            continue
+        if key in found and found[key] != setting:      # (two engines' names for one knob: which ran?)
+            raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {said[key]} and {shown}; "
+                            f"give the one the server ran with")
+        found[key], said[key] = setting, shown
     return found
 
 
@@ -10312,7 +10317,7 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                     f"a loadgen --json report or a simulate/sweep --json report")
 
 
-EXPLAIN_SHARES = frozenset(("kv_peak", "prefix_hit_rate", "peak_kv_cache_usage", "peak_token_usage"))
+EXPLAIN_SHARES = frozenset((*SHARES, "kv_peak"))      # a loadgen report's server shares, a simulate report's KV peak
 EXPLAIN_AT_LEAST_ONE = frozenset(("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size"))
 
 
