@@ -4010,7 +4010,9 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError("--data-parallel-size with --disaggregate is not modelled: one prefill and one decode engine")
     if spec.enable_expert_parallel and not spec.model.experts:
         raise UserError(f"--enable-expert-parallel spreads a mixture of experts' experts; {spec.model.name} is dense")
-    if spec.enable_expert_parallel and spec.data_parallel_size == 1 and spec.tensor_parallel_size == 1:
+    # (A sweep over the GPU counts leaves out its one-GPU points instead: applicable.)
+    if spec.enable_expert_parallel and spec.data_parallel_size == 1 and spec.tensor_parallel_size == 1 \
+            and not {"data_parallel_size", "tensor_parallel_size"} & set(swept):
         raise UserError("--enable-expert-parallel spreads the experts over data-parallel replicas: add -dp N "
                         "(N of 2 or more), or drop it")
     if spec.enable_expert_parallel and spec.tensor_parallel_size > 1:
@@ -6209,10 +6211,12 @@ def search_grid(given: dict) -> tuple[list[str], list[dict]]:
 
 
 def applicable(spec: RunSpec, points: list[dict], what: str) -> list[dict]:
-    """The grid's points less those where expert parallelism, tried on and off, has one GPU to
-    spread the experts over (the same deployment as with it off), said on stderr."""
-    if not any("enable_expert_parallel" in p for p in points):
-        return points
+    """The grid's points less those where expert parallelism, tried on and off over several GPU
+    counts, has one GPU to spread the experts over (the same deployment as with it off), said on
+    stderr."""
+    if not any("enable_expert_parallel" in p for p in points) or \
+            not any({"data_parallel_size", "tensor_parallel_size"} & p.keys() for p in points):
+        return points         # (one GPU count, with expert parallelism on: check_spec refuses it)
     single = lambda d: d.enable_expert_parallel and d.data_parallel_size == 1 and d.tensor_parallel_size == 1
     kept = [p for p in points if not single(sweep_point(spec, p))]
     alone = len(points) - len(kept)

@@ -250,6 +250,18 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertIn("1 point with --enable-expert-parallel on and one GPU left out", err)
         points = [(r["config"]["data_parallel_size"], r["config"]["enable_expert_parallel"]) for r in json.loads(out)]
         self.assertEqual(points, [(2, True), (2, False), (1, False)])
+        # The grid's first point is the one left out: the settings are checked without it.
+        code, out, err = call_cli("sweep", "--model", "qwen3-30b-a3b", "-dp", "1,2", "--enable-expert-parallel",
+                                  "on,off", "--requests", "20", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        points = [(r["config"]["data_parallel_size"], r["config"]["enable_expert_parallel"]) for r in json.loads(out)]
+        self.assertEqual(points, [(1, False), (2, True), (2, False)])
+        # With one GPU count there is nothing to leave it out beside: refused, whichever value comes first.
+        for values in ("on,off", "off,on"):
+            code, _, err = call_cli("sweep", "--model", "qwen3-30b-a3b", "--enable-expert-parallel", values,
+                                    "--requests", "20")
+            self.assertEqual(code, 2, values)
+            self.assertIn("add -dp N", err)
 
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
