@@ -7906,6 +7906,25 @@ def redact_url(url: str) -> str:
     return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
 
+def hide_pieces(text: str, secret: str, least: int = 8) -> str:
+    """The text with every run of `least` or more characters that is a piece of `secret` (the
+    whole of a shorter one) shown as ***: a server that refuses a key often echoes its first and
+    last characters ("abcd1234****wxyz"), and a piece of a key is a piece of a secret."""
+    least = min(least, len(secret))
+    shown, i = [], 0
+    while i < len(text):
+        if text[i:i + least] in secret and len(text) - i >= least:
+            end = i + least
+            while end < len(text) and text[i:end + 1] in secret:
+                end += 1
+            shown.append("***")
+            i = end
+        else:
+            shown.append(text[i])
+            i += 1
+    return "".join(shown)
+
+
 class Http:
     """Plain http.client requests to one server. A refused connection is ServerUnreachable.
     Credentials in the URL are sent as Basic auth and never printed; --api-key as a Bearer token."""
@@ -7933,7 +7952,7 @@ class Http:
         """A server's words as servesim shows and stores them: our secrets taken out, and
         anything that looks like a key, and no control characters (printable())."""
         for secret in self.secrets:
-            text = text.replace(secret, "***")
+            text = hide_pieces(text, secret)
         return printable(re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text))
 
     def open(self, method: str, path: str, body: Optional[bytes] = None, answer_within: Optional[float] = None):

@@ -167,6 +167,21 @@ class ServerStrings(unittest.TestCase):
                             stored = [s for s in strings(r.json()) if CONTROL.search(s)]
                             self.assertEqual(stored, [], "control characters stored in the JSON report")
 
+    def test_a_refusal_echoing_pieces_of_the_key_shows_neither_piece(self):
+        # A server that refuses a key often names it by its first and last characters.
+        for key in (SK_KEY, OTHER_KEY):
+            body = json.dumps({"error": {"message": f"Incorrect API key provided: {key[:11]}****{key[-9:]}"}})
+            with FakeServer(reply_with(401, body, "application/json")) as server:
+                for mode in ((), ("--json",), ("--detailed",)):
+                    with self.subTest(key=key[:6], mode=mode):
+                        r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--api-key", key,
+                                *mode)
+                        self.assertEqual(r.code, 1, r.err)
+                        self.assertIn("Incorrect API key provided: ***", r.out + r.err)
+                        for where, text in (("stdout", r.out), ("stderr", r.err)):
+                            self.assertNotIn(key[:11], text, f"the key's start is in {where}")
+                            self.assertNotIn(key[-9:], text, f"the key's end is in {where}")
+
     def test_escape_sequences_in_a_model_id_never_reach_the_terminal_json_or_svg(self):
         # issue 20 finding 2: a model id with ESC sequences; the SVG must stay well-formed XML
         models = {"object": "list", "data": [{"id": "evil" + ESCAPES + "model"}]}
