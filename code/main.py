@@ -4187,6 +4187,25 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     return plan, cost
 
 
+def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
+    """Why vLLM would not start this deployment, or "". It checks at start that one request of
+    max_model_len fits the KV cache (capacity says so too), and that a step's token budget gives
+    every sequence it may run a token (SchedulerConfig._verify_args). The run is simulated as
+    given, and says what vLLM would do."""
+    if engine_profile(spec).rules != "vllm":
+        return ""
+    why = []
+    if plan.max_concurrency < 1:
+        why.append(f"one request of {plan.max_model_len:,} tokens (the model's own length unless --max-model-len "
+                   f"says) does not fit its {plan.kv_tokens:,}-token KV cache; vLLM needs --max-model-len "
+                   f"{plan.kv_tokens} or less")
+    if spec.max_num_batched_tokens < spec.max_num_seqs:
+        why.append(f"--max-num-batched-tokens {spec.max_num_batched_tokens:,} is below --max-num-seqs "
+                   f"{spec.max_num_seqs:,} (vLLM: \"max_num_batched_tokens must be greater than or equal to "
+                   f"max_num_seqs\"); raise the one or lower the other")
+    return f"vLLM would refuse to start this deployment: {'; and '.join(why)} (simulated as given)" if why else ""
+
+
 def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
     """One engine per replica, or a prefill engine and a decode engine joined by a KvLink."""
     check_spec(spec)
@@ -4203,13 +4222,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):
             scheduler.deliver = engine.deliver
-        # vLLM checks at start that one request of max_model_len fits the cache, and stops if not;
-        # the run is simulated as given, and says what vLLM would do (capacity says it too).
-        refused = f"vLLM would refuse to start this deployment: one request of {plan.max_model_len:,} tokens (the " \
-                  f"model's own length unless --max-model-len says) does not fit its {plan.kv_tokens:,}-token KV " \
-                  f"cache; vLLM needs --max-model-len {plan.kv_tokens} or less (simulated as given)" \
-            if plan.max_concurrency < 1 and engine_profile(spec).rules == "vllm" else ""
-        engine.plan_note, engine.refused_note = plan.note, refused
+        engine.plan_note, engine.refused_note = plan.note, vllm_refusal(spec, plan)
         return engine
 
     if not spec.disaggregate:

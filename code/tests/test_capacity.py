@@ -75,6 +75,24 @@ class ModelLength(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertNotIn(said, err)
 
+    def test_vllm_would_refuse_a_token_budget_below_the_sequences(self):
+        said = "--max-num-batched-tokens 256 is below --max-num-seqs 512"
+        code, out, err = run_cli("simulate", "--requests", "5", "--max-num-seqs", "512", "--max-num-batched-tokens",
+                                 "256", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn(f"vLLM would refuse to start this deployment: {said}", err)
+        self.assertIn(said, json.loads(out)["config"]["vllm_would_refuse"])
+        # Both reasons at once, in one line.
+        code, _, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", "--max-num-seqs", "512",
+                               "--max-num-batched-tokens", "256")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(err.count("vLLM would refuse"), 1, err)
+        self.assertIn("31056 or less; and --max-num-batched-tokens 256", err)
+        for flags in (("--max-num-batched-tokens", "512"), ("--engine", "sglang")):
+            code, out, err = run_cli("simulate", "--requests", "5", "--max-num-seqs", "512", *flags)
+            self.assertEqual(code, 0, err)
+            self.assertNotIn("would refuse", err)
+
 
 class CriticalBatch(unittest.TestCase):
     def test_h100_knee_is_about_197_tokens_and_cpu_under_3(self):
