@@ -756,6 +756,7 @@ class Request:
     answer_s: Optional[float] = None     # the first answer token's time (the first token's without reasoning)
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
+    streamed: Optional[tuple] = None     # a failed request read from a report: (tokens, ttft) it streamed first
     cached_tokens: int = 0       # prompt tokens found in the prefix cache at first admission
     measured: bool = True        # False for a warm-up request: sent, but left out of every figure
     content_ends: tuple = ()     # where each content run ends, and the hash of the runs up to it
@@ -1607,8 +1608,9 @@ def detailed_arrays(requests: list) -> dict:
         "errors": [r.error or "" for r in requests],
         # What a request streamed before it failed (its tokens, and its first token's time): the
         # arrays above count it as vllm bench serve does, as nothing.
-        "failed_streamed": [None if good or not r.token_times else
-                            {"tokens": len(r.token_times), "ttft": r.token_times[0] - r.sent_s}
+        "failed_streamed": [None if good else
+                            {"tokens": len(r.token_times), "ttft": r.token_times[0] - r.sent_s} if r.token_times else
+                            {"tokens": r.streamed[0], "ttft": r.streamed[1]} if r.streamed else None
                             for r, good in zip(requests, ok)],
         **({"ttfas": [r.answer_s - r.sent_s if good and r.answer_s is not None else None
                       for r, good in zip(requests, ok)]}
@@ -6752,6 +6754,25 @@ SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "ma
                 "block_size": (1, 2**20)}
 
 
+def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]:
+    """(tokens, ttft) that failed request i streamed before it failed, as loadgen --detailed keeps
+    it (failed_streamed), or None."""
+    kept = report.get("failed_streamed")
+    if kept is None:
+        return None
+    if not isinstance(kept, list) or len(kept) != n:
+        raise UserError(f"{where}: failed_streamed must be a list as long as input_lens ({n})")
+    entry = kept[i]
+    if entry is None:
+        return None
+    tokens, ttft = (entry.get("tokens"), entry.get("ttft")) if isinstance(entry, dict) else (None, None)
+    if type(tokens) is not int or not 1 <= tokens <= 10**8 or isinstance(ttft, bool) \
+            or not isinstance(ttft, (int, float)) or not math.isfinite(ttft) or not 0 <= ttft <= MAX_ARRIVAL_S:
+        raise UserError(f"{where}: request {i}'s failed_streamed must be null or {{\"tokens\": 1 to 100,000,000, "
+                        f"\"ttft\": seconds}}, got {printable(str(entry)[:60])}")
+    return tokens, float(ttft)
+
+
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -6831,6 +6852,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         sent = starts[i] - first_start
         if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
+            requests[-1].streamed = failed_streamed(report, i, n, f"{kind} {name}")
             continue
         gaps = columns["itls"][i]
         if not isinstance(gaps, list):
@@ -10000,6 +10022,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                                        None if r.last_token_s is None else r.last_token_s + shift,
                                        r.prompt_tokens, r.output_tokens, r.error)
             request.token_times = [t + shift for t in r.token_times] if r.token_times else None
+            request.streamed = r.streamed
             if r.answer_s is not None and r.reasoning_tokens:
                 request.answer_s, request.reasoning_tokens = r.answer_s + shift, r.reasoning_tokens
             requests.append(request)

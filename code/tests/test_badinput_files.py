@@ -985,3 +985,22 @@ class MergeKeepsWhatFailedRequestsStreamed(Checks):
             self.assertEqual(r.json()["failed_streamed_tokens"], 15)
             bad = write_json(os.path.join(tmp, "c.json"), detailed_report(2, failed_streamed_tokens=-1))
             self.assert_one_line(run("merge", bad, second), mentions=["failed_streamed_tokens must be a whole number"])
+
+    def test_each_failed_requests_stream_is_kept_in_the_merged_detail(self):
+        failed = dict(ttfts=[0.05, None], itls=[[0.01] * 4, []], output_lens=[5, 0], errors=["", "connection: reset"],
+                      failed_streamed=[None, {"tokens": 7, "ttft": 0.2}], failed_streamed_tokens=7)
+        with tempfile.TemporaryDirectory() as tmp:
+            first = write_json(os.path.join(tmp, "a.json"), detailed_report(2, **failed))
+            second = detailed_report(2, config={"run_id": "abc123", "started_unix": 1.7e9 + 5, "started_perf": 15.0})
+            second["start_times"] = [15.0, 15.5]
+            second = write_json(os.path.join(tmp, "b.json"), second)
+            r = run("merge", first, second, "--detailed")
+            self.assertEqual(r.code, 1, r.seen())       # (a request failed)
+            self.assertEqual(r.json()["failed_streamed"], [None, {"tokens": 7, "ttft": 0.2}, None, None])
+            for entry in ({"tokens": 0, "ttft": 0.2}, {"tokens": 7}, "7", {"tokens": 7, "ttft": -1}):
+                with self.subTest(entry=entry):
+                    bad = write_json(os.path.join(tmp, "c.json"),
+                                     detailed_report(2, **{**failed, "failed_streamed": [None, entry]}))
+                    self.assert_one_line(run("merge", bad, second), mentions=["request 1's failed_streamed must be"])
+            bad = write_json(os.path.join(tmp, "d.json"), detailed_report(2, **{**failed, "failed_streamed": [None]}))
+            self.assert_one_line(run("merge", bad, second), mentions=["failed_streamed must be a list as long"])
