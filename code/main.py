@@ -4189,11 +4189,14 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     return plan, cost
 
 
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)     # vllm/config/cache.py, BlockSize
+
+
 def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
     """Why vLLM would not start this deployment, or "". It checks at start that one request of
-    max_model_len fits the KV cache (capacity says so too), and that a step's token budget gives
-    every sequence it may run a token (SchedulerConfig._verify_args). The run is simulated as
-    given, and says what vLLM would do."""
+    max_model_len fits the KV cache (capacity says so too), that the block size is one of its
+    own, and that a step's token budget gives every sequence it may run a token
+    (SchedulerConfig._verify_args). The run is simulated as given, and says what vLLM would do."""
     if engine_profile(spec).rules != "vllm":
         return ""
     why = []
@@ -4201,6 +4204,8 @@ def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
         why.append(f"one request of {plan.max_model_len:,} tokens (the model's own length unless --max-model-len "
                    f"says) does not fit its {plan.kv_tokens:,}-token KV cache; vLLM needs --max-model-len "
                    f"{plan.kv_tokens} or less")
+    if spec.block_size not in VLLM_BLOCK_SIZES:
+        why.append(f"--block-size {spec.block_size:,} is not one it takes ({', '.join(map(str, VLLM_BLOCK_SIZES))})")
     if spec.max_num_batched_tokens < spec.max_num_seqs:
         why.append(f"--max-num-batched-tokens {spec.max_num_batched_tokens:,} is below --max-num-seqs "
                    f"{spec.max_num_seqs:,} (vLLM: \"max_num_batched_tokens must be greater than or equal to "

@@ -88,6 +88,9 @@ class ModelLength(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(err.count("vLLM would refuse"), 1, err)
         self.assertIn("31056 or less; and --max-num-batched-tokens 256", err)
+        code, _, err = run_cli("simulate", "--requests", "5", "--block-size", "3")
+        self.assertEqual(code, 0, err)
+        self.assertIn("vLLM would refuse to start this deployment: --block-size 3 is not one it takes (1, 8, 16", err)
         for flags in (("--max-num-batched-tokens", "512"), ("--engine", "sglang")):
             code, out, err = run_cli("simulate", "--requests", "5", "--max-num-seqs", "512", *flags)
             self.assertEqual(code, 0, err)
