@@ -1610,8 +1610,8 @@ def detailed_arrays(requests: list) -> dict:
         # arrays above count it as vllm bench serve does, as nothing.
         "failed_streamed": [None if good else
                             {"tokens": len(r.token_times), "ttft": r.token_times[0] - r.sent_s} if r.token_times else
-                            {"tokens": r.streamed[0], "ttft": r.streamed[1]} if r.streamed else None
-                            for r, good in zip(requests, ok)],
+                            dict(zip(("tokens", "ttft"), r.streamed)) if getattr(r, "streamed", None) else None
+                            for r, good in zip(requests, ok)],     # (loadgen's records stream; a report's requests were read)
         **({"ttfas": [r.answer_s - r.sent_s if good and r.answer_s is not None else None
                       for r, good in zip(requests, ok)]}
            if any(getattr(r, "reasoning_tokens", 0) for r in requests) else {}),
