@@ -7951,6 +7951,8 @@ def hide_pieces(text: str, secret: str, least: int = 8) -> str:
     whole of a shorter one) shown as ***: a server that refuses a key often echoes its first and
     last characters ("abcd1234****wxyz"), and a piece of a key is a piece of a secret."""
     least = min(least, len(secret))
+    if not any(secret[j:j + least] in text for j in range(len(secret) - least + 1)):
+        return text        # (most of what a server says: no piece to look for, character by character)
     shown, i = [], 0
     while i < len(text):
         if text[i:i + least] in secret and len(text) - i >= least:
