@@ -5472,10 +5472,25 @@ class Probing:
         """Requests a sustained probe sends: the steady window's, after the transient it skips."""
         return math.ceil(self.steady_requests / (1 - spec.steady_skip)) + 1
 
+    def clients_requests(self, spec: RunSpec, clients: float) -> int:
+        """Requests a closed-loop probe of `clients` sends: each client's first request (or
+        conversation, with --turns) goes out at once and no window starts before one ends, so
+        those as well as the window's; fewer, and many clients make the run one burst."""
+        return math.ceil(clients * spec.turns + self.steady_requests / (1 - spec.steady_skip)) + 1
+
+    def highest(self, spec: RunSpec) -> float:
+        """The highest load a search tries: for clients, those whose probe stays within
+        MAX_PROBE_GROWTH times the usual length."""
+        if self.by != "concurrency":
+            return 1e6
+        return max(1, (MAX_PROBE_GROWTH * self.requests(spec) - self.clients_requests(spec, 0)) // spec.turns)
+
     def probe(self, deployment: RunSpec, load: float, count: Optional[int] = None) -> RunSpec:
         if not self.sustained:
             return sweep_point(deployment, at_load(deployment, self.by, load))
         count = count or self.requests(deployment)
+        if self.by == "concurrency":
+            count = max(count, self.clients_requests(deployment, load))
         if deployment.trace and len(deployment.trace.rows) <= MAX_PROBE_GROWTH * self.requests(deployment):
             count = max(count, len(deployment.trace.rows))      # the whole of a trace, at least once
         return self.sized(deployment, count, load)
@@ -5661,7 +5676,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     found = {"settings": point, "by": probing.by}
     kept: dict[bool, list[dict]] = {True: [], False: []}     # each probe as it ends, sustained or a burst
 
-    def searched(how: Probing, start: Optional[float] = None, highest: float = 1e6, factor: float = 2.0,
+    def searched(how: Probing, start: Optional[float] = None, highest: Optional[float] = None, factor: float = 2.0,
                  count: Optional[int] = None) -> dict:
         probes: list[dict] = []
         margins: dict[float, Optional[list[float]]] = {}     # load -> each bound's, on its worst seed
@@ -5747,7 +5762,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
 
             low, high = highest_passing(passes, start or how.start(deployment), how.tolerance,
                                         integer=how.by == "concurrency", lowest=how.lowest(deployment),
-                                        highest=highest, guess=guess if how.guided else None, factor=factor)
+                                        highest=highest or how.highest(deployment),
+                                        guess=guess if how.guided else None, factor=factor)
         except Alone:
             return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
                     "alone": True}
@@ -11458,7 +11474,9 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
                 + (", where every request ran alone: no load meets it; it needs a faster deployment or shorter "
                    "requests" if item.get("alone") else "")]
     if high is None:
-        return [f"{what}: the slo holds up to the highest {by} tried, {low:g} {unit}"]
+        limit = f" (more clients would make a probe over {MAX_PROBE_GROWTH} times its usual length)" \
+            if by == "concurrency" else ""
+        return [f"{what}: the slo holds up to the highest {by} tried, {low:,.6g} {unit}{limit}"]
     best = item["best"]
     need = probing.needed
     seeds = (f"; {best['seeds_passed']} of {best['seeds_run']} seeds run meet {probing.slo.text()}"

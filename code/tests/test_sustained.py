@@ -450,6 +450,34 @@ class SustainedSearch(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("cheapest that meets the slo at 8 clients", out)
 
+    def test_a_closed_loop_probe_sends_its_clients_first_requests_as_well_as_its_window(self):
+        # helper-58: each probe sent --steady-requests / 0.8 whatever its clients, so with 40 steady
+        # requests 42 clients were "too short a run" and the answer was 40 (280 with 400 or more).
+        answers = []
+        for steady in ("40", "400"):
+            code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--load", "concurrency",
+                                      "--steady-requests", steady, "--json", "--jobs", "1")
+            self.assertEqual(code, 0, err)
+            item = main.json.loads(out)["deployments"][0]
+            answers.append(item["highest_load"])
+            for probe in item["probes"]:
+                self.assertEqual(probe["probe_requests"],
+                                 main.math.ceil(probe["load"] + int(steady) / 0.8) + 1)
+                self.assertNotIn("too short", " ".join(probe["misses"]))
+        self.assertLessEqual(abs(answers[0] - answers[1]), 0.05 * answers[1], answers)
+        # A target of more clients than a window's requests is a verdict, not one burst.
+        code, out, err = call_cli("search", "--slo", "ttft_p95:3000", "--concurrency", "300", "--steady-requests",
+                                  "100", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("--requests 426 --concurrency 300", out)
+        # Conversations: each client holds one, so a probe sends a conversation a client; the search
+        # stops where a probe would pass 16 times its usual length (it held up to 524,288 clients).
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000000", "--load", "concurrency", "--turns", "3",
+                                  "--steady-requests", "100", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("the slo holds up to the highest concurrency tried, 512 clients (more clients would make a "
+                      "probe over 16 times its usual length)", out)
+
     def test_the_recheck_is_x_times_the_probe_that_passed_when_that_probe_was_lengthened(self):
         # helper-39: with 40 steady requests the probe is lengthened (its window must last two
         # lifetimes) past what a recheck of twice the window sends; the recheck sends twice the probe.
