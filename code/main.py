@@ -4056,14 +4056,26 @@ def flag_words(f, value) -> list[str]:
 PROGRAM = "code/main.py"
 
 
+def inert(spec: RunSpec) -> set[str]:
+    """The settings that change nothing in this deployment: those whose `needs` is off (a link
+    between pipeline stages without stages), and a router with one replica. A grid's point may
+    hold them (-pp 1,2 with --inter-node-gbs); its rerun command and the grid leave them out."""
+    default = RunSpec()
+    idle = {name for name, f in SETTINGS.items()
+            if f.metadata["needs"] and getattr(spec, f.metadata["needs"]) == getattr(default, f.metadata["needs"])}
+    if spec.data_parallel_size == 1 and not spec.replica_schedule:
+        idle.add("router")
+    return idle
+
+
 def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
     """The simulate command line that runs exactly this spec; `sources` maps a preset (the
     Hardware or ModelSpec itself, so two files that give one name stay apart) to the file it
     was read from."""
-    words, default = ["python3", PROGRAM, "simulate"], RunSpec()
+    words, default, idle = ["python3", PROGRAM, "simulate"], RunSpec(), inert(spec)
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
-        if value == getattr(default, f.name) or f.name == "simulator" or \
+        if value == getattr(default, f.name) or f.name == "simulator" or f.name in idle or \
                 (f.name == "kv_link_gbs" and not spec.disaggregate):
             continue
         said = flag_words(f, value)
@@ -6260,6 +6272,26 @@ def applicable(spec: RunSpec, points: list[dict], what: str) -> list[dict]:
         sys.stderr.write(f"servesim: {alone} {what}{'s' * (alone != 1)} with --enable-expert-parallel on and one GPU "
                          f"left out: the experts have nowhere to spread (the same as with it off)\n")
     return kept or points
+
+
+def distinct(spec: RunSpec, points: list[dict], what: str) -> list[dict]:
+    """The grid's points less those that differ from an earlier one only in settings that change
+    nothing there (inert: two routers of one replica), said on stderr."""
+    kept, seen, idle = [], set(), set()
+    for point in points:
+        unused = inert(sweep_point(spec, point)) & point.keys()
+        key = repr(sorted((name, value) for name, value in point.items() if name not in unused))
+        if key in seen:
+            idle |= unused
+            continue
+        seen.add(key)
+        kept.append(point)
+    if len(kept) < len(points):
+        dropped = len(points) - len(kept)
+        sys.stderr.write(f"servesim: {dropped} {what}{'s' * (dropped != 1)} left out: "
+                         f"{', '.join(sorted(flag_of(name) for name in idle))} changes nothing there, so "
+                         f"{'they are' if dropped != 1 else 'it is'} the same as one kept\n")
+    return kept
 
 
 def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing: Probing,
@@ -12303,7 +12335,7 @@ def cmd_sweep(args) -> int:
                         f"{flag_of(fixed[0])} would change nothing: drop it")
     axes, points = sweep_grid(listed(args), args.gpus, args.trace)
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
-    points = applicable(spec, points, "point")
+    points = distinct(spec, applicable(spec, points, "point"), "point")
     for point in points:       # a bad combination is refused before any point runs
         with contextlib.suppress(CapacityError):
             build_engines(sweep_point(spec, point))
@@ -12480,7 +12512,7 @@ def cmd_search(args) -> int:
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
-    points = applicable(spec, points, "deployment")
+    points = distinct(spec, applicable(spec, points, "deployment"), "deployment")
     for point in points:       # a bad combination is refused before anything runs, with a load on it
         with contextlib.suppress(CapacityError):
             build_engines(probing.probe(sweep_point(spec, point), 1))

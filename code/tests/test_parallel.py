@@ -263,6 +263,27 @@ class MixtureOfExperts(unittest.TestCase):
             self.assertEqual(code, 2, values)
             self.assertIn("add -dp N", err)
 
+    def test_a_grid_leaves_out_settings_that_change_nothing_there_and_its_reruns_run(self):
+        # helper-58: -dp 1,2 with two routers ran the one replica twice, and both grids printed
+        # rerun commands (--router with one replica, --inter-node-gbs without stages) that exit 2.
+        code, out, err = call_cli("search", "--steady-requests", "50", "--recheck", "1", "--slo", "ttft_p95:500",
+                                  "-dp", "1,2", "--router", "round-robin,least-loaded", "--rate", "20", "--json",
+                                  "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("1 deployment left out: --router changes nothing there", err)
+        found = json.loads(out)["deployments"]
+        self.assertEqual([(d["settings"]["data_parallel_size"], d["settings"]["router"]) for d in found],
+                         [(1, "round-robin"), (2, "round-robin"), (2, "least-loaded")])
+        code, out, err = call_cli("search", "--steady-requests", "50", "--recheck", "1", "--slo", "ttft_p95:2000",
+                                  "-pp", "1,2", "--inter-node-gbs", "25", "--rate", "5", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        for deployment in json.loads(out)["deployments"]:
+            for probe in deployment["probes"]:
+                words = probe["rerun"].split()[2:]
+                self.assertEqual("--inter-node-gbs" in words, deployment["settings"]["pipeline_parallel_size"] > 1)
+                code, _, err = call_cli(*words[:-2], "--requests", "5")     # (a rerun's own flags, run short)
+                self.assertEqual(code, 0, err)
+
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
         device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)
