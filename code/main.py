@@ -12038,18 +12038,32 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool =
     exclusive = {}
     for group, (g, members) in groups.items():
         for f in members:
-            add_setting(g, f, lists and f.metadata["axis"] > 0, overrides, exclusive)
+            add_setting(g, f, lists and f.metadata["axis"] > 0, overrides, exclusive, lists)
 
 
-def add_setting(g, f, several: bool, overrides: bool, exclusive: dict) -> None:
+def not_a_list(kind: Callable) -> Callable:
+    """`kind`, for a flag a sweep or search takes one value of: a list is refused as such (its
+    values would otherwise be named as one bad value)."""
+    def read(text: str):
+        if "," in text:
+            raise argparse.ArgumentTypeError(f"{text!r}: this flag takes one value (sweep and search do not vary it); "
+                                             f"run once for each")
+        return kind(text)
+    return read
+
+
+def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bool = False) -> None:
     """One row's flag. Every flag defaults to None, "not given", so the table's default (or, for
-    compare, the value the run recorded) stands; --help shows what that is."""
+    compare, the value the run recorded) stands; --help shows what that is. `lists`: the command
+    takes lists of the settings that have an axis (a list of another is refused as one)."""
     m = f.metadata
     flags, kind = (m["flag"], *m["aliases"]), m["kind"]
+    if kind is not None and lists and not several:
+        kind = not_a_list(kind)
     if m["switch"]:
         text = "; the flag alone is on" + (", on,off sweeps both" if several else "")
-        options = dict(nargs="?", const=[True] if several else True, type=list_of(on_off) if several else on_off,
-                       metavar="on|off")
+        options = dict(nargs="?", const=[True] if several else True,
+                       type=list_of(on_off) if several else not_a_list(on_off) if lists else on_off, metavar="on|off")
     elif kind is None:           # a plain flag, or a file read when the run is built
         text, options = "", (dict(metavar=m["metavar"]) if m["metavar"] else dict(action="store_true"))
     else:
@@ -13066,11 +13080,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="simulate at several loads or settings, one table",
                        description="Run the same workload at every combination of up to two settings and print "
-                                   "one row each. Every numeric or on|off server flag takes a comma-separated list, "
-                                   "as do --hardware, --router, --quantization, --kv-cache-dtype and --cost-model "
-                                   "(--hardware h100-sxm-80gb,a100-sxm-80gb, -tp 1,2,4, --prefix-caching on,off, "
-                                   "...), and --concurrency (closed loop, the default axis: 1,8,32,128,256) and "
-                                   "--rate (Poisson); a list of one value is a fixed setting. --kv-link-gbs adds the "
+                                   "one row each. A flag whose help below says \"several comma-separated to sweep\" "
+                                   "or \"on,off sweeps both\" takes a comma-separated list: most server flags (-tp "
+                                   "1,2,4, --prefix-caching on,off, ...), --hardware (h100-sxm-80gb,a100-sxm-80gb), "
+                                   "--router, --quantization, --kv-cache-dtype, --cost-model, --concurrency (closed "
+                                   "loop, the default axis: 1,8,32,128,256) and --rate (Poisson); not --engine, "
+                                   "whose defaults set the others. A list of one value is a fixed setting. "
+                                   "--kv-link-gbs adds the "
                                    "colocated engine as the baseline and says below which bandwidth it wins on "
                                    "TTFT p95; --compare runs batching modes side by side. A point whose model "
                                    "does not fit is a row saying so. Exit 1 if any request failed or no point fits.")

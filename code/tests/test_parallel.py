@@ -284,6 +284,18 @@ class MixtureOfExperts(unittest.TestCase):
                 code, _, err = call_cli(*words[:-2], "--requests", "5")     # (a rerun's own flags, run short)
                 self.assertEqual(code, 0, err)
 
+    def test_a_list_of_a_flag_sweep_does_not_vary_is_refused_as_a_list(self):
+        # helper-58: --engine vllm,sglang read as "'vllm,sglang' is not one of vllm, sglang, ..."
+        for command, flag, values in (("sweep", "--engine", "vllm,sglang"), ("search", "--async-scheduling", "on,off"),
+                                      ("sweep", "--batching", "static,continuous")):
+            with self.subTest(flag=flag):
+                code, out, err = call_cli(command, "--slo", "ttft_p95:1000", flag, values) if command == "search" \
+                    else call_cli(command, flag, values, "--requests", "5")
+                self.assertEqual(code, 2, err)
+                self.assertIn(f"argument {flag}: {values!r}: this flag takes one value", err)
+        code, _, err = call_cli("sweep", "--engine", "sglang", "--requests", "5", "--concurrency", "1,2")
+        self.assertEqual(code, 0, err)
+
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
         device = main.expert_shard(main.MODELS["qwen3-30b-a3b"], 3)
