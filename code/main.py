@@ -5145,7 +5145,8 @@ class PointRunner:
                 if self.seeds:      # started now, not at a first map() that a signal could cut short
                     list(self.seeds.map(abs, range(jobs)))
                 if jobs > 1 and len(points) > 1 and not self.seeds:
-                    self.executor = pool(min(jobs, len(points)), of_points=True)
+                    self.workers = min(jobs, len(points))
+                    self.executor = pool(self.workers, of_points=True)
                     self.futures = [self.executor.submit(stoppable, task, settings) for settings in points]
         except BaseException:       # a signal let in as the forking ends: nothing is left running
             self.finished()
@@ -5207,13 +5208,15 @@ class PointRunner:
 
     def stop_workers(self) -> None:
         """Ask the workers still running a point to cut it short, and wait (a while) for what they kept."""
-        running = [f for f in self.futures[self.next:] if not f.done()]
-        if not running or STOP_SIGNAL is None:
+        pending = [f for f in self.futures[self.next:] if not f.done()]
+        if not pending or STOP_SIGNAL is None:
             return
-        for future in running:
-            future.cancel()           # those no worker has taken yet
-        if self.progress:
-            self.progress(f"stopping: keeping what the {len(running)} running {self.noun}s ended")
+        running = [f for f in pending if not f.cancel()]        # (cancel() takes back those no worker has taken)
+        if not running:
+            return
+        if self.progress:      # (the pool hands a worker its next point early: at most one a worker runs)
+            busy = min(len(running), self.workers)
+            self.progress(f"stopping: keeping what the {busy} running {self.noun}{'s' * (busy != 1)} ended")
         signal_workers(self.executor, STOP_SIGNAL)
         concurrent.futures.wait(running, timeout=STOP_WAIT_S)
 
