@@ -7360,6 +7360,13 @@ TRACE_LINE_BYTES = 1 << 20
 MAX_HASH_IDS = 65_536        # a row's hash_ids: 1M tokens at Bailian's 16 a block, 33M at Mooncake's 512
 
 
+def counted(note: str, count: int) -> str:
+    """A reader's note of how many rows it concerns, in the singular for one: {s} a plural's s,
+    {are} are or is, {v} a verb's s."""
+    one = count == 1
+    return note.format(count, s="" if one else "s", are="is" if one else "are", v="s" if one else "")
+
+
 def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by_requests: bool = True) -> Trace:
     """A trace in any of TRACE_FORMATS, as rows of (arrival s, prompt tokens, output tokens,
     content runs). `auto` tells the format from the file's first line. With `limit` (--requests)
@@ -7385,7 +7392,7 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
             pipe.close()
     if not rows:        # (every row may have been one the run cannot use: say which)
         raise UserError(f"trace {path}: no requests in it" if not notes else
-                        f"trace {path}: no request to replay: " + "; ".join(note.format(count)
+                        f"trace {path}: no request to replay: " + "; ".join(counted(note, count)
                                                                           for note, count in notes.items()))
     if len(rows) > MAX_REQUESTS:
         raise UserError(f"trace {path}: more than {MAX_REQUESTS:,} requests; cut it (e.g. head -n {MAX_REQUESTS})"
@@ -7401,7 +7408,7 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
     for before, row in zip(rows, rows[1:]):      # (a file sorted by another column, or merged from several)
         if row[0] < before[0]:
-            notes["{:,} rows are timed before the row above them; every request is sent at its own time, "
+            notes["{:,} row{s} {are} timed before the row above them; every request is sent at its own time, "
                   "in time order"] += 1
     # A reader may add a fifth field of extras: the row's reasoning tokens, its id, its parent's.
     extras = [row[4] if len(row) > 4 else {} for row in rows]
@@ -7409,9 +7416,9 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
     parents, delays = sessions_of(path, extras, notes, strict=fmt == "servesim")
     for i, parent in enumerate(parents):
         if parent >= 0 and rows[i][1] < rows[parent][1] + rows[parent][2]:
-            notes["{:,} turns are shorter than their parent's prompt and reply (a turn's prompt_tokens is its whole "
+            notes["{:,} turn{s} {are} shorter than their parent's prompt and reply (a turn's prompt_tokens is its whole "
                   "context); each is sent as itself, without the history"] += 1
-    return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(note.format(count) for note, count in notes.items()),
+    return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(counted(note, count) for note, count in notes.items()),
                  reasoning if any(reasoning) else (), parents, delays)
 
 
@@ -7427,13 +7434,13 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
         if parent is None:
             parents.append(-1)
         elif parent not in where and not strict:
-            notes["{:,} rows continue a chat from before the trace starts; they are sent as new chats"] += 1
+            notes["{:,} row{s} continue{v} a chat from before the trace starts; they are sent as new chats"] += 1
             parents.append(-1)
         elif parent not in where:
             raise UserError(f"trace {path} row {i + 1}: its parent {printable(parent)[:40]!r} is not an earlier row's "
                             f"id; a session's rows come in order, each after the one it continues")
         elif where[parent] in continued:
-            notes["{:,} rows continue a parent another row already continues; servesim follows one chain per "
+            notes["{:,} row{s} continue{v} a parent another row already continues; servesim follows one chain per "
                   "session, and sends these at their own times"] += 1
             parents.append(-1)
         else:
@@ -7672,7 +7679,7 @@ def hashed_trace(block: int, seconds_per_unit: float):
             prompt = trace_number(where, row, "input_length", 1, 10**8)
             output = trace_number(where, row, "output_length", 0, 10**8)
             if output == 0:
-                notes["{:,} requests ask for 0 output tokens; servesim generates 1, the first token"] += 1
+                notes["{:,} request{s} ask{v} for 0 output tokens; servesim generates 1, the first token"] += 1
             runs = hashed_runs(where, row, prompt, block)
             # Bailian's sessions: a chat continues its parent_chat_id (-1: none), at its own time.
             chat, parent = row.get("chat_id"), row.get("parent_chat_id")
@@ -7715,7 +7722,7 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
             prompt = trace_number(where, row, prompt_field, 1, 10**8)
             output = trace_number(where, row, output_field, 0, 10**8)
             if output == 0:      # the service answered nothing: a failed request in these traces
-                notes["{:,} rows with 0 " + output_field.lower() + " (failed in the original service) are not "
+                notes["{:,} row{s} with 0 " + output_field.lower() + " (failed in the original service) {are} not "
                       "replayed"] += 1
                 continue
             yield arrival, prompt, output, ()
@@ -7768,7 +7775,7 @@ def vllm_bench_trace(path: str, notes: Counter, data: Optional[io.BufferedReader
         if r.error is None:
             yield r.sent_s, r.prompt_tokens, r.output_tokens, ()
         else:
-            notes["{:,} requests failed in the measured run and are not replayed"] += 1
+            notes["{:,} request{s} failed in the measured run and {are} not replayed"] += 1
 
 
 TRACE_READERS = {

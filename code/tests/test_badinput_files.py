@@ -923,7 +923,7 @@ class RowsOutOfOrder(Checks):
                 f'{{"arrival": {t}, "prompt_tokens": 10, "output_tokens": 2}}\n' for t in (5, 1, 3)))
             r = run("simulate", "--trace", path, "--detailed")
         self.assertEqual(r.code, 0, r.seen())
-        self.assertIn("1 rows are timed before the row above them; every request is sent at its own time", r.err)
+        self.assertIn("1 row is timed before the row above them; every request is sent at its own time", r.err)
         self.assertEqual(sorted(r.json()["start_times"]), [1.0, 3.0, 5.0])
 
 

@@ -678,7 +678,7 @@ class Sessions(unittest.TestCase):
         with tempfile.TemporaryDirectory() as folder:
             trace = main.read_trace(self.write(folder, rows), "bailian")
         self.assertEqual(trace.parents, (-1, -1, 0))
-        self.assertIn("1 rows continue a chat from before the trace starts", " ".join(trace.notes))
+        self.assertIn("1 row continues a chat from before the trace starts", " ".join(trace.notes))
 
     def test_a_missing_or_later_parent_or_a_repeated_id_is_one_line(self):
         cases = [([{"arrival": 0, "prompt_tokens": 9, "output_tokens": 2, "id": "x", "parent": "y"}],
@@ -711,7 +711,7 @@ class Sessions(unittest.TestCase):
             trace = main.read_trace(path)
             main.run(main.RunSpec(trace=trace, prefix_caching=True), requests_out=done)
         self.assertEqual(sorted(done, key=lambda r: r.id)[1].cached_tokens, 0)
-        self.assertIn("1 turns are shorter than their parent's prompt and reply", " ".join(trace.notes))   # not silent
+        self.assertIn("1 turn is shorter than their parent's prompt and reply", " ".join(trace.notes))   # not silent
 
     def test_loadgen_sends_each_turn_with_the_servers_own_replies_after_the_delay(self):
         rows = [{"arrival": 0, "prompt_tokens": 30, "output_tokens": 3, "id": "a"},
