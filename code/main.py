@@ -3278,10 +3278,13 @@ def whole(low: int = 1, high: int = 10**12) -> Callable[[str], int]:
     return parse
 
 
+THOUSANDS = re.compile(r"\s*[-+]?\d{1,3}(,\d{3})+(\.\d*)?\s*")     # 10,000: one number, its thousands grouped
+
+
 def one_number(text: str) -> None:
     """Commas may group thousands (10,000); anything else with a comma is a list given to a flag
     that takes one value, and silently reading 1,2 as 12 would be worse than refusing it."""
-    if "," in text and not re.fullmatch(r"\s*[-+]?\d{1,3}(,\d{3})+(\.\d*)?\s*", text):
+    if "," in text and not THOUSANDS.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value "
                                          f"(sweep and search take lists of server settings)")
 
@@ -5122,6 +5125,19 @@ class WorkerDied(CapacityError):
 
 def point_label(settings: dict) -> str:
     return " ".join(f"{k.replace('_', '-')} {value_label(k, v)}" for k, v in settings.items())
+
+
+@contextlib.contextmanager
+def refused_at(point: dict, several: bool) -> Iterator[None]:
+    """Where a grid's point is built to be checked before anything runs: one that does not fit
+    is left to its run (a row saying so), and a bad combination is refused naming the point."""
+    try:
+        with contextlib.suppress(CapacityError):
+            yield
+    except UserError as e:
+        if several and point:
+            raise UserError(f"at {point_label(point)}: {e}") from None
+        raise
 
 
 class PointRunner:
@@ -12055,9 +12071,9 @@ def not_a_list(kind: Callable) -> Callable:
     """`kind`, for a flag a sweep or search takes one value of: a list is refused as such (its
     values would otherwise be named as one bad value)."""
     def read(text: str):
-        if "," in text:
-            raise argparse.ArgumentTypeError(f"{text!r}: this flag takes one value (sweep and search do not vary it); "
-                                             f"run once for each")
+        if "," in text and not THOUSANDS.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value (sweep and search "
+                                             f"do not vary it): run once for each")
         return kind(text)
     return read
 
@@ -12361,7 +12377,7 @@ def cmd_sweep(args) -> int:
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
     points = distinct(spec, applicable(spec, points, "point"), "point")
     for point in points:       # a bad combination is refused before any point runs
-        with contextlib.suppress(CapacityError):
+        with refused_at(point, len(points) > 1):
             build_engines(sweep_point(spec, point))
     if args.plot:
         check_writable(args.plot, "--plot", args)
@@ -12538,7 +12554,7 @@ def cmd_search(args) -> int:
         raise UserError(problem)
     points = distinct(spec, applicable(spec, points, "deployment"), "deployment")
     for point in points:       # a bad combination is refused before anything runs, with a load on it
-        with contextlib.suppress(CapacityError):
+        with refused_at(point, len(points) > 1):
             build_engines(probing.probe(sweep_point(spec, point), 1))
     if args.confirm:
         confirm_check(args.confirm, spec)

@@ -292,9 +292,18 @@ class MixtureOfExperts(unittest.TestCase):
                 code, out, err = call_cli(command, "--slo", "ttft_p95:1000", flag, values) if command == "search" \
                     else call_cli(command, flag, values, "--requests", "5")
                 self.assertEqual(code, 2, err)
-                self.assertIn(f"argument {flag}: {values!r}: this flag takes one value", err)
+                self.assertIn(f"argument {flag}: {values!r} is a list, and this flag takes one value (sweep and search do not", err)
         code, _, err = call_cli("sweep", "--engine", "sglang", "--requests", "5", "--concurrency", "1,2")
         self.assertEqual(code, 0, err)
+
+    def test_a_bad_combination_in_a_grid_names_its_point(self):
+        # helper-58: "add --prefix-caching" to a sweep that gave --prefix-caching on,off
+        for command in ("sweep", "search"):
+            code, out, err = call_cli(command, "--prefix-caching", "on,off", "--kv-offloading-size", "10",
+                                      "--slo", "ttft_p95:1000") if command == "search" else \
+                call_cli(command, "--prefix-caching", "on,off", "--kv-offloading-size", "10", "--requests", "5")
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertIn("servesim: at prefix-caching off: --kv-offloading-size keeps prefix-cached blocks", err)
 
     def test_uneven_experts_price_the_busiest_device(self):
         # vLLM gives the first 128 mod 3 devices one expert more: 43, 43, 42.
