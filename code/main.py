@@ -5183,7 +5183,7 @@ class PointRunner:
                 point = (lambda text: self.progress(f"{label}: {text}" if label else text)) if self.progress else None
                 result = self.task(settings, point, **({"mapper": self.seeds.map} if self.seeds else {}))
             else:
-                result = self.futures[self.next].result()
+                result = self.waited(self.futures[self.next])
         except BaseException as e:
             if getattr(e, "partial", None) is not None:      # what the point ended, whatever stopped it
                 self.cut = [(self.next, e.partial)]
@@ -5194,6 +5194,18 @@ class PointRunner:
             raise self.died("was stopped by a signal")
         self.next += 1
         return result
+
+    def waited(self, future) -> dict:
+        """The point's result from its worker; while it runs, a line now and then of how many
+        are done (the workers print nothing themselves)."""
+        while self.progress:
+            try:
+                return future.result(timeout=HEARTBEAT_S)
+            except concurrent.futures.TimeoutError:
+                done = sum(f.done() for f in self.futures)
+                self.progress(f"{done:,} of {len(self.points):,} {self.noun}s done, {self.workers} at a time; "
+                              f"waiting for {point_label(self.points[self.next]) or 'the next'}")
+        return future.result()
 
     def died(self, how: str = "died (killed, perhaps by the out-of-memory killer)") -> WorkerDied:
         lost = [point_label(p) for i, (p, f) in enumerate(zip(self.points, self.futures))
@@ -5848,6 +5860,7 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
     return found
 
 
+HEARTBEAT_S = 2.0          # how often a command waiting on its workers says how far they are
 MAX_LENGTHENINGS = 4       # a probe whose steady window is short is run longer at most this often
 MAX_PROBE_GROWTH = 16      # ... and to at most this many times its usual requests
 

@@ -14,6 +14,12 @@ MOE = main.ModelSpec("moe", 10e9, 2, 8, 64, hidden_size=128, heads=16, active_pa
                      experts_per_token=2)
 
 
+def slow_point(settings, progress=None):
+    """A sweep point that takes a while (map_points runs it in a worker)."""
+    main.time.sleep(0.5)
+    return settings
+
+
 class TensorParallel(unittest.TestCase):
     def test_one_layer_all_reduce_is_twice_the_ring_bytes_plus_its_hops(self):
         one_layer = main.replace(DENSE, layers=1)
@@ -295,6 +301,15 @@ class MixtureOfExperts(unittest.TestCase):
                 self.assertIn(f"argument {flag}: {values!r} is a list, and this flag takes one value (sweep and search do not", err)
         code, _, err = call_cli("sweep", "--engine", "sglang", "--requests", "5", "--concurrency", "1,2")
         self.assertEqual(code, 0, err)
+
+    def test_workers_running_points_are_heard_from_while_they_run(self):
+        # helper-58: with --jobs 2 the first line on stderr came after 5.8 s, and then one a point.
+        said = []
+        with mock.patch.object(main, "HEARTBEAT_S", 0.1):
+            results = list(main.map_points(slow_point, [{"rate": 1}, {"rate": 2}, {"rate": 3}], jobs=2,
+                                           progress=said.append))
+        self.assertEqual(results, [{"rate": 1}, {"rate": 2}, {"rate": 3}])
+        self.assertIn("0 of 3 points done, 2 at a time; waiting for rate 1", said)
 
     def test_a_bad_combination_in_a_grid_names_its_point(self):
         # helper-58: "add --prefix-caching" to a sweep that gave --prefix-caching on,off
