@@ -3830,10 +3830,15 @@ class RunSpec:
     def rate_unit(self) -> str:
         return "conversations/s" if self.turns > 1 else "req/s"     # a rate starts conversations
 
+    def sends(self) -> int:
+        """The requests (conversations, with turns) a closed loop has to send: at most that many
+        of its clients are busy at once. A trace's own."""
+        return len(self.trace.rows) if self.trace else -(-(self.requests or DEFAULT_REQUESTS) // self.turns)
+
     def arrivals(self) -> str:
         chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
         if self.clients():
-            sends = -(-(self.requests or DEFAULT_REQUESTS) // self.turns)     # conversations
+            sends = self.sends()
             fewer = f" (at most {sends:,} at once: the {'conversations' if self.turns > 1 else 'requests'})" \
                 if sends < self.clients() and not self.trace else ""
             return f"closed loop {self.clients()} clients{fewer}" + chats
@@ -12392,6 +12397,13 @@ def cmd_sweep(args) -> int:
     for point in points:       # a bad combination is refused before any point runs
         with refused_at(point, len(points) > 1):
             build_engines(sweep_point(spec, point))
+    crowded = [point for point in points if sweep_point(spec, point).sends() < (sweep_point(spec, point).clients() or 0)]
+    if crowded:       # (their rows would read as the load they were named for)
+        what = "conversations" if spec.turns > 1 else "requests"
+        sys.stderr.write(f"servesim: {len(crowded)} point{'s' * (len(crowded) != 1)} ({point_label(crowded[0])}"
+                         f"{', ...' if len(crowded) > 1 else ''}) {'have' if len(crowded) > 1 else 'has'} more clients "
+                         f"than the {sweep_point(spec, crowded[0]).sends():,} {what} to send, and so at most that many "
+                         f"at once; raise --requests for a closed loop of that many\n")
     if args.plot:
         check_writable(args.plot, "--plot", args)
     progress = Progress("sweep")

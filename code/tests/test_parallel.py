@@ -311,6 +311,17 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertEqual(results, [{"rate": 1}, {"rate": 2}, {"rate": 3}])
         self.assertIn("0 of 3 points done, 2 at a time; waiting for rate 1", said)
 
+    def test_points_with_more_clients_than_requests_are_named(self):
+        # helper-58: 64 requests at 256 clients printed a row the same as 128's, without a word
+        code, out, err = call_cli("sweep", "--requests", "64", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("servesim: 2 points (concurrency 128, ...) have more clients than the 64 requests to send, "
+                      "and so at most that many at once", err)
+        code, _, err = call_cli("sweep", "--requests", "64", "--turns", "2", "--concurrency", "16,64", "--json")
+        self.assertIn("1 point (concurrency 64) has more clients than the 32 conversations", err)
+        code, _, err = call_cli("sweep", "--requests", "256", "--concurrency", "8,256", "--json")
+        self.assertNotIn("more clients", err)
+
     def test_a_bad_combination_in_a_grid_names_its_point(self):
         # helper-58: "add --prefix-caching" to a sweep that gave --prefix-caching on,off
         for command in ("sweep", "search"):
