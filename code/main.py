@@ -7624,6 +7624,9 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
     if isinstance(value, str):       # a CSV cell: ASCII digits only (Python's int() reads 4_4 as 44, and other scripts' digits)
         if not (WHOLE_TEXT if whole_number else NUMBER_TEXT).fullmatch(value.strip()):
             raise UserError(f"{where}: field {name!r} must be {kind}, got {printable(value[:40])!r}")
+        if len(value.strip()) > 40:      # (int() refuses past 4,300 digits; no range here needs 40)
+            raise UserError(f"{where}: field {name!r} must be {kind} from {low:,} to {high:,}, got a number of "
+                            f"{len(value.strip()):,} characters")
         value = float(value.strip()) if not whole_number else int(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high or (whole_number and value != int(value)):

@@ -946,6 +946,21 @@ class CsvDigits(Checks):
                 with self.subTest(file=name):
                     self.assert_one_line(run("simulate", "--trace", path), mentions=["line 3"])
 
+    def test_a_cell_of_thousands_of_digits_is_one_line_not_a_traceback(self):
+        # helper-57: int() refuses past 4,300 digits, and the readers let its ValueError out
+        digits = "9" * 5000
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, text, flag in (
+                    ("az.csv", f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{digits},44\n",
+                     "--trace"),
+                    ("bg.csv", f"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                               f"0,ChatGPT,{digits},2,12,Conversation log\n", "--trace"),
+                    ("replicas.csv", f"time_s,replicas\n0,{digits}\n", "--replica-schedule")):
+                path = write(os.path.join(tmp, name), text)
+                with self.subTest(file=name):
+                    self.assert_one_line(run("simulate", flag, path, *(("--rate", "1") if "replica" in flag else ())),
+                                         mentions=["line 2", "a number of 5,000 characters"])
+
 
 class NothingToReplay(Checks):
     def test_a_trace_whose_every_request_failed_says_so(self):
