@@ -5920,12 +5920,24 @@ class Scaling:
     scale_up_delay: Optional[float] = None     # None: an engine's start-up and its weights' load
 
 
+MAX_WINDOWS = 100_000      # a plan's windows, at most: a year of 15-minute ones is 35,040
+
+
+def window_edges(end: float, window_s: float) -> list[float]:
+    """Where a period of `end` s is cut into windows of window_s (the last one short)."""
+    count = math.ceil(end / window_s - 1e-9)
+    if count > MAX_WINDOWS:
+        raise UserError(f"--window {window_s:g} s cuts the {end:,.0f}-s period into {count:,} windows, more than the "
+                        f"{MAX_WINDOWS:,} a plan takes; give --window {math.ceil(end / MAX_WINDOWS):,} or more")
+    return [i * window_s for i in range(count)] + [end]
+
+
 def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, float]]:
     """(start s, end s, requests per second) of each window of the profile or the trace."""
     if spec.rate_profile:
         p, x = spec.rate_profile, spec.time_scale
         end = p.end_s * x
-        edges = [i * window_s for i in range(math.ceil(end / window_s - 1e-9))] + [end]
+        edges = window_edges(end, window_s)
         return [(a, b, p.mean_rate(a / x, b / x) / x) for a, b in zip(edges, edges[1:])]
     if not spec.trace:
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
@@ -5933,7 +5945,7 @@ def plan_windows(spec: RunSpec, window_s: float) -> list[tuple[float, float, flo
     # The trace ends a mean gap after its last send, not at a whole window: an 84 s trace counted
     # over 15 minutes would be planned at a tenth of its load (and so would a last partial window).
     end = sends[-1] + ((sends[-1] - sends[0]) / (len(sends) - 1) if len(sends) > 1 and sends[-1] > sends[0] else 1.0)
-    edges = [i * window_s for i in range(math.ceil(end / window_s - 1e-9))] + [end]
+    edges = window_edges(end, window_s)
     if len(edges) > 2 and end - edges[-2] < window_s / 4:
         del edges[-2]       # a sliver past the last whole window joins it, rather than be planned on a few requests
     counts = Counter(min(bisect.bisect_right(edges, t) - 1, len(edges) - 2) for t in sends)
@@ -5981,11 +5993,21 @@ def autoscaled(needs: list[int], windows: list[tuple], scaling: Scaling, lead: f
     `lead` before its start until scale_down_after past its end (a scale-down waits until the
     need has been lower that long, as Kubernetes' HPA stabilises one: to the second, not to the
     next window), the most of those held at once, within min and max."""
-    held = [(max(0.0, start - lead), end + scaling.scale_down_after, need) for need, (start, end, _) in zip(needs, windows)]
+    held = sorted((max(0.0, start - lead), end + scaling.scale_down_after, need)
+                  for need, (start, end, _) in zip(needs, windows))
     period = windows[-1][1]
     steps: list[tuple[float, int]] = []
+    # At each moment a need starts or ends, the most of those held (a <= t < b): the needs begun
+    # so far in a heap by size, the largest dropped once it has ended (a year of windows is
+    # 35,040 of them, and looking through all of them at each moment took minutes).
+    begun, i = [], 0
     for t in sorted({0.0, *(a for a, _, _ in held), *(b for _, b, _ in held if b < period)}):
-        n = min(scaling.max_replicas, max([scaling.min_replicas, *(need for a, b, need in held if a <= t < b)]))
+        while i < len(held) and held[i][0] <= t:
+            heapq.heappush(begun, (-held[i][2], held[i][1]))
+            i += 1
+        while begun and begun[0][1] <= t:
+            heapq.heappop(begun)
+        n = min(scaling.max_replicas, max(scaling.min_replicas, -begun[0][0] if begun else 0))
         if not steps or n != steps[-1][1]:
             steps.append((t, n))
     return steps

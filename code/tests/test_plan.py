@@ -213,6 +213,38 @@ class Plans(unittest.TestCase):
         self.assertEqual(err.strip().splitlines()[-1],
                          "servesim: the plan does not meet the slo: 1 window needs more than --max-replicas 4, from 00:10")
 
+    def test_more_windows_than_a_plan_takes_are_refused_before_it_runs(self):
+        # helper-57: a year of 11-s windows ran for minutes at 950 MB, and ignored Ctrl-C
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "year.csv")
+            with open(path, "w") as f:
+                f.write("time_s,rate\n0,0.05\n15000000,0.05\n")
+            code, out, err = call_cli("plan", "--rate-profile", path, "--slo", "ttft_p95:2000", "--window", "60",
+                                      "--no-verify")
+        self.assertEqual((code, out), (2, ""), err)
+        self.assertIn("cuts the 30,000,000-s period into 500,000 windows, more than the 100,000 a plan takes; give --window 300 or more", err)
+
+    def test_the_schedule_is_the_most_held_at_each_moment_as_the_rule_says(self):
+        # The rule, read directly: at each moment a need starts or ends, the most of those held.
+        def rule(needs, windows, scaling, lead):
+            held = [(max(0.0, a - lead), b + scaling.scale_down_after, n) for n, (a, b, _) in zip(needs, windows)]
+            steps = []
+            for t in sorted({0.0, *(a for a, _, _ in held), *(b for _, b, _ in held if b < windows[-1][1])}):
+                n = min(scaling.max_replicas, max([scaling.min_replicas, *(n for a, b, n in held if a <= t < b)]))
+                if not steps or n != steps[-1][1]:
+                    steps.append((t, n))
+            return steps
+        rng = main.random.Random(5)
+        for case in range(300):
+            width = rng.choice([60.0, 100.0, 900.0])
+            windows = [(i * width, (i + 1) * width, 0) for i in range(rng.randint(1, 40))]
+            needs = [rng.randint(1, 9) for _ in windows]
+            scaling = main.Scaling(window_s=width, scale_down_after=rng.choice([0.0, 30.0, 150.0, 1000.0]),
+                                   min_replicas=rng.randint(1, 3), max_replicas=rng.randint(3, 10))
+            lead = rng.choice([0.0, 30.0, 500.0])
+            with self.subTest(case=case):
+                self.assertEqual(main.autoscaled(needs, windows, scaling, lead), rule(needs, windows, scaling, lead))
+
     def test_a_scale_down_waits_while_a_higher_need_is_recent(self):
         windows = [(i * 100.0, (i + 1) * 100.0, 0) for i in range(6)]
         needs = [1, 3, 1, 1, 1, 2]
