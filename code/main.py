@@ -6068,7 +6068,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     price = deployment_price(spec, [spec.hardware], spec.gpus_per_replica)
     duration = rows[-1]["end_s"]
     report = {"deployment": simulate_command(deployment), "windows": rows, "window_s": scaling.window_s,
-              "one_replica_sustains": per_replica, "scale_up_delay_s": delay, "ahead": scaling.ahead,
+              "one_replica_sustains": per_replica, "rate_unit": spec.rate_unit(), "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
               "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica}
@@ -11260,7 +11260,8 @@ def print_validation(report: dict, w) -> None:
 def print_plan(report: dict, title: str, w) -> None:
     totals, slo = report["totals"], report["slo"]
     w(f"{title}\n")
-    w((f"one replica sustains up to {report['one_replica_sustains']:.4g} req/s within the slo" if
+    unit = report["rate_unit"]     # (a rate starts conversations, with --turns)
+    w((f"one replica sustains up to {report['one_replica_sustains']:.4g} {unit} within the slo" if
        report["one_replica_sustains"] else "one replica meets the slo at no load tried, so each window's replicas are "
        "tried from --min-replicas up") + "; a replica added serves "
       f"{report['scale_up_delay_s']:,.0f} s after it is asked for"
@@ -11270,7 +11271,7 @@ def print_plan(report: dict, title: str, w) -> None:
     clock = plan_clock(report)
     label = lambda r: clock(r["start_s"]) + "-" + clock(r["end_s"], end=True)
     width = max(13, *(len(label(r)) + 2 for r in report["windows"]))
-    header = f"{'window':<{width}}{'load req/s':>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
+    header = f"{'window':<{width}}{'load ' + unit.replace('conversations', 'conv'):>11}{'needs':>7}{'asks':>6}" + "".join(f"{m.replace('_', ' '):>11}" for m in metrics) \
         + f"{'tpot p50':>10}{'$':>9}  note"
     w("each window: the fewest replicas whose probe at its load meets the slo, " +
       ("that probe's figures, and what the whole-period simulation found\n" if report.get("verified") else
@@ -12544,7 +12545,9 @@ def cmd_plan(args) -> int:
         rows = []
         for r in report["windows"]:
             row = {"time_s": r["start_s"], "replicas": asked_at(steps, r["start_s"]), "end_s": r["end_s"],
-                   "load_rps": r["load"], "needs": r["needs"], "short_s": r["short_s"], "usd": r["usd"],
+                   # (needs more than --max-replicas: the text's >N, not a count of replicas that would do)
+                   "load_rps": r["load"], "needs": r["needs"] if r["needs"] <= scaling.max_replicas else
+                   f">{scaling.max_replicas}", "short_s": r["short_s"], "usd": r["usd"],
                    **(r["figures"] or {name: None for name, _, _ in slo.bounds}), "median_tpot_ms": r["median_tpot_ms"]}
             rows += [row] + [{**dict.fromkeys(row), "time_s": at, "replicas": n} for at, n in steps
                              if r["start_s"] < at < r["end_s"]]

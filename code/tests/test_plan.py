@@ -292,6 +292,33 @@ class Plans(unittest.TestCase):
             replayed = __import__("json").loads(out)["replica_schedule"]
             self.assertAlmostEqual(replayed["mean_replicas"] * 1800, sum(r["asked"] for r in rows) * 600, delta=20)   # its own duration
 
+    def test_a_plan_of_conversations_counts_them_in_conversations(self):
+        # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,0.3\n600,1.0\n")
+            code, out, err = call_cli("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens",
+                                      "200", "--output-tokens", "50", "--slo", "ttft_p95:2000", "--window", "600",
+                                      "--turns", "3", "--steady-requests", "100", "--recheck", "1", "--no-verify")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"one replica sustains up to [0-9.]+ conversations/s within the slo")
+        self.assertIn("load conv/s", out)
+        self.assertNotIn("req/s", out)
+
+    def test_a_window_needing_more_than_the_most_says_so_in_the_csv_and_replays(self):
+        # helper-57: the CSV wrote max + 1 (5 for --max-replicas 4) where the text says >4
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "d60.csv", "time_s,rate\n0,5\n600,60\n")
+            flags = ("--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "200", "--output-tokens",
+                     "50", "--slo", "ttft_p95:2000", "--window", "600", "--steady-requests", "100", "--recheck", "1",
+                     "--max-replicas", "3", "--no-verify")
+            code, csv_text, err = call_cli("plan", *flags, "--csv")
+            self.assertEqual(code, 1, err)
+            rows = list(__import__("csv").DictReader(csv_text.splitlines()))
+            self.assertEqual([r["needs"] for r in rows], ["1", ">3"])
+            code, _, err = call_cli("simulate", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens",
+                                    "200", "--output-tokens", "50", "--replica-schedule", write(tmp, "p.csv", csv_text))
+            self.assertEqual(code, 0, err)
+
     def test_an_interrupted_plan_prints_the_windows_it_planned_and_claims_no_saving(self):
         # helper-48: Ctrl-C or SIGTERM during plan printed nothing, even with every window planned.
         with tempfile.TemporaryDirectory() as tmp:
