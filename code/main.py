@@ -5578,9 +5578,10 @@ class Probing:
         count = math.ceil((probe.requests + wanted - held) * 1.1) if held else 2 * probe.requests
         if 0 < lasted < needs:         # as many requests more as the window needs seconds more
             count = max(count, math.ceil(probe.requests * (1 + (needs - lasted) / lasted)))
-        if count > MAX_PROBE_GROWTH * self.requests(probe) or count > MAX_REQUESTS:
+        most = min(MAX_PROBE_GROWTH * self.requests(probe), MAX_REQUESTS)
+        if probe.requests >= most:
             return None
-        return self.sized(probe, count, load)
+        return self.sized(probe, min(count, most), load)      # (the longest allowed may be long enough)
 
     def start(self, deployment: RunSpec) -> float:
         """Where the search starts: a guess at the capacity from the cost model alone, so that the
@@ -5975,6 +5976,12 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
                     (f"with nothing shared or queued that shortfall is the noise of counting a short window's ends: "
                      f"raise --steady-requests (now {probing.steady_requests:,})" if counted else
                      "the window's requests need a faster deployment or shorter requests"))
+            if probe and probe["misses"] and all(m.startswith("too short a run") for m in probe["misses"]):
+                # (More replicas shorten no request's life: a count found past this would be wrong.)
+                raise UserError(f"at {load:g} {spec.rate_unit()} on {n} replica{'s' * (n != 1)}, a probe of "
+                                f"{probe.get('probe_requests', 0):,} requests, as long as one may be, is too short "
+                                f"to tell whether they keep up ({probe['steady_state']['note'].split(': too short')[0]})"
+                                f"; raise --steady-requests (now {probing.steady_requests:,})")
             cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
         return cache[(n, load)]
 

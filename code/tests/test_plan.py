@@ -292,6 +292,24 @@ class Plans(unittest.TestCase):
             replayed = __import__("json").loads(out)["replica_schedule"]
             self.assertAlmostEqual(replayed["mean_replicas"] * 1800, sum(r["asked"] for r in rows) * 600, delta=20)   # its own duration
 
+    def test_a_probe_too_short_to_tell_is_not_a_miss_more_replicas_would_fix(self):
+        # helper-57: with --steady-requests 50, 60 req/s "needed more than 16" replicas where 5 do:
+        # a probe lengthened past 16 times its length was given up, and "too short to tell" read as
+        # a miss, so the plan asked for replicas that cannot lengthen it.
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = ("--hardware", "l4-24gb", "--prompt-tokens", "200", "--output-tokens", "50", "--slo",
+                     "ttft_p95:2000", "--window", "600", "--recheck", "1", "--no-verify", "--json")
+            code, out, err = call_cli("plan", "--rate-profile", write(tmp, "d60.csv", "time_s,rate\n0,5\n600,60\n"),
+                                      "--steady-requests", "50", *flags)
+            self.assertEqual(code, 0, err)
+            self.assertEqual([r["needs"] for r in __import__("json").loads(out)["windows"]], [1, 5])
+            code, out, err = call_cli("plan", "--rate-profile", write(tmp, "d200.csv", "time_s,rate\n0,5\n600,200\n"),
+                                      "--steady-requests", "40", *flags)
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertIn("at 200 req/s on 16 replicas, a probe of 816 requests, as long as one may be, is too short to "
+                          "tell whether they keep up", err)
+            self.assertIn("raise --steady-requests (now 40)", err)
+
     def test_a_plan_of_conversations_counts_them_in_conversations(self):
         # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s
         with tempfile.TemporaryDirectory() as tmp:
