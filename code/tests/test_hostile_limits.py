@@ -409,14 +409,26 @@ class Signals(unittest.TestCase):
 
 
 # main.py run as `python3 main.py ARGS` runs it, but compiled first, then a Ctrl-C DELAY seconds
-# after its first line starts (argv after -c: DELAY, main.py, its arguments).
+# after its first line starts (argv after -c: DELAY, main.py, its arguments). The clock starts
+# when main.py's code is entered, not when the timer is: on a loaded machine the timer's 5 ms could
+# pass before this harness reached main.py, and the Ctrl-C land in the harness.
 COMPILED_THEN_CTRL_C = """
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 delay, path = float(sys.argv[1]), sys.argv[2]
 sys.argv = sys.argv[2:]
 with open(path) as f:
     code = compile(f.read(), path, "exec")
-threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+inside = threading.Event()
+def ctrl_c():
+    inside.wait()
+    time.sleep(delay)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=ctrl_c, daemon=True).start()
+def entered(frame, event, arg):
+    if frame.f_code.co_filename == path:
+        sys.setprofile(None)
+        inside.set()
+sys.setprofile(entered)
 exec(code, {"__name__": "__main__", "__file__": path})
 """
 
