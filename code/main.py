@@ -3688,11 +3688,12 @@ class RunSpec:
         25.0, "--kv-link-gbs", LINK_GBS, "the link's bandwidth in GB/s", "disaggregation", metavar="GBS", axis=21,
         default_text="25")
     kv_offloading_size: Optional[float] = setting(
-        None, "--kv-offloading-size", real(0, 1e6, above_low=False), "a second tier of the KV cache in host "
+        None, "--kv-offloading-size", real(0, 32768, above_low=False), "a second tier of the KV cache in host "
         "memory, GiB for the "
         "whole replica (its tensor-parallel GPUs together), as vLLM's flag: every full block computed is stored "
         "there too, and a prefix found only there is loaded back over PCIe (the hardware's host_link_gbs) while "
-        "the request waits and others run; needs --prefix-caching; 0 is off", "plan", metavar="GiB", axis=22,
+        "the request waits and others run; needs --prefix-caching; 0 is off, 32,768 (32 TiB, a large server's "
+        "memory) the most", "plan", metavar="GiB", axis=22,
         short="offload GiB", default_text="off", none_label="off")
     kv_offloading_backend: str = setting(
         "native", "--kv-offloading-backend", choice("native", "lmcache"), "vLLM's backend for the host tier; both "

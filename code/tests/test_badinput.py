@@ -179,6 +179,7 @@ CASES = [
     (["simulate", "--output-tokens", "5-"], 2, ["--output-tokens"]),
     (["simulate", "--block-size", "0"], 2, ["--block-size"]),
     (["capacity", "--block-size", "0"], 2, ["--block-size"]),
+    (["capacity", "--prefix-caching", "--kv-offloading-size", "1000000"], 2, ["--kv-offloading-size", "32768"]),
     (["capacity", "--gpu-memory-utilization", "0"], 2, ["--gpu-memory-utilization"]),
     (["capacity", "--gpu-memory-utilization", "1.5"], 2, ["--gpu-memory-utilization"]),
     (["capacity", "--gpu-memory-utilization", "-1"], 2, ["--gpu-memory-utilization"]),
