@@ -11090,9 +11090,9 @@ def print_run(result: dict, out=None) -> None:
     if plan:
         paid = f", ${plan['usd']:,.2f}" if plan["usd"] is not None else ""
         fleet = f", ${plan['fixed_fleet_usd']:,.2f}" if plan["fixed_fleet_usd"] is not None else ""
-        w(f"{'schedule':<12}{plan['least']} to {plan['most']} replicas (mean {plan['mean_replicas']:.2f}), each added "
+        w(f"{'schedule':<12}{plan['least']:,} to {plan['most']:,} replicas (mean {plan['mean_replicas']:.2f}), each added "
           f"serving {plan['scale_up_delay_s']:,.0f} s after it is asked for: {plan['gpu_hours']:,.2f} GPU-hours{paid}; "
-          f"{plan['most']} replicas all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}\n")
+          f"{plan['most']:,} replica{'s' * (plan['most'] != 1)} all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}\n")
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
@@ -11308,8 +11308,8 @@ def print_plan(report: dict, title: str, w) -> None:
     money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
     hours = report["windows"][-1]["end_s"] / 3600
     digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
-    w(f"schedule    {totals['least']} to {totals['most']} replicas (mean {totals['mean_replicas']:.2f}) over "
-      f"{hours:,.3g} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
+    w(f"schedule    {totals['least']:,} to {totals['most']:,} replicas (mean {totals['mean_replicas']:.2f}) over "
+      f"{f'{hours:,.0f}' if hours >= 1000 else f'{hours:.3g}'} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
     w(f"peak fleet  {totals['peak_fleet']} replica{'s' * (totals['peak_fleet'] != 1)} all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
@@ -12541,7 +12541,7 @@ def cmd_plan(args) -> int:
     rows = report["windows"]
     # One window of a period shorter than --window is as long as the period.
     length = rows[0]["end_s"] - rows[0]["start_s"] if len(rows) == 1 else args.window
-    title = (f"plan {spec.model.name} on {where}  {load} in {len(rows)} window{'s' * (len(rows) != 1)} of "
+    title = (f"plan {spec.model.name} on {where}  {load} in {len(rows):,} window{'s' * (len(rows) != 1)} of "
              + (f"{length / 60:g} min" if length % 60 == 0 else f"{length:,.4g} s") + f"  slo {slo.text()}")
     if args.json:
         write_json(report)

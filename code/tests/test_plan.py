@@ -224,6 +224,18 @@ class Plans(unittest.TestCase):
         self.assertEqual((code, out), (2, ""), err)
         self.assertIn("cuts the 30,000,000-s period into 500,000 windows, more than the 100,000 a plan takes; give --window 300 or more", err)
 
+    def test_a_year_of_windows_is_planned_and_its_hours_written_out(self):
+        # helper-57: 35,040 windows took 3 min 22 s (the schedule looked through every window at
+        # each moment) and the total read "over 8.76e+03 h"
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out, err = call_cli("plan", "--rate-profile", write(tmp, "year.csv", "time_s,rate\n0,0.05\n15768000,0.05\n"),
+                                      "--hardware", "l4-24gb", "--prompt-tokens", "200", "--output-tokens", "50",
+                                      "--steady-requests", "50", "--recheck", "1", "--no-verify", "--slo", "ttft_p95:2000")
+        self.assertEqual(code, 0, err)
+        self.assertIn("in 35,040 windows of 15 min", out)
+        self.assertIn("schedule    1 to 1 replicas (mean 1.00) over 8,760 h: 8,760.0 GPU-hours", out)
+        self.assertIn("peak fleet  1 replica all the time", out)
+
     def test_the_schedule_is_the_most_held_at_each_moment_as_the_rule_says(self):
         # The rule, read directly: at each moment a need starts or ends, the most of those held.
         def rule(needs, windows, scaling, lead):
