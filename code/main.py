@@ -4439,7 +4439,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     engines, link = build_engines(spec)
     replicas = engines if len(engines) > 1 and not link else [engines[-1]]
     if timeline:
-        for engine in replicas:
+        for engine in engines:      # (disaggregated: the prefill engine's queue too)
             engine.timeline = {}
     spans = schedule.spans(scale_up_delay(spec)) if schedule else None
     router = Router(engines, spec.router, spans) if len(replicas) > 1 else None
@@ -4562,7 +4562,10 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
             raise UserError(f"--timeline and --plot keep one row per simulated second, and this run spans "
                             f"{served / 86400:,.1f} days, more than {MAX_TIMELINE_S / 86400:,.1f} days: "
                             f"drop them, or shorten the run")
-        result["timeline"] = timeline_rows([e.timeline for e in replicas], done,
+        # A disaggregated run's prefill engine holds its queue and its prompts' KV; its tokens
+        # are the first ones, counted with the requests.
+        prefill = [{t: (*state[:3], 0) for t, state in engines[0].timeline.items()}] if link else []
+        result["timeline"] = timeline_rows([e.timeline for e in replicas] + prefill, done,
                                            min((r.sent_s for r in requests), default=0.0), served)
     if spec.detailed:
         result.update(detailed_arrays(sorted(done, key=lambda r: r.id)))

@@ -65,6 +65,17 @@ class Disaggregation(unittest.TestCase):
         main.simulate(main.Replicas(engines), requests)
         return engines, link
 
+    def test_the_timeline_holds_the_prefill_engines_queue(self):
+        # helper-57: a queue of 191 prompts at the prefill engine drew as 0 waiting (its timeline
+        # was the decode engine's alone)
+        spec = main.RunSpec(prompt_tokens=main.TokenRange(2000, 2000), output_tokens=main.TokenRange(300, 300), rate=5,
+                            requests=300, disaggregate=True, prefill_hardware=main.HARDWARE["l4-24gb"],
+                            max_model_len=4096)
+        result = main.run(spec, timeline=True)
+        rows = result["timeline"]
+        self.assertEqual(max(r["waiting"] for r in rows), result["prefill_engine"]["peak_waiting"])
+        self.assertEqual(sum(r["gen_throughput"] for r in rows), result["total_output_tokens"])     # none twice
+
     def test_a_2000_token_prompt_waits_about_10_ms_on_a_25_gbs_link(self):
         alone, together = req(0, 2000, 5), req(0, 2000, 5)
         self.simulate([alone])
