@@ -6148,6 +6148,12 @@ def plan_misses(report: dict) -> Optional[str]:
         return (f"{n} window{'s' * (n != 1)} need{'s' * (n == 1)} more than "
                 f"--max-replicas {report['max_replicas']}, from {clock(report['never_met'][0])}")
     verified = report.get("verified") or {}
+    short = verified.get("of_them_short_throughout") or []
+    if short:      # a start-up is excused only where the replicas, once they serve, keep the window within the slo
+        return (f"simulated whole, {len(short)} window{'s' * (len(short) != 1)} miss{'es' * (len(short) == 1)} the "
+                f"slo while the replicas {'they need' if len(short) != 1 else 'it needs'} start, all through, from "
+                f"{clock(short[0])}: their {report['scale_up_delay_s']:,.0f}-s start-up outlasts what they send; give "
+                f"--ahead (each scale-up asked for a start-up early) or a longer --window")
     missed = [t for t in verified.get("windows_missing_the_slo", []) if t not in verified.get("of_them_scaling_up", [])]
     if missed:
         full = any(r["asked"] >= report["max_replicas"] for r in report["windows"] if r["start_s"] in missed)
@@ -6189,7 +6195,7 @@ def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule
     whole = replace(spec, replica_schedule=schedule, data_parallel_size=1, requests=None, scale_up_delay=delay)
     done: list = []
     result = run(whole, progress, requests_out=done)
-    missed, starting = [], []
+    missed, starting, whole = [], [], []
     for row in rows:
         sent = [r for r in done if row["start_s"] <= r.sent_s < row["end_s"]]
         row["simulated"] = None
@@ -6203,8 +6209,10 @@ def simulated_windows(spec: RunSpec, rows: list[dict], schedule: ReplicaSchedule
                 served = [r for r in sent if r.sent_s >= row["start_s"] + row["short_s"]]
                 if row["short_s"] and (not served or not probing.slo.misses(summarize(served))):
                     starting.append(row["start_s"])
+                if row["short_s"] and not served:     # (no request it sent found the replicas it needs)
+                    whole.append(row["start_s"])
     return {"requests": result["completed"] + result["failed"], "failed": result["failed"],
-            "windows_missing_the_slo": missed, "of_them_scaling_up": starting,
+            "windows_missing_the_slo": missed, "of_them_scaling_up": starting, "of_them_short_throughout": whole,
             **{k: result[k] for k in ("p95_ttft_ms", "median_tpot_ms", "output_throughput")}}
 
 

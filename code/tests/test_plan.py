@@ -322,6 +322,22 @@ class Plans(unittest.TestCase):
                           "tell whether they keep up", err)
             self.assertIn("raise --steady-requests (now 40)", err)
 
+    def test_a_start_up_that_outlasts_its_windows_is_a_miss_the_plan_names(self):
+        # helper-57: with --scale-up-delay 1000 and 10-minute windows, no request of a window met
+        # the replicas it needed, so "the requests sent once they serve meet the slo" held for none
+        # and the plan claimed a saving, exit 0, over windows with TTFT p95 in the minutes.
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = ("--rate-profile", write(tmp, "step.csv", "time_s,rate\n0,1\n600,20\n1200,20\n"), "--hardware",
+                     "l4-24gb", "--prompt-tokens", "200", "--output-tokens", "50", "--window", "600",
+                     "--steady-requests", "100", "--recheck", "1", "--slo", "ttft_p95:2000", "--scale-up-delay", "700")
+            code, out, err = call_cli("plan", *flags)
+            self.assertEqual(code, 1, err)
+            self.assertIn("no saving is claimed: the schedule misses the slo", out)
+            self.assertIn("miss the slo while the replicas they need start, all through, from 00:10: their 700-s "
+                          "start-up outlasts what they send; give --ahead", err)
+            code, out, err = call_cli("plan", *flags, "--ahead")
+            self.assertEqual(code, 0, err)
+
     def test_a_plan_of_conversations_counts_them_in_conversations(self):
         # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s
         with tempfile.TemporaryDirectory() as tmp:
