@@ -12141,6 +12141,18 @@ def not_a_list(kind: Callable) -> Callable:
     return read
 
 
+def thousands_noted(kind: Callable, flag: str) -> Callable:
+    """`kind`, for a flag a sweep would take a list of: 25,100 is one number here, its thousands
+    grouped, and two values there, so stderr says which reading it took."""
+    def read(text: str):
+        value = kind(text)
+        if "," in text and THOUSANDS.fullmatch(text):
+            sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, {text.strip().replace(',', '')} "
+                             f"(sweep would read {text.count(',') + 1} values)\n")
+        return value
+    return read
+
+
 def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bool = False) -> None:
     """One row's flag. Every flag defaults to None, "not given", so the table's default (or, for
     compare, the value the run recorded) stands; --help shows what that is. `lists`: the command
@@ -12149,6 +12161,8 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
     flags, kind = (m["flag"], *m["aliases"]), m["kind"]
     if kind is not None and lists and not several:
         kind = not_a_list(kind)
+    elif kind is not None and not lists and m["axis"]:
+        kind = thousands_noted(kind, m["flag"])
     if m["switch"]:
         text = "; the flag alone is on" + (", on,off sweeps both" if several else "")
         options = dict(nargs="?", const=[True] if several else True,

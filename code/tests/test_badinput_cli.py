@@ -142,6 +142,12 @@ class PresetMistakes(unittest.TestCase):
         r = run("sweep", "--max-num-seqs", "2,04", "--requests", 5)       # no thousands comma to suggest (helper-47)
         self.assertEqual(r.code, 2, r.seen())
         self.assertIn("item 04 starts with a zero: write the items without leading zeros", r.err)
+        # simulate reads a sweepable flag's 25,100 as one number, and says so (helper-57: a 25,100
+        # GB/s link, in silence); --requests, which sweep does not vary, reads 1,000 quietly
+        r = run("simulate", "--kv-link-gbs", "25,100", "--requests", "1,000", "--json")
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertEqual(r.err.strip(), "servesim: --kv-link-gbs 25,100 is read as one value, 25100 (sweep would "
+                                        "read 2 values)")
         # 8,192 has no leading zero: two points run, and stderr says which reading it took
         r = run("sweep", "--max-num-batched-tokens", "8,192", "--requests", 5, "--jobs", 1)
         self.assertEqual(r.code, 0, r.seen())
