@@ -3340,6 +3340,11 @@ def token_range(text: str) -> TokenRange:
     return r
 
 
+def zero_item(parts: list[str]) -> Optional[str]:
+    """The first item after the first that starts with a zero (1,024's 024): a list refuses it."""
+    return next((part.strip() for part in parts[1:] if re.fullmatch(r"0\d+", part.strip())), None)
+
+
 def list_of(kind: Callable) -> Callable:
     def parse(text: str) -> list:
         parts = text.split(",")
@@ -3347,7 +3352,7 @@ def list_of(kind: Callable) -> Callable:
             raise argparse.ArgumentTypeError(f"an empty item in {text!r}; write the values comma-separated, "
                                              f"like 1,8,32")
         grouped = re.fullmatch(r"\d{1,3}(,\d{3})+", text.strip())     # reads as 8,192: one number, or a list?
-        zero = next((part.strip() for part in parts[1:] if re.fullmatch(r"0\d+", part.strip())), None)
+        zero = zero_item(parts)
         if zero is not None:         # 1,024 is a thousands comma here, and would run 1 and 24
             raise argparse.ArgumentTypeError(
                 f"{text!r} is read as a list, whose item {zero} starts with a zero: "
@@ -4077,11 +4082,12 @@ def inert(spec: RunSpec) -> set[str]:
     return idle
 
 
-def simulate_command(spec: RunSpec, sources: Optional[dict] = None) -> str:
+def simulate_command(spec: RunSpec, sources: Optional[dict] = None, keep: Iterable[str] = ()) -> str:
     """The simulate command line that runs exactly this spec; `sources` maps a preset (the
     Hardware or ModelSpec itself, so two files that give one name stay apart) to the file it
-    was read from."""
-    words, default, idle = ["python3", PROGRAM, "simulate"], RunSpec(), inert(spec)
+    was read from. `keep`: settings written even where they change nothing in this spec (plan's
+    one replica, whose schedule adds the replicas a router chooses between)."""
+    words, default, idle = ["python3", PROGRAM, "simulate"], RunSpec(), inert(spec) - set(keep)
     for f in SETTINGS.values():
         value = getattr(spec, f.name)
         if value == getattr(default, f.name) or f.name == "simulator" or f.name in idle or \
@@ -5514,6 +5520,11 @@ class Probing:
             raise UserError(f"--warmup {spec.warmup:,} leaves no request to measure in a probe, which sends "
                             f"{self.requests(spec):,} (--steady-requests {self.steady_requests:,} after the first "
                             f"{spec.steady_skip:.0%}): lower --warmup or raise --steady-requests")
+        if self.by == "concurrency" and self.target and self.clients_requests(spec, self.target) > MAX_REQUESTS:
+            raise UserError(f"--concurrency {self.target:,.0f}: a probe sends each client's first "
+                            f"{'conversation' if spec.turns > 1 else 'request'} as well as its window's, "
+                            f"{self.clients_requests(spec, self.target):,} requests, more than the {MAX_REQUESTS:,} a run "
+                            f"holds; lower --concurrency" + (" or --turns" if spec.turns > 1 else ""))
         longest = self.steady_requests * (self.recheck if self.rechecking() else 1)
         if longest > MAX_REQUESTS // 2:
             raise UserError(f"--steady-requests {self.steady_requests:,} x --recheck {self.recheck} is "
@@ -5975,17 +5986,21 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
                 counted = "served" in ((probe.get("steady_state") or {}).get("overloaded_on") or []) and \
                     all(miss.startswith("overloaded") for miss in probe["misses"])
                 raise CapacityError(
-                    f"at {load:g} req/s on {n} replica{'s' * (n != 1)} the probe's requests each ran alone and still "
+                    f"at {load:g} {spec.rate_unit()} on {n} replica{'s' * (n != 1)} the probe's requests each ran alone and still "
                     f"miss ({probe['misses'][0]}); more replicas cannot help: " +
                     (f"with nothing shared or queued that shortfall is the noise of counting a short window's ends: "
                      f"raise --steady-requests (now {probing.steady_requests:,})" if counted else
                      "the window's requests need a faster deployment or shorter requests"))
-            if probe and probe["misses"] and all(m.startswith("too short a run") for m in probe["misses"]):
-                # (More replicas shorten no request's life: a count found past this would be wrong.)
+            if probe and probe["misses"] and all("too short a run" in m or re.fullmatch(r"\d+ of \d+ seeds run miss", m)
+                                                 or m == "the one seed run misses" for m in probe["misses"]):
+                # (Its window, however many replicas, lasts as long as the load takes to send its
+                # requests: a count found past this would be judged on windows as short.)
+                note = (probe.get("steady_state") or {}).get("note") or ""
                 raise UserError(f"at {load:g} {spec.rate_unit()} on {n} replica{'s' * (n != 1)}, a probe of "
-                                f"{probe.get('probe_requests', 0):,} requests, as long as one may be, is too short "
-                                f"to tell whether they keep up ({probe['steady_state']['note'].split(': too short')[0]})"
-                                f"; raise --steady-requests (now {probing.steady_requests:,})")
+                                f"{probe.get('probe_requests', 0):,} requests, lengthened as far as a search lengthens "
+                                f"one, is too short to tell whether they keep up"
+                                + (f" ({note.split(': too short')[0]})" if ": too short" in note else "")
+                                + f"; raise --steady-requests (now {probing.steady_requests:,})")
             cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
         return cache[(n, load)]
 
@@ -6069,7 +6084,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
                          if probe else None, "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
             if progress:
-                progress(f"window {i + 1}/{len(windows)}: {load:.3g} req/s needs {need} replica{'s' * (need != 1)}")
+                progress(f"window {i + 1}/{len(windows)}: {load:.3g} {spec.rate_unit()} needs {need} replica{'s' * (need != 1)}")
     except (KeyboardInterrupt, Terminated) as e:
         if not rows:            # nothing planned yet: nothing to keep
             e.partial = None
@@ -6078,7 +6093,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     delay = scale_up_delay(replace(spec, scale_up_delay=scaling.scale_up_delay))
     price = deployment_price(spec, [spec.hardware], spec.gpus_per_replica)
     duration = rows[-1]["end_s"]
-    report = {"deployment": simulate_command(deployment), "windows": rows, "window_s": scaling.window_s,
+    report = {"deployment": simulate_command(deployment, keep={"router"}), "windows": rows, "window_s": scaling.window_s,
               "one_replica_sustains": per_replica, "rate_unit": spec.rate_unit(), "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
@@ -6367,7 +6382,8 @@ def distinct(spec: RunSpec, points: list[dict], what: str) -> list[dict]:
     if len(kept) < len(points):
         dropped = len(points) - len(kept)
         sys.stderr.write(f"servesim: {dropped} {what}{'s' * (dropped != 1)} left out: "
-                         f"{', '.join(sorted(flag_of(name) for name in idle))} changes nothing there, so "
+                         f"{' and '.join(sorted(flag_of(name) for name in idle))} change{'s' * (len(idle) == 1)} "
+                         f"nothing there, so "
                          f"{'they are' if dropped != 1 else 'it is'} the same as one kept\n")
     return kept
 
@@ -7437,9 +7453,10 @@ MAX_HASH_IDS = 65_536        # a row's hash_ids: 1M tokens at Bailian's 16 a blo
 
 def counted(note: str, count: int) -> str:
     """A reader's note of how many rows it concerns, in the singular for one: {s} a plural's s,
-    {are} are or is, {v} a verb's s."""
+    {are} are or is, {v} a verb's s, {they} and {them} it."""
     one = count == 1
-    return note.format(count, s="" if one else "s", are="is" if one else "are", v="s" if one else "")
+    return note.format(count, s="" if one else "s", are="is" if one else "are", v="s" if one else "",
+                       they="it" if one else "they", them="it" if one else "them")
 
 
 def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by_requests: bool = True) -> Trace:
@@ -7491,7 +7508,7 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
     parents, delays = sessions_of(path, extras, notes, strict=fmt == "servesim")
     for i, parent in enumerate(parents):
         if parent >= 0 and rows[i][1] < rows[parent][1] + rows[parent][2]:
-            notes["{:,} turn{s} {are} shorter than their parent's prompt and reply (a turn's prompt_tokens is its whole "
+            notes["{:,} turn{s} {are} shorter than the prompt and reply before {them} (a turn's prompt_tokens is its whole "
                   "context); each is sent as itself, without the history"] += 1
     return Trace(path, tuple(row[:4] for row in rows), fmt, tuple(counted(note, count) for note, count in notes.items()),
                  reasoning if any(reasoning) else (), parents, delays)
@@ -7509,7 +7526,7 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
         if parent is None:
             parents.append(-1)
         elif parent not in where and not strict:
-            notes["{:,} row{s} continue{v} a chat from before the trace starts; they are sent as new chats"] += 1
+            notes["{:,} row{s} continue{v} a chat from before the trace starts; {they} {are} sent as new chats"] += 1
             parents.append(-1)
         elif parent not in where:
             raise UserError(f"trace {path} row {i + 1}: its parent {printable(parent)[:40]!r} is not an earlier row's "
@@ -8082,21 +8099,30 @@ def redact_url(url: str) -> str:
     return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
 
-def hide_pieces(text: str, secret: str, least: int = 8) -> str:
-    """The text with every run of `least` or more characters that is a piece of `secret` (the
-    whole of a shorter one) shown as ***: a server that refuses a key often echoes its first and
-    last characters ("abcd1234****wxyz"), and a piece of a key is a piece of a secret."""
-    least = min(least, len(secret))
-    if not any(secret[j:j + least] in text for j in range(len(secret) - least + 1)):
-        return text        # (most of what a server says: no piece to look for, character by character)
+def hide_pieces(text: str, secrets: list[str], least: int = 8) -> str:
+    """The text with every run of `least` or more characters that is a piece of one of `secrets`
+    (the whole of a shorter one) shown as ***: a server that refuses a key often echoes its first
+    and last characters ("abcd1234****wxyz"), and a piece of a key is a piece of a secret. The
+    pieces of every secret are found in the text as given, then hidden together: hidden one secret
+    after another, a user name hidden first would cut the password beside it into pieces too short
+    to find."""
+    hidden = [False] * len(text)
+    for secret in secrets:
+        size = min(least, len(secret))
+        if not any(secret[j:j + size] in text for j in range(len(secret) - size + 1)):
+            continue        # (most of what a server says: no piece to look for, character by character)
+        for i in range(len(text) - size + 1):
+            if text[i:i + size] in secret:
+                end = i + size
+                while end < len(text) and text[i:end + 1] in secret:
+                    end += 1
+                hidden[i:end] = [True] * (end - i)
     shown, i = [], 0
     while i < len(text):
-        if text[i:i + least] in secret and len(text) - i >= least:
-            end = i + least
-            while end < len(text) and text[i:end + 1] in secret:
-                end += 1
+        if hidden[i]:
+            while i < len(text) and hidden[i]:
+                i += 1
             shown.append("***")
-            i = end
         else:
             shown.append(text[i])
             i += 1
@@ -8129,8 +8155,7 @@ class Http:
     def redact(self, text: str) -> str:
         """A server's words as servesim shows and stores them: our secrets taken out, and
         anything that looks like a key, and no control characters (printable())."""
-        for secret in self.secrets:
-            text = hide_pieces(text, secret)
+        text = hide_pieces(text, self.secrets)
         return printable(re.sub(r"(?i)(bearer\s+|basic\s+|sk-)[A-Za-z0-9._~+/=-]{6,}", r"\1***", text))
 
     def open(self, method: str, path: str, body: Optional[bytes] = None, answer_within: Optional[float] = None):
@@ -11101,7 +11126,7 @@ def print_run(result: dict, out=None) -> None:
     if plan:
         paid = f", ${plan['usd']:,.2f}" if plan["usd"] is not None else ""
         fleet = f", ${plan['fixed_fleet_usd']:,.2f}" if plan["fixed_fleet_usd"] is not None else ""
-        w(f"{'schedule':<12}{plan['least']:,} to {plan['most']:,} replicas (mean {plan['mean_replicas']:.2f}), each added "
+        w(f"{'schedule':<12}{replica_range(plan['least'], plan['most'])} (mean {plan['mean_replicas']:.2f}), each added "
           f"serving {plan['scale_up_delay_s']:,.0f} s after it is asked for: {plan['gpu_hours']:,.2f} GPU-hours{paid}; "
           f"{plan['most']:,} replica{'s' * (plan['most'] != 1)} all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}\n")
     if result.get("warmup_requests"):
@@ -11276,6 +11301,10 @@ def print_validation(report: dict, w) -> None:
         w(f"skipped: {reason}\n")
 
 
+def replica_range(least: int, most: int) -> str:
+    return f"{least:,} to {most:,} replicas" if least != most else f"{most:,} replica{'s' * (most != 1)}"
+
+
 def print_plan(report: dict, title: str, w) -> None:
     totals, slo = report["totals"], report["slo"]
     w(f"{title}\n")
@@ -11319,8 +11348,8 @@ def print_plan(report: dict, title: str, w) -> None:
     money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
     hours = report["windows"][-1]["end_s"] / 3600
     digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
-    w(f"schedule    {totals['least']:,} to {totals['most']:,} replicas (mean {totals['mean_replicas']:.2f}) over "
-      f"{f'{hours:,.0f}' if hours >= 1000 else f'{hours:.3g}'} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
+    w(f"schedule    {replica_range(totals['least'], totals['most'])} (mean {totals['mean_replicas']:.2f}) over "
+      f"{f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
     w(f"peak fleet  {totals['peak_fleet']} replica{'s' * (totals['peak_fleet'] != 1)} all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
       f"{money(totals['peak_fleet_usd'])}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
@@ -12131,22 +12160,37 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool =
 
 
 def not_a_list(kind: Callable) -> Callable:
-    """`kind`, for a flag a sweep or search takes one value of: a list is refused as such (its
-    values would otherwise be named as one bad value)."""
+    """`kind`, for a flag a sweep or search takes one value of: a value it refuses whose
+    comma-separated parts it takes each is a list, refused as such (its values would otherwise be
+    named as one bad value: 'vllm,sglang' is not one of vllm, sglang, ...)."""
+    @functools.wraps(kind)
     def read(text: str):
-        if "," in text and not THOUSANDS.fullmatch(text):
-            raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value (sweep and search "
-                                             f"do not vary it): run once for each")
-        return kind(text)
+        try:
+            return kind(text)
+        except (argparse.ArgumentTypeError, ValueError):
+            parts = text.split(",")
+            if len(parts) > 1 and all(readable(kind, part.strip()) for part in parts):
+                raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value (sweep and "
+                                                 f"search do not vary it): run once for each") from None
+            raise
     return read
+
+
+def readable(kind: Callable, text: str) -> bool:
+    try:
+        kind(text)
+        return True
+    except (argparse.ArgumentTypeError, ValueError, UserError):
+        return False
 
 
 def thousands_noted(kind: Callable, flag: str) -> Callable:
     """`kind`, for a flag a sweep would take a list of: 25,100 is one number here, its thousands
     grouped, and two values there, so stderr says which reading it took."""
+    @functools.wraps(kind)
     def read(text: str):
         value = kind(text)
-        if "," in text and THOUSANDS.fullmatch(text):
+        if "," in text and THOUSANDS.fullmatch(text) and zero_item(text.split(",")) is None:
             sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, {text.strip().replace(',', '')} "
                              f"(sweep would read {text.count(',') + 1} values)\n")
         return value
@@ -12159,7 +12203,7 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
     takes lists of the settings that have an axis (a list of another is refused as one)."""
     m = f.metadata
     flags, kind = (m["flag"], *m["aliases"]), m["kind"]
-    if kind is not None and lists and not several:
+    if kind is not None and lists and not several and not m["nargs"]:      # (--goodput takes several, spaced)
         kind = not_a_list(kind)
     elif kind is not None and not lists and m["axis"]:
         kind = thousands_noted(kind, m["flag"])

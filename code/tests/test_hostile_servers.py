@@ -182,6 +182,14 @@ class ServerStrings(unittest.TestCase):
                             self.assertNotIn(key[:11], text, f"the key's start is in {where}")
                             self.assertNotIn(key[-9:], text, f"the key's end is in {where}")
 
+    def test_a_user_name_hidden_does_not_cut_the_password_into_pieces_shown(self):
+        # helper-59: hidden one secret after another, "admin:adminXYZ1234" read "***:***XYZ1234"
+        from helpers import main
+        http = main.Http("http://admin:adminXYZ1234@127.0.0.1:9/v1", 5, None)
+        self.assertEqual(http.redact("bad credentials admin:adminXYZ1234"), "bad credentials ***:***")
+        self.assertEqual(main.hide_pieces("key sk-abcdefgh12 and abcdefgh?", ["abcdefgh12345", "zz"]),
+                         "key sk-*** and ***?")
+
     def test_escape_sequences_in_a_model_id_never_reach_the_terminal_json_or_svg(self):
         # issue 20 finding 2: a model id with ESC sequences; the SVG must stay well-formed XML
         models = {"object": "list", "data": [{"id": "evil" + ESCAPES + "model"}]}

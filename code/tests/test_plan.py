@@ -233,7 +233,7 @@ class Plans(unittest.TestCase):
                                       "--steady-requests", "50", "--recheck", "1", "--no-verify", "--slo", "ttft_p95:2000")
         self.assertEqual(code, 0, err)
         self.assertIn("in 35,040 windows of 15 min", out)
-        self.assertIn("schedule    1 to 1 replicas (mean 1.00) over 8,760 h: 8,760.0 GPU-hours", out)
+        self.assertIn("schedule    1 replica (mean 1.00) over 8,760 h: 8,760.0 GPU-hours", out)
         self.assertIn("peak fleet  1 replica all the time", out)
 
     def test_the_schedule_is_the_most_held_at_each_moment_as_the_rule_says(self):
@@ -318,7 +318,7 @@ class Plans(unittest.TestCase):
             code, out, err = call_cli("plan", "--rate-profile", write(tmp, "d200.csv", "time_s,rate\n0,5\n600,200\n"),
                                       "--steady-requests", "40", *flags)
             self.assertEqual((code, out), (2, ""), err)
-            self.assertIn("at 200 req/s on 16 replicas, a probe of 816 requests, as long as one may be, is too short to "
+            self.assertIn("at 200 req/s on 16 replicas, a probe of 816 requests, lengthened as far as a search lengthens one, is too short to "
                           "tell whether they keep up", err)
             self.assertIn("raise --steady-requests (now 40)", err)
 
@@ -337,6 +337,17 @@ class Plans(unittest.TestCase):
                           "start-up outlasts what they send; give --ahead", err)
             code, out, err = call_cli("plan", *flags, "--ahead")
             self.assertEqual(code, 0, err)
+
+    def test_the_deployment_command_keeps_the_router_its_schedule_will_use(self):
+        # helper-59: the command for one replica dropped --router, which the replicas a schedule
+        # adds are routed by
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out, err = call_cli("plan", "--rate-profile", write(tmp, "p.csv", "time_s,rate\n0,1\n600,8\n"),
+                                      "--hardware", "l4-24gb", "--prompt-tokens", "200", "--output-tokens", "50",
+                                      "--slo", "ttft_p95:2000", "--window", "600", "--steady-requests", "100",
+                                      "--recheck", "1", "--no-verify", "--router", "round-robin", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("--router round-robin", __import__("json").loads(out)["deployment"])
 
     def test_a_plan_of_conversations_counts_them_in_conversations(self):
         # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s

@@ -470,6 +470,9 @@ class SustainedSearch(unittest.TestCase):
                                   "100", "--jobs", "1")
         self.assertEqual(code, 0, err)
         self.assertIn("--requests 426 --concurrency 300", out)
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000", "--concurrency", "1000000", "--turns", "3")
+        self.assertEqual((code, out), (2, ""), err)        # (3,001,251 requests: refused before it runs)
+        self.assertIn("3,001,251 requests, more than the 2,000,000 a run holds; lower --concurrency or --turns", err)
         # Conversations: each client holds one, so a probe sends a conversation a client; the search
         # stops where a probe would pass 16 times its usual length (it held up to 524,288 clients).
         code, out, err = call_cli("search", "--slo", "ttft_p95:1000000", "--load", "concurrency", "--turns", "3",
