@@ -3945,10 +3945,14 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError("--time-scale stretches a --trace's or a --rate-profile's times; without either use --rate")
     if spec.trace_repeats > 1 and not spec.trace:
         raise UserError("--trace-repeats plays a --trace several times: give the trace")
-    if "router" in given and spec.data_parallel_size == 1 and not spec.replica_schedule \
-            and "data_parallel_size" not in swept:
-        raise UserError("--router chooses between replicas, and there is one: add --data-parallel-size N (or a "
-                        "--replica-schedule), or drop --router")
+    idle = inert(spec)
+    if "router" in given and "router" in idle and "data_parallel_size" not in swept:
+        raise UserError("--router chooses between replicas, and there is one" +
+                        (" at every moment of the --replica-schedule" if spec.replica_schedule else "") +
+                        ": add --data-parallel-size N (or a --replica-schedule of more), or drop --router")
+    if "hardware" in given and "hardware" in idle and "hardware" not in swept:
+        raise UserError("--hardware changes nothing: --prefill-hardware and --decode-hardware name both engines' "
+                        "devices; drop one of them")
     for name in set(given) & SETTINGS.keys():
         needs = SETTINGS[name].metadata["needs"]
         off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
@@ -4072,13 +4076,16 @@ PROGRAM = "code/main.py"
 
 def inert(spec: RunSpec) -> set[str]:
     """The settings that change nothing in this deployment: those whose `needs` is off (a link
-    between pipeline stages without stages), and a router with one replica. A grid's point may
+    between pipeline stages without stages), a router with one replica, and --hardware where both
+    disaggregated engines' devices are named. A grid's point may
     hold them (-pp 1,2 with --inter-node-gbs); its rerun command and the grid leave them out."""
     default = RunSpec()
     idle = {name for name, f in SETTINGS.items()
             if f.metadata["needs"] and getattr(spec, f.metadata["needs"]) == getattr(default, f.metadata["needs"])}
-    if spec.data_parallel_size == 1 and not spec.replica_schedule:
+    if spec.data_parallel_size == 1 and (not spec.replica_schedule or spec.replica_schedule.most == 1):
         idle.add("router")
+    if spec.disaggregate and spec.prefill_hardware and spec.decode_hardware:
+        idle.add("hardware")       # (each engine's device is named)
     return idle
 
 

@@ -65,6 +65,17 @@ class Disaggregation(unittest.TestCase):
         main.simulate(main.Replicas(engines), requests)
         return engines, link
 
+    def test_hardware_named_for_neither_engine_is_refused_and_left_out_of_a_grid(self):
+        # helper-57: --hardware was silently unused beside --prefill-hardware and --decode-hardware
+        both = ("--prefill-hardware", "h100-sxm-80gb", "--decode-hardware", "a100-sxm-80gb", "--requests", "5")
+        code, out, err = call_cli("simulate", "--hardware", "l4-24gb", *both)
+        self.assertEqual((code, out), (2, ""), err)
+        self.assertIn("--hardware changes nothing: --prefill-hardware and --decode-hardware name both", err)
+        code, out, err = call_cli("sweep", "--hardware", "l4-24gb,h100-sxm-80gb", *both, "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("1 point left out: --hardware changes nothing there", err)
+        self.assertEqual(len(json.loads(out)), 1)
+
     def test_the_timeline_holds_the_prefill_engines_queue(self):
         # helper-57: a queue of 191 prompts at the prefill engine drew as 0 waiting (its timeline
         # was the decode engine's alone)

@@ -70,6 +70,16 @@ class RateProfiles(unittest.TestCase):
 class ReplicaSchedules(unittest.TestCase):
     SCHEDULE = main.ReplicaSchedule("s", ((0.0, 1), (100.0, 3), (300.0, 2), (400.0, 1)))
 
+    def test_a_router_for_a_schedule_of_one_replica_is_refused_as_without_one(self):
+        # helper-57: refused without a schedule, run with a schedule that never asks for a second
+        with tempfile.TemporaryDirectory() as tmp:
+            for rows, refused in (("0,1\n", True), ("0,1\n50,2\n", False)):
+                code, _, err = call_cli("simulate", "--router", "round-robin", "--replica-schedule",
+                                        write(tmp, "r.csv", "time_s,replicas\n" + rows), "--rate", "1",
+                                        "--requests", "5")
+                self.assertEqual(code, 2 if refused else 0, err)
+                self.assertEqual("there is one at every moment of the --replica-schedule" in err, refused)
+
     def test_a_replica_asked_for_serves_after_the_delay_and_the_last_added_leaves_first(self):
         spans = self.SCHEDULE.spans(30.0)
         self.assertEqual(spans[0], [(0.0, 0.0, float("inf"))])          # running from the start
