@@ -4617,6 +4617,13 @@ def seeded(runs: list[dict]) -> dict:
     seeds on the 10th-90th percentile interval (nearest rank)."""
     merged = mean_report(runs)
     merged["config"] = runs[0]["config"]
+    # A rate profile's requests are drawn, so each seed sends its own count: the title says the range.
+    counts = sorted({int(m.group(1).replace(",", "")) for r in runs
+                     for m in [re.search(r"  ([\d,]+) requests  ", (r.get("config") or {}).get("title") or "")] if m})
+    if len(counts) > 1:
+        merged["config"] = {**merged["config"], "title": re.sub(
+            r"  [\d,]+ requests  ", f"  {counts[0]:,} to {counts[-1]:,} requests (by seed)  ",
+            merged["config"]["title"], count=1)}
     # Failures by kind over every seed, not the first seed's kinds alone: each kind's mean count, and
     # the first example of it in seed order.
     kinds = list(dict.fromkeys(kind for r in runs for kind in r.get("errors_by_kind") or {}))

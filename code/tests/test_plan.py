@@ -67,6 +67,18 @@ class RateProfiles(unittest.TestCase):
             self.assertEqual(code, 2)
 
 
+class SeedsOfAProfile(unittest.TestCase):
+    def test_the_title_gives_the_range_of_requests_the_seeds_sent(self):
+        # helper-57: "288 requests" (the first seed's) over "requests 253 completed" (the mean)
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out, err = call_cli("simulate", "--hardware", "l4-24gb", "--max-model-len", "4096", "--rate-profile",
+                                      write(tmp, "p.csv", "time_s,rate\n0,1\n300,0\n"), "--seeds", "3", "--json")
+        self.assertEqual(code, 0, err)
+        report = __import__("json").loads(out)
+        self.assertIn("  249 to 315 requests (by seed)  poisson rate profile", report["config"]["title"])
+        self.assertAlmostEqual(report["completed"], (249 + 315 + 289) / 3, delta=1)
+
+
 class ReplicaSchedules(unittest.TestCase):
     SCHEDULE = main.ReplicaSchedule("s", ((0.0, 1), (100.0, 3), (300.0, 2), (400.0, 1)))
 
