@@ -7226,11 +7226,18 @@ def read_timeline(path: str) -> list[dict]:
     return rows
 
 
-def csv_rows(text: str, where: str) -> Iterator[tuple[int, dict]]:
-    """(line number, row) of a CSV file with a header; a field too long for the csv module, or
-    a broken quote, is a one-line error."""
+def csv_rows(text: str, where: str, columns: tuple = ()) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a CSV file with a header (its names stripped: `time_s , rate`); a
+    header without `columns` (a comment line above it, say), a field too long for the csv module,
+    or a broken quote, is a one-line error."""
     reader = csv.DictReader(io.StringIO(text))
     try:
+        if reader.fieldnames:
+            reader.fieldnames = [name.strip() for name in reader.fieldnames]
+        missing = [name for name in columns if name not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"{where} line 1: the header {printable(','.join(reader.fieldnames or [])[:60])!r} has no "
+                            f"{' or '.join(missing)} column; the first line names the columns, {','.join(columns)}")
         for row in reader:
             yield reader.line_num, row
     except csv.Error as e:
@@ -7564,7 +7571,7 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
 def read_rate_profile(path: str) -> RateProfile:
     """A CSV of time_s,rate (requests per second) rows, times ascending from 0."""
     windows = []
-    for number, row in csv_rows(read_text(path, "rate profile"), f"rate profile {path}"):
+    for number, row in csv_rows(read_text(path, "rate profile"), f"rate profile {path}", ("time_s", "rate")):
         where = f"rate profile {path} line {number}"
         if None in row or None in row.values():
             raise UserError(f"{where}: expected two columns, time_s,rate")
@@ -7632,7 +7639,8 @@ def collect_shards(paths: list[str], fingerprint: str, points: list[dict]) -> li
 def read_replica_schedule(path: str) -> ReplicaSchedule:
     """A CSV of time_s,replicas rows, times ascending from 0, at least one replica throughout."""
     steps = []
-    for number, row in csv_rows(read_text(path, "replica schedule"), f"replica schedule {path}"):
+    for number, row in csv_rows(read_text(path, "replica schedule"), f"replica schedule {path}",
+                                ("time_s", "replicas")):
         where = f"replica schedule {path} line {number}"
         if None in row or None in row.values() or not {"time_s", "replicas"} <= set(row):
             raise UserError(f"{where}: expected the columns time_s,replicas")

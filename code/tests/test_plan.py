@@ -53,8 +53,11 @@ class RateProfiles(unittest.TestCase):
                  "time_s,rate\n0,-1\n10,2\n": "'rate' must be a number from 0",
                  "time_s,rate\n0,abc\n10,2\n": "'rate' must be a number",
                  "time_s,rate\n0,1\n": "at least two rows",
-                 "hour,requests\n0,1\n1,2\n": "missing field 'time_s'",
-                 "time_s,rate\n0,0\n10,0\n": "sends no requests"}
+                 "hour,requests\n0,1\n1,2\n": "line 1: the header 'hour,requests' has no time_s or rate column",
+                 # helper-57: a comment above the header read "line 2: expected two columns"
+                 "# a day\ntime_s,rate\n0,1\n1,2\n": "line 1: the header '# a day' has no time_s or rate column",
+                 "time_s,rate\n0,0\n10,0\n": "sends no requests",
+                 "time_s , rate\n0,0\n10,0\n": "sends no requests"}     # (the header read, its spaces aside)
         with tempfile.TemporaryDirectory() as tmp:
             for text, said in cases.items():
                 with self.subTest(text=text):
