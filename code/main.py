@@ -12713,6 +12713,10 @@ def cmd_search(args) -> int:
     if args.plot:
         check_writable(args.plot, "--plot", args)
     fingerprint = search_fingerprint(spec, points, probing)
+    elsewhere = [flag for flag, value in (("--csv", args.csv), ("--plot", args.plot), ("--confirm", args.confirm))
+                 if value]
+    if args.shard and elsewhere:      # (its report is JSON for --collect, whatever was asked)
+        raise UserError(f"--shard writes the JSON that --collect reads; {elsewhere[0]} belongs on the --collect run")
     if args.shard and args.shard[0] > len(points):
         raise UserError(f"--shard {args.shard[0]}/{args.shard[1]}: this search has {len(points):,} deployment"
                         f"{'s' * (len(points) != 1)}, so shard {args.shard[0]} has none; use at most "

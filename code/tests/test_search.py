@@ -533,6 +533,15 @@ class Shards(unittest.TestCase):
     SEARCH = ("search", "--slo", "ttft_p95:2000", "--hardware", "l4-24gb,rtx-4090-24gb", "--max-num-seqs", "16,64",
               "--prompt-tokens", "500", "--output-tokens", "100", "--steady-requests", "100", "--jobs", "1")
 
+    def test_a_shard_refuses_outputs_it_would_not_write(self):
+        # helper-58: --shard 1/2 --csv printed JSON without a word (and --plot, --confirm wrote nothing)
+        for extra in (("--csv",), ("--plot", "x.svg"), ("--confirm", "http://127.0.0.1:9")):
+            with self.subTest(flag=extra[0]):
+                code, out, err = call_cli(*self.SEARCH, *extra, "--shard", "1/2")
+                self.assertEqual((code, out), (2, ""), err)
+                self.assertIn(f"--shard writes the JSON that --collect reads; {extra[0]} belongs on the --collect run",
+                              err)
+
     def shards(self, tmp, n, *extra):
         paths = []
         for k in range(1, n + 1):
