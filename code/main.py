@@ -4431,11 +4431,15 @@ def schedule_report(schedule: ReplicaSchedule, spans: list, delay: float, durati
     """What a schedule costs: each replica paid from the moment it is asked for until it is let go
     (or the run ends), against the same replicas kept all the time."""
     paid = sum(min(leave, duration) - asked for replica in spans for asked, _, leave in replica if asked < duration)
-    gpu_hours, fixed = paid * gpus / 3600, schedule.most * duration * gpus / 3600
-    return {"name": schedule.name, "scale_up_delay_s": delay, "least": min(n for _, n in schedule.steps),
-            "most": schedule.most, "mean_replicas": paid / duration if duration else 0.0,
+    # The steps the run reached (a schedule may go on after the last request ends).
+    reached = [n for t, n in schedule.steps if t < duration or t == 0]
+    after = next((t for t, _ in schedule.steps if t >= duration and t > 0), None)
+    gpu_hours, fixed = paid * gpus / 3600, max(reached) * duration * gpus / 3600
+    return {"name": schedule.name, "scale_up_delay_s": delay, "least": min(reached),
+            "most": max(reached), "mean_replicas": paid / duration if duration else 0.0,
             "gpu_hours": gpu_hours, "fixed_fleet_gpu_hours": fixed,
-            "usd": gpu_hours * price if price else None, "fixed_fleet_usd": fixed * price if price else None}
+            "usd": gpu_hours * price if price else None, "fixed_fleet_usd": fixed * price if price else None,
+            "gpus_per_replica": gpus, **({"rows_after_the_run_from_s": after} if after is not None else {})}
 
 
 def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timeline: bool = False,
@@ -11150,7 +11154,9 @@ def print_run(result: dict, out=None) -> None:
         fleet = f", ${plan['fixed_fleet_usd']:,.2f}" if plan["fixed_fleet_usd"] is not None else ""
         w(f"{'schedule':<12}{replica_range(plan['least'], plan['most'])} (mean {plan['mean_replicas']:.2f}), each added "
           f"serving {plan['scale_up_delay_s']:,.0f} s after it is asked for: {plan['gpu_hours']:,.2f} GPU-hours{paid}; "
-          f"{plan['most']:,} replica{'s' * (plan['most'] != 1)} all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}\n")
+          f"{plan['most']:,} replica{'s' * (plan['most'] != 1)} all the time: {plan['fixed_fleet_gpu_hours']:,.2f} GPU-hours{fleet}"
+          + (f"; its rows from {plan['rows_after_the_run_from_s']:,.0f} s come after the run ended, and change nothing"
+             if plan.get("rows_after_the_run_from_s") is not None else "") + "\n")
     if result.get("warmup_requests"):
         w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
     for row in result.get("turns") or []:
@@ -11168,7 +11174,7 @@ def print_run(result: dict, out=None) -> None:
         gpus = cfg.get("gpus")
         paid = f" ({gpus} GPUs)" if gpus and gpus > 1 else ""
         if plan:
-            paid = f" (a mean of {plan['mean_replicas'] * gpus / plan['most']:,.2f} GPUs over the schedule)"
+            paid = f" (a mean of {plan['mean_replicas'] * plan['gpus_per_replica']:,.2f} GPUs over the schedule)"
         w(f"{'cost':<12}${cost['usd_per_hour']:,.2f} an hour" + paid
           + f", ${cost['usd_per_month']:,.0f} a month of {cost['hours_per_month']:g} hours"
           + (f"  ${cost['usd_per_million_output_tokens']:,.3f} per million output tokens"

@@ -85,6 +85,18 @@ class SeedsOfAProfile(unittest.TestCase):
 class ReplicaSchedules(unittest.TestCase):
     SCHEDULE = main.ReplicaSchedule("s", ((0.0, 1), (100.0, 3), (300.0, 2), (400.0, 1)))
 
+    def test_rows_after_the_run_ends_change_nothing_and_say_so(self):
+        # helper-57: a row at 5,000 s of a 95-s run made it "1 to 4 replicas", 4 of them all the time
+        with tempfile.TemporaryDirectory() as tmp:
+            code, out, err = call_cli("simulate", "--hardware", "l4-24gb", "--max-model-len", "4096", "--rate", "3",
+                                      "--requests", "300", "--replica-schedule",
+                                      write(tmp, "r.csv", "time_s,replicas\n0,1\n5000,4\n"))
+        self.assertEqual(code, 0, err)
+        self.assertIn("schedule    1 replica (mean 1.00)", out)
+        self.assertIn("1 replica all the time", out)
+        self.assertIn("its rows from 5,000 s come after the run ended, and change nothing", out)
+        self.assertIn("(a mean of 1.00 GPUs over the schedule)", out)
+
     def test_a_router_for_a_schedule_of_one_replica_is_refused_as_without_one(self):
         # helper-57: refused without a schedule, run with a schedule that never asks for a second
         with tempfile.TemporaryDirectory() as tmp:
