@@ -5377,7 +5377,7 @@ def tidy(x: float, within: float) -> float:
 def highest_passing(passes: Callable[[float], bool], start: float, tolerance: float, integer: bool = False,
                     lowest: float = 1e-3, highest: float = 1e6,
                     guess: Optional[Callable[[Optional[float], float], Optional[float]]] = None,
-                    factor: float = 2.0) -> tuple[Optional[float], Optional[float]]:
+                    factor: float = 2.0, reach: bool = False) -> tuple[Optional[float], Optional[float]]:
     """(the highest load found to pass, the lowest found to fail). Double (or halve) from `start`
     until the answer changes, then narrow the bracket until the two are within `tolerance` of
     each other (relative; whole numbers also stop 1 apart). A `factor` under 2 steps by it,
@@ -5385,7 +5385,8 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
     steps (the recheck's) reaches an answer far away in a few more. Every load at or below the first
     passed and every one at or above the second failed; on a curve that is not monotone, that is
     one boundary of several, not necessarily the highest. (None, x): even the lowest load failed;
-    (x, None): `highest` passed.
+    (x, None): `highest` passed, or with `reach` False (a recheck's highest is a load known to miss)
+    the last doubling under it.
 
     `guess(low or None, high)`, when given, is where the probes so far say the answer changes.
     A search of real numbers then narrows the bracket there instead of at the middle, and at a
@@ -5410,6 +5411,8 @@ def highest_passing(passes: Callable[[float], bool], start: float, tolerance: fl
             x = int(round(x))
         elif factor != 2:      # (halves and doubles of a tidy start are tidy already)
             x = tidy(x, tolerance * x / 100)
+        if reach and x > highest and high is None and low is not None and low < highest:
+            x = highest        # (the doubling would pass it: the highest itself is tried, once)
         if x > highest or x < lowest or x in (low, high):
             return low, high
         if passes(x):
@@ -5845,7 +5848,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
             low, high = highest_passing(passes, start or how.start(deployment), how.tolerance,
                                         integer=how.by == "concurrency", lowest=how.lowest(deployment),
                                         highest=highest or how.highest(deployment),
-                                        guess=guess if how.guided else None, factor=factor)
+                                        guess=guess if how.guided else None, factor=factor,
+                                        reach=highest is None and how.by == "concurrency")
         except Alone:
             return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
                     "alone": True}

@@ -135,6 +135,11 @@ class Bisection(unittest.TestCase):
             self.assertLess(len(probes), 30, (tolerance, answer, probes))
         # A start that passes stops at `highest` rather than step up past the first search's miss.
         self.assertEqual(main.highest_passing(lambda x: True, 38.13, 0.05, highest=39, factor=1.049), (38.13, None))
+        # A search of clients reaches its highest (helper-59: it stopped at 512 under a limit of 630).
+        tried = []
+        self.assertEqual(main.highest_passing(lambda x: tried.append(x) or True, 1, 0.05, integer=True, highest=630,
+                                              reach=True), (630, None))
+        self.assertEqual(tried[-2:], [512, 630])
 
     def test_on_a_curve_that_is_not_monotone_it_returns_a_true_boundary(self):
         # Noisy curves: pass/fail flips at random. Whatever the curve, the answer passed, the

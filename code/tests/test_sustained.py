@@ -478,7 +478,7 @@ class SustainedSearch(unittest.TestCase):
         code, out, err = call_cli("search", "--slo", "ttft_p95:1000000", "--load", "concurrency", "--turns", "3",
                                   "--steady-requests", "100", "--jobs", "1")
         self.assertEqual(code, 0, err)
-        self.assertIn("the slo holds up to the highest concurrency tried, 512 clients (more clients would make a "
+        self.assertIn("the slo holds up to the highest concurrency tried, 630 clients (more clients would make a "
                       "probe over 16 times its usual length)", out)
 
     def test_the_recheck_is_x_times_the_probe_that_passed_when_that_probe_was_lengthened(self):
