@@ -11396,9 +11396,13 @@ def print_plan(report: dict, title: str, w) -> None:
              f"(--ahead asks for them in time)" if starting else ""))
     w("\n")
     if report["never_met"]:
+        verified = report.get("verified")
+        met = [t for t in report["never_met"] if verified and t not in verified["windows_missing_the_slo"]]
         w(f"never met   {len(report['never_met'])} window{'s' * (len(report['never_met']) != 1)} "
           f"need{'s' * (len(report['never_met']) == 1)} more than --max-replicas, from "
-          f"{clock(report['never_met'][0])}\n")
+          f"{clock(report['never_met'][0])}"
+          + (f"; the whole-period simulation met the slo in {len(met)} of them: it plays their load once, where "
+             f"a window's probe asks for it sustained" if met else "") + "\n")
     verified = report.get("verified")
     if verified:
         missed = verified["windows_missing_the_slo"]

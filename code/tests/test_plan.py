@@ -7,7 +7,7 @@ import tempfile
 import unittest
 from unittest import mock
 
-from helpers import call_cli, main, run_cli, stopping_run
+from helpers import FIXTURES, call_cli, main, run_cli, stopping_run
 
 
 def write(tmp, name, text):
@@ -385,6 +385,14 @@ class Plans(unittest.TestCase):
                                       "--recheck", "1", "--no-verify", "--router", "round-robin", "--json")
         self.assertEqual(code, 0, err)
         self.assertIn("--router round-robin", __import__("json").loads(out)["deployment"])
+
+    def test_a_window_never_met_that_the_period_meets_says_why_both_hold(self):
+        # helper-57: "0 of 1 windows miss the slo", then "1 window needs more than --max-replicas 16"
+        code, out, err = call_cli("plan", "--trace", os.path.join(FIXTURES, "burst.jsonl"), "--slo", "ttft_p95:2000",
+                                  "--window", "30", "--hardware", "l4-24gb")
+        self.assertEqual(code, 1, err)
+        self.assertIn("the whole-period simulation met the slo in 1 of them: it plays their load once, where a "
+                      "window's probe asks for it sustained", out)
 
     def test_a_plan_of_conversations_counts_them_in_conversations(self):
         # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s
