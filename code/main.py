@@ -3838,8 +3838,8 @@ class RunSpec:
 
     def sends(self) -> int:
         """The requests (conversations, with turns) a closed loop has to send: at most that many
-        of its clients are busy at once. A trace's own."""
-        return len(self.trace.rows) if self.trace else -(-(self.requests or DEFAULT_REQUESTS) // self.turns)
+        of its clients are busy at once."""
+        return -(-(self.requests or DEFAULT_REQUESTS) // self.turns)
 
     def arrivals(self) -> str:
         chats = f" ({self.turns}-turn conversations, think {self.think_time:g} s)" if self.turns > 1 else ""
@@ -4622,12 +4622,11 @@ def seeded(runs: list[dict]) -> dict:
     merged = mean_report(runs)
     merged["config"] = runs[0]["config"]
     # A rate profile's requests are drawn, so each seed sends its own count: the title says the range.
-    counts = sorted({int(m.group(1).replace(",", "")) for r in runs
-                     for m in [re.search(r"  ([\d,]+) requests  ", (r.get("config") or {}).get("title") or "")] if m})
-    if len(counts) > 1:
-        merged["config"] = {**merged["config"], "title": re.sub(
-            r"  [\d,]+ requests  ", f"  {counts[0]:,} to {counts[-1]:,} requests (by seed)  ",
-            merged["config"]["title"], count=1)}
+    counts = sorted({r["config"].get("num_prompts") for r in runs} - {None})
+    if len(counts) > 1 and "title" in merged["config"]:
+        merged["config"] = {**merged["config"], "title": merged["config"]["title"].replace(
+            f"  {merged['config']['num_prompts']:,} requests  ", f"  {counts[0]:,} to {counts[-1]:,} requests (by seed)  ",
+            1)}
     # Failures by kind over every seed, not the first seed's kinds alone: each kind's mean count, and
     # the first example of it in seed order.
     kinds = list(dict.fromkeys(kind for r in runs for kind in r.get("errors_by_kind") or {}))
@@ -12245,8 +12244,8 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
         kind = thousands_noted(kind, m["flag"])
     if m["switch"]:
         text = "; the flag alone is on" + (", on,off sweeps both" if several else "")
-        options = dict(nargs="?", const=[True] if several else True,
-                       type=list_of(on_off) if several else not_a_list(on_off) if lists else on_off, metavar="on|off")
+        options = dict(nargs="?", const=[True] if several else True, type=list_of(m["kind"]) if several else kind,
+                       metavar="on|off")
     elif kind is None:           # a plain flag, or a file read when the run is built
         text, options = "", (dict(metavar=m["metavar"]) if m["metavar"] else dict(action="store_true"))
     else:
@@ -12536,13 +12535,14 @@ def cmd_sweep(args) -> int:
     for point in points:       # a bad combination is refused before any point runs
         with refused_at(point, len(points) > 1):
             build_engines(sweep_point(spec, point))
-    crowded = [point for point in points if sweep_point(spec, point).sends() < (sweep_point(spec, point).clients() or 0)]
+    crowded = [(point, ran) for point, ran in ((p, sweep_point(spec, p)) for p in points)
+               if ran.sends() < (ran.clients() or 0)]
     if crowded:       # (their rows would read as the load they were named for)
-        what = "conversations" if spec.turns > 1 else "requests"
-        sys.stderr.write(f"servesim: {len(crowded)} point{'s' * (len(crowded) != 1)} ({point_label(crowded[0])}"
+        (point, ran), what = crowded[0], "conversations" if spec.turns > 1 else "requests"
+        sys.stderr.write(f"servesim: {len(crowded)} point{'s' * (len(crowded) != 1)} ({point_label(point)}"
                          f"{', ...' if len(crowded) > 1 else ''}) {'have' if len(crowded) > 1 else 'has'} more clients "
-                         f"than the {sweep_point(spec, crowded[0]).sends():,} {what} to send, and so at most that many "
-                         f"at once; raise --requests for a closed loop of that many\n")
+                         f"than the {ran.sends():,} {what} to send, and so at most that many at once; raise --requests "
+                         f"for a closed loop of that many\n")
     if args.plot:
         check_writable(args.plot, "--plot", args)
     progress = Progress("sweep")

@@ -253,9 +253,7 @@ class Plans(unittest.TestCase):
     def test_more_windows_than_a_plan_takes_are_refused_before_it_runs(self):
         # helper-57: a year of 11-s windows ran for minutes at 950 MB, and ignored Ctrl-C
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "year.csv")
-            with open(path, "w") as f:
-                f.write("time_s,rate\n0,0.05\n15000000,0.05\n")
+            path = write(tmp, "year.csv", "time_s,rate\n0,0.05\n15000000,0.05\n")
             code, out, err = call_cli("plan", "--rate-profile", path, "--slo", "ttft_p95:2000", "--window", "60",
                                       "--no-verify")
         self.assertEqual((code, out), (2, ""), err)
