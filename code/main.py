@@ -7206,6 +7206,14 @@ def recorded_setting(name: str, value, where: str, label: str):
         if not isinstance(value, bool):
             raise UserError(f"{where}: {label} must be true or false, got {str(value)[:40]!r}")
         return value
+    if f.type in ("str", "Optional[str]"):      # a word (--quantization fp8), never a file's path: a report names no file
+        if not isinstance(value, str) or os.sep in value or (os.altsep and os.altsep in value):
+            raise UserError(f"{where}: {label} must be one of the words {f.metadata['flag']} takes, got "
+                            f"{printable(str(value)[:40])!r}")
+        try:
+            return f.metadata["kind"](value)
+        except argparse.ArgumentTypeError as e:
+            raise UserError(f"{where}: {label} {e}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"{where}: {label} must be a number, got {str(value)[:40]!r}")
     try:
@@ -10469,6 +10477,7 @@ class Signals:
     failed: float = 0                        # requests that failed (a mean, over seeds), of `requests`
     requests: float = 0
     first_failure: Optional[str] = None      # the first failed request's reason
+    replicas: int = 1                        # engines behind a router (-dp): kv_tokens and max_seqs are each one's
 
 
 FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
@@ -10626,11 +10635,12 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.prefix_caching = config.get("prefix_caching") is True
         if sig.queue_ms is not None and sig.ttft_ms is not None:
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
-        if isinstance(config.get("hardware"), str) and config["hardware"] in HARDWARE \
-                and isinstance(config.get("model"), str) and config["model"] in MODELS:
-            h, m = HARDWARE[config["hardware"]], MODELS[config["model"]]
-            cost = cost_model("roofline", h, m)
-            sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, 0) * 1000
+        deployment = report_deployment(config, name)
+        if deployment:
+            sig.replicas = deployment.data_parallel_size
+            if sig.kv_tokens is not None:
+                sig.kv_tokens //= sig.replicas
+            device_figures(sig, device_plan(deployment, deployment.hardware)[1])
         return sig
     figure = lambda key: number_at(server, key, f"server.{key}")
     if server.get("server") == "llama.cpp":
@@ -10649,6 +10659,38 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
         sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
     return sig
+
+
+# What a report's config says of the deployment that prices a step (the rest is the workload's).
+REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
+                     "quantization", "kv_cache_dtype", "cost_model", "async_scheduling", "block_size",
+                     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+
+
+def report_deployment(config: dict, name: str) -> Optional[RunSpec]:
+    """The deployment a simulate or sweep report ran, from its config, for its knee and batch-1
+    step: its parallelism, quantization and cost model as well as its device and model. None where
+    the device or the model is not a preset, or the engine is a profile file: the report names it,
+    and holds none of its figures."""
+    hardware, model, engine = (config.get(k) for k in ("hardware", "model", "engine"))
+    if not (isinstance(hardware, str) and hardware in HARDWARE and isinstance(model, str) and model in MODELS) \
+            or engine is not None and engine not in ENGINES:
+        return None
+    where = f"explain input {name}"
+    settings = {k: recorded_setting(k, config[k], where, f"config.{k}") for k in REPORT_DEPLOYMENT
+                if config.get(k) is not None}
+    spec = RunSpec(hardware=HARDWARE[hardware], model=MODELS[model], engine=engine, **settings)
+    try:
+        check_spec(spec)
+    except UserError as e:
+        raise UserError(f"{where}: its config is not a deployment servesim runs ({e})") from None
+    return spec
+
+
+def device_figures(sig: Signals, cost: Roofline) -> None:
+    """The knee, and a batch-1 decode step at the requests' mean context (its prompt and half its output)."""
+    context = (sig.prompt_tokens or 0) + (sig.output_tokens or 0) / 2
+    sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, context) * 1000
 
 
 def offered_load(point: dict) -> tuple:
@@ -10757,17 +10799,18 @@ def explain(sig: Signals) -> dict:
     length = (sig.prompt_tokens or 0) + (sig.output_tokens or 0)
     if sig.kv_tokens and length:
         fit = sig.kv_tokens / length
-        arithmetic.append(f"the KV cache holds {sig.kv_tokens:,} tokens: {fit:,.1f} requests of "
-                          f"{length:,.0f} tokens (prompt {number(sig.prompt_tokens, 0)} + output "
+        whose = f"each of the {sig.replicas:,} replicas' KV caches holds" if sig.replicas > 1 else "the KV cache holds"
+        arithmetic.append(f"{whose} {sig.kv_tokens:,} tokens: {fit:,.1f} requests of {length:,.0f} tokens (prompt {number(sig.prompt_tokens, 0)} + output "
                           f"{number(sig.output_tokens, 0)})")
         if sig.max_seqs:
-            arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}, so "
+            arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}{' in each' * (sig.replicas > 1)}, so "
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
         arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
                           f"the mean batch was {number(sig.mean_batch)}")
     if sig.running is not None:
-        arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}")
+        arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}"
+                          + (" (in the busiest replica)" if sig.replicas > 1 else ""))
     if not arithmetic:
         arithmetic.append("not enough in this input to check: add --server-flags, or use a simulate report")
     server = sig.server if sig.server in ("vllm", "llama.cpp", "sglang") else "vllm"
@@ -13184,10 +13227,7 @@ def cmd_explain(args) -> int:
     for path in args.files:
         sig = read_signals(path)
         if device:
-            h, m = device
-            context = (sig.prompt_tokens or 0) + (sig.output_tokens or 0) / 2
-            cost = cost_model("roofline", h, m)
-            sig.knee, sig.batch1_tpot_ms = cost.critical_batch(), cost.step_seconds(1, context) * 1000
+            device_figures(sig, cost_model("roofline", *device))
         for key, value in flags.items():
             recorded = getattr(sig, key)
             slots = flags.get("max_seqs") or sig.max_seqs or 1

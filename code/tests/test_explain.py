@@ -357,3 +357,46 @@ class ExplainReadsWhatCanBe(unittest.TestCase):
         code, _, err = call_cli("explain", path, "--server-flags", "--enable-prefix-caching --no-enable-prefix-caching")
         self.assertEqual(code, 2)
         self.assertIn("gives prefix caching twice, --enable-prefix-caching and --no-enable-prefix-caching", err)
+
+
+class TheReportsOwnDeployment(unittest.TestCase):
+    """explain reads a simulate report's deployment, not just its device and model."""
+
+    def report(self, *flags):
+        code, out, err = run_cli("simulate", "--rate", 20, "--requests", 300, *flags, "--json")
+        self.assertEqual(code, 0, err)
+        return json.loads(out)
+
+    def test_replicas_are_counted_each_and_tensor_parallel_fp8_prices_its_own_step(self):
+        # The cache of two replicas read as one (895,904 tokens, 1,131 requests) beside the cap of
+        # one (256); a -tp 2 fp8 report took the batch-1 step of one bf16 GPU, twice too slow to
+        # call its TPOT slowed by batching.
+        two = self.report("-dp", 2)
+        sig = main.signals_from_report(two, "dp2.json")
+        self.assertEqual(sig.kv_tokens, two["engine"]["num_blocks"] * two["engine"]["block_size"] // 2)
+        lines = " ".join(main.explain(sig)["capacity"])
+        self.assertIn(f"each of the 2 replicas' KV caches holds {sig.kv_tokens:,} tokens", lines)
+        self.assertIn("the sequence cap allows 256 in each", lines)
+        self.assertIn("(in the busiest replica)", lines)
+        one = main.signals_from_report(self.report(), "tp1.json")
+        split = main.signals_from_report(self.report("-tp", 2, "--quantization", "fp8"), "tp2.json")
+        # bf16 weights on one GPU against fp8 halves on each of two: a quarter of the bytes a step
+        # reads, plus the all-reduces
+        self.assertLess(split.batch1_tpot_ms, 0.5 * one.batch1_tpot_ms)
+        self.assertEqual(one.replicas, 1)
+
+    def test_a_config_that_is_no_deployment_is_one_line_and_a_profile_path_is_never_read(self):
+        report = self.report()
+        for key, value, said in (("quantization", "fp7", "config.quantization 'fp7' is not one of"),
+                                 ("tensor_parallel_size", 0, "config.tensor_parallel_size"),
+                                 ("cost_model", "../x", "config.cost_model must be one of the words")):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "r.json")
+                with open(path, "w") as f:
+                    json.dump({**report, "config": {**report["config"], key: value}}, f)
+                code, out, err = run_cli("explain", path)
+            self.assertEqual(code, 2, err)
+            self.assertIn(said, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+        sig = main.signals_from_report({**report, "config": {**report["config"], "engine": "/etc/passwd"}}, "r.json")
+        self.assertIsNone(sig.knee)
