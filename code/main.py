@@ -1504,12 +1504,14 @@ def summarize(requests: list, itl: Optional[Counter] = None, slos: Optional[dict
     """The vllm bench serve result keys for a list of finished requests. `itl` gives every
     inter-token gap in seconds as a count; without it the gaps come from token_times. `slos`
     ({"ttft": ms, ...}) adds goodput, as vllm bench serve --goodput counts it. Rates are over the
-    time from the first send (or `since`) to the last token."""
+    time from the first send (or `since`) to the last token, or to the end of a measured request
+    that failed after it (vllm bench serve's duration is the benchmark's: its failures' time too)."""
     done = [r for r in requests if r.error is None and r.first_token_s is not None]
     if itl is None:
         itl = Counter(b - a for r in done if r.token_times for a, b in zip(r.token_times, r.token_times[1:]))
     start = min(map(operator.attrgetter("sent_s"), requests), default=0.0) if since is None else since
-    end = max(map(operator.attrgetter("last_token_s"), done), default=start)
+    failed_ends = [r.ended_s for r in requests if r.error is not None and getattr(r, "ended_s", None) is not None]
+    end = max([r.last_token_s for r in done] + failed_ends, default=start)
     duration = end - start
     ms = 1000
     samples = {name: [v for v in map(figure, done) if v is not None] for name, figure in REQUEST_MS.items()}
@@ -7979,6 +7981,7 @@ class StreamRecord:
     tag_tail: str = ""                  # the content's last characters, for a tag split over events
     server_date: Optional[float] = None # the answer's Date header, whole seconds of the server's clock
     date_sent: bool = False             # a Date header came, readable or not
+    ended_s: Optional[float] = None     # when the client let go of it (a failed one's end: the run lasted to it)
 
 
 @dataclass
@@ -8136,15 +8139,29 @@ def redact_url(url: str) -> str:
     return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
 
-def hide_pieces(text: str, secrets: list[str], least: int = 8) -> str:
+def hide_pieces(text: str, secrets: list[str], least: int = 8, ends: int = 4) -> str:
     """The text with every run of `least` or more characters that is a piece of one of `secrets`
-    (the whole of a shorter one) shown as ***: a server that refuses a key often echoes its first
-    and last characters ("abcd1234****wxyz"), and a piece of a key is a piece of a secret. The
+    (the whole of a shorter one), and every run of `ends` or more that starts or ends one as it
+    does, shown as ***: a server that refuses a key often echoes its first and last characters
+    ("abcd12...wxyz", OpenAI's "****wxyz"), and a piece of a key is a piece of a secret. The
     pieces of every secret are found in the text as given, then hidden together: hidden one secret
     after another, a user name hidden first would cut the password beside it into pieces too short
     to find."""
     hidden = [False] * len(text)
     for secret in secrets:
+        if len(secret) > ends:
+            for edge in (secret[:ends], secret[-ends:]):
+                at = text.find(edge)
+                while at >= 0:
+                    start, end = at, at + ends
+                    if edge == secret[:ends]:       # the secret's start, as far as the text follows it
+                        while end < len(text) and end - start < len(secret) and text[end] == secret[end - start]:
+                            end += 1
+                    else:                           # its end, as far back as the text follows it
+                        while start > 0 and end - start < len(secret) and text[start - 1] == secret[-(end - start) - 1]:
+                            start -= 1
+                    hidden[start:end] = [True] * (end - start)
+                    at = text.find(edge, at + 1)
         size = min(least, len(secret))
         if not any(secret[j:j + size] in text for j in range(len(secret) - size + 1)):
             continue        # (most of what a server says: no piece to look for, character by character)
@@ -8385,8 +8402,8 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
         raise StreamError("truncated: the stream ended without [DONE]")
     if record.first_token_s is None:
         raise StreamError("empty answer: no content in the stream")
-    if not record.usage_seen:
-        record.output_tokens = len(record.token_times)   # the server ignored include_usage
+    if not record.usage_seen:      # the server ignored include_usage: what can be counted instead
+        record.output_tokens = len(record.token_times)
 
 
 def error_message(data: str) -> str:
@@ -8448,12 +8465,13 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
     usage = event.get("usage")
     if usage:
         counts = [usage.get(k) if isinstance(usage, dict) else None for k in ("prompt_tokens", "completion_tokens")]
-        usable = all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c < 10**9 and c == int(c)
-                     for c in counts)
+        # (The ranges merge and compare read a report's lengths in: a prompt is a token at least.)
+        usable = all(isinstance(c, (int, float)) and not isinstance(c, bool) and low <= c <= MAX_COUNTED_TOKENS
+                     and c == int(c) for c, low in zip(counts, (1, 0)))
         if not usable:
             # The stream itself is good: its times stand, and its content events are counted instead.
             record.left_out.append(("usage", f"usage token counts {printable(json.dumps(usage))[:80]!r} are not "
-                                             f"whole numbers from 0 to 10^9"))
+                                             f"whole numbers from 1 (a prompt) or 0 (an output) to 10^8"))
         else:
             record.usage_seen = True
             record.prompt_tokens, record.output_tokens = map(int, counts)
@@ -8485,6 +8503,9 @@ def server_figure(record: StreamRecord, name: str, value) -> Optional[float]:
     return value
 
 
+MAX_COUNTED_TOKENS = 10**8     # a request's tokens, as a report's arrays hold them (run_from_report)
+
+
 def send_request(client: Http, body: dict, record: StreamRecord, config: LoadConfig) -> None:
     """One streaming request into `record`; whatever goes wrong becomes its error, by kind."""
     payload = json.dumps(body).encode()
@@ -8497,7 +8518,7 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         record.date_sent = bool(response.msg.get_all("Date"))
         kind = response.getheader("Content-Type") or ""
         if response.status != 200:
-            text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
+            text = client.redact(body_within(response, config))
             # A redirect is not followed (it would take the key to another host): say where it pointed.
             where = response.getheader("Location") if 300 <= response.status < 400 else None
             text = f"redirected to {redact_url(client.redact(where))[:200]}; pass that as --url" if where else text
@@ -8508,11 +8529,14 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
                 text += f" (Retry-After: {client.redact(' '.join(after.split()))[:40]})"
             record.error = f"http {response.status}: {text}"
         elif kind and "event-stream" not in kind:
-            text = client.redact(response.read(65536).decode("utf-8", errors="replace"))
+            text = client.redact(body_within(response, config))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
+            if not record.usage_seen:      # the prompt it was sent, at the tokens a word prompt sizing found
+                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+                record.prompt_tokens = max(1, round(words / config.words_per_token + config.template_tokens))
             # max_tokens caps what a server generates, and each content event carries a token at
             # least: a count past the one or under the other (a proxy that recounts with another
             # tokenizer) contradicts the request or the stream, and would price each gap wrongly
@@ -8526,13 +8550,16 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
     except StreamError as e:
         record.error = client.redact(str(e))[:300]
     except (socket.timeout, TimeoutError):
-        record.error = f"timeout: no answer for {config.timeout_s:g} s (--timeout)"
+        record.error = "timeout: " + (f"no answer within {config.request_timeout_s:g} s (--request-timeout)"
+                                      if (config.request_timeout_s or math.inf) < config.timeout_s else
+                                      f"no answer for {config.timeout_s:g} s (--timeout)")
     except ServerUnreachable:
         record.error = "connection: refused"
         raise
     except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking, too many headers
         record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
     finally:
+        record.ended_s = time.perf_counter()
         if connection is not None:
             connection.close()
         if record.error:
@@ -8540,6 +8567,27 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         if record.finish_reason:
             record.finish_reason = client.redact(record.finish_reason)[:80]
         record.left_out = [(name, client.redact(why)) for name, why in record.left_out]
+
+
+def body_within(response, config: LoadConfig, limit: int = 65536) -> str:
+    """Up to `limit` bytes of an answer that is not a stream (an error's body), read within
+    --timeout (and --request-timeout): a server that drips it holds the request no longer than a
+    stream's would, and what came by then is kept."""
+    body, wait = bytearray(), min(config.timeout_s, config.request_timeout_s or math.inf)
+    end = time.perf_counter() + wait
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        while len(body) < limit:
+            remaining = end - time.perf_counter()
+            if remaining <= 0:
+                break
+            response.socket.settimeout(remaining)
+            chunk = response.read1(limit - len(body))
+            if not chunk:
+                return body.decode("utf-8", errors="replace")
+            body += chunk
+    if len(body) >= limit:
+        return body.decode("utf-8", errors="replace")
+    return body.decode("utf-8", errors="replace") + f" (the rest of its body did not come within {wait:g} s)"
 
 
 def words_for(config: LoadConfig, tokens: float) -> int:
@@ -8712,6 +8760,7 @@ class MetricsSampler:
         self.scrapes: list[dict[str, float]] = []
         self.times: list[float] = []           # when each scrape was read (perf_counter)
         self.problem: Optional[str] = None     # why /metrics cannot be read: no more scrapes
+        self.skipped: list[str] = []           # why each scrape that failed after one had answered failed
         self.final_problem: Optional[str] = None
         self.ignored: Counter = Counter()      # samples out of range, by name
         self.worst_wake_delay_s = 0.0
@@ -8742,6 +8791,8 @@ class MetricsSampler:
                 return
             if problem and final and self.scrapes:
                 self.final_problem = f"the last scrape failed, so the window ends at the one before: {problem}"
+            elif problem and self.scrapes:     # it answered before: a stall or a hiccup, not a missing endpoint
+                self.skipped.append(problem)
             elif problem:
                 self.problem = problem
             else:
@@ -9292,6 +9343,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         with lock:
             for record in in_flight.values():
                 record.error = "interrupted: the run was stopped before this request ended"
+                record.ended_s = time.perf_counter()
                 records.append(record)
             in_flight.clear()
     if refused and not stopped:
@@ -9317,6 +9369,11 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["server"]["problem"] = sampler.problem
     if sampler.final_problem:
         result["server"]["final_scrape"] = sampler.final_problem
+    if sampler.skipped:
+        n = len(sampler.skipped)       # (counted() would read a server's braces as its own)
+        result["server"]["skipped_scrapes"] = (f"{n:,} scrape{'s' * (n != 1)} during the run failed and "
+                                               f"{'are' if n != 1 else 'is'} missing from the peaks (the first: "
+                                               f"{sampler.skipped[0]})")
     if sampler.ignored:
         names = client.redact(", ".join(f"{name[:80]} ({n:,})" for name, n in sampler.ignored.most_common(3)))
         result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
@@ -9362,9 +9419,12 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                                            not open_loop, config.slos)
     if turns > 1 or child_of:
         result["turns"] = by_turn(measured)
-    generated = result["server"].get("generated_tokens")
-    result["server"]["client_output_tokens"] = result["total_output_tokens"]
-    result["server"]["client_minus_server_tokens"] = None if generated is None else result["total_output_tokens"] - generated
+    # The server counts every token it generated over its window: warm-up requests' too, and what
+    # failed requests streamed. A window cut short by a failed last scrape is not the run's.
+    generated = None if sampler.final_problem else result["server"].get("generated_tokens")
+    client_tokens = sum(r.output_tokens if r.error is None else len(r.token_times) for r in records)
+    result["server"]["client_output_tokens"] = client_tokens
+    result["server"]["client_minus_server_tokens"] = None if generated is None else client_tokens - generated
     arrivals = RunSpec(rate=config.rate, ramp_up=config.ramp_up, burstiness=config.burstiness,
                        concurrency=None if open_loop else config.concurrency or 1, turns=turns,
                        think_time=config.think_time_s, rate_profile=config.rate_profile,
@@ -11251,12 +11311,14 @@ def print_server(result: dict, w) -> None:
                  if server.get(key) is not None]
         for i in range(0, len(items), 3):
             w(f"{'':<12}" + "  ".join(items[i:i + 3]) + "\n")
-        if server.get("generated_tokens") is not None:
+        if server.get("client_minus_server_tokens") is not None:
             w(f"{'':<12}client counted {server['client_output_tokens']:,} output tokens, the server "
               f"{server['generated_tokens']:,.0f} (difference {server['client_minus_server_tokens']:,.0f})\n")
-    for note in ("final_scrape", "ignored_samples", "impossible", "went_down"):
+    shown = server.get("problem") or server.get("server")
+    for note in ("final_scrape", "skipped_scrapes", "ignored_samples", "impossible", "went_down"):
         if server.get(note):
-            w(f"{'':<12}{server[note]}\n")
+            w(f"{'' if shown else 'server':<12}{server[note]}\n")
+            shown = True
     timings = result.get("timings")
     if timings:
         w(f"{'timings':<12}llama.cpp per request (p50/p95): prompt {number(timings['prompt_ms']['p50'])}/"
@@ -11266,7 +11328,8 @@ def print_server(result: dict, w) -> None:
     client = result["client"]
     w(f"{'client':<12}{client['cpu_seconds']:.2f} s cpu  worst wake delay {client['worst_wake_delay_ms']:.1f} ms  "
       f"finish reasons {client['finish_reasons']}"
-      + (f"  {client['requests_without_usage']} answers without usage (tokens counted from events)"
+      + (f"  {client['requests_without_usage']} answers without usage (output tokens counted from events, "
+         f"prompt tokens from the words sent)"
          if client['requests_without_usage'] else "") + "\n")
     thinking = client.get("reasoning")
     if thinking:
@@ -12166,6 +12229,28 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
 # ---------------------------------------------------------------------------------------------
 # Command line. Errors are one line: exit 2 for bad input, 1 for "does not fit" or a failure.
 # ---------------------------------------------------------------------------------------------
+
+# A flag named like a credential, spelled right or not (--apikey): its value is never shown.
+SECRET_FLAG = re.compile(r"(?i)^--?[a-z0-9_-]*(key|token|secret|passw|auth|bearer|cred)[a-z0-9_-]*(=|$)")
+
+
+def hide_argv_secrets(message: str, argv: Optional[list[str]]) -> str:
+    """An error about the command line without what it must not show: the value of any flag named
+    like a credential (argparse quotes a mistyped one's among the arguments it does not know) and
+    the user and password of any URL in it."""
+    words = [str(w) for w in (sys.argv[1:] if argv is None else argv)]
+    secrets = []
+    for i, word in enumerate(words):
+        named = SECRET_FLAG.match(word)
+        if named:
+            secrets.append(word.split("=", 1)[1] if named.group(2) == "=" else words[i + 1] if i + 1 < len(words)
+                           else "")
+        flag, given, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        url = "://" in value or (flag if given else words[i - 1] if i else "").lower().endswith("url")
+        if "@" in value and url:      # a user and password, with or without a scheme (see redact_url)
+            secrets += re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", value).rsplit("@", 1)[0].split(":", 1)
+    return hide_pieces(message, [s for s in secrets if s.strip()])
+
 
 class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
@@ -13628,12 +13713,13 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
             return SIGNAL_CODES[first]
         return code
     except UserError as e:
-        sys.stderr.write(f"servesim: {e}\n")
+        sys.stderr.write(f"servesim: {hide_argv_secrets(str(e), argv)}\n")
         return 2
     except CapacityError as e:
-        sys.stderr.write(f"servesim: {e}\n")
+        said = hide_argv_secrets(str(e), argv)
+        sys.stderr.write(f"servesim: {said}\n")
         if getattr(args, "json", False) and args.command in ANSWERS and not REPORTED["stdout"]:
-            write_json({"error": str(e)})
+            write_json({"error": said})
         return 1
     except Stopped as e:
         sys.stderr.write(f"servesim: {e.message}\n")
@@ -13646,6 +13732,10 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
         return 143
     except BrokenPipeError:
         quiet_stdout()
+        if getattr(args, "command", None) == "loadgen":    # what a real server was measured doing is lost
+            sys.stderr.write("servesim: stdout was closed before the report was written whole (a pipe whose reader "
+                             "ended): the run's report is lost; write it to a file (> report.json) instead\n")
+            return 1
         return 0
     except OSError as e:   # the readers turn input errors into UserError: what is left is output
         quiet_stdout()

@@ -1,0 +1,145 @@
+"""loadgen against hostile servers, third pass (helper-60): an error body dripped a byte at a time
+ends within --timeout; a key typed into a mistyped flag, or echoed by its first and last
+characters, is never shown; a report of a server that sends no usage is one merge and compare
+read; one /metrics scrape that stalls mid-run does not end the scraping; a run's duration is the
+benchmark's, failures' time included. Each test runs main.py in its own process (bounded.py)
+against a server of its own on 127.0.0.1."""
+import json
+import os
+import tempfile
+import unittest
+
+from bounded import run
+from fake_server import chunk, data
+from hostile_server import Drip, FakeServer, paced, scripted
+from helpers import main
+
+KEY = "myorgkey-7f3a9c2e5b1d4f6a8c0e"
+
+
+class Deadlines(unittest.TestCase):
+    def test_an_error_body_or_a_non_stream_dripped_ends_at_the_timeout_with_what_came(self):
+        # helper-60: response.read() had no deadline: still waiting after 40 s at --timeout 3
+        for status, kind in ((500, None), (200, "text/html")):
+            pieces = ('{"error": "over', 30, 'loaded"}')
+            if kind:
+                def stream(handler, body):
+                    handler.send_response(200)
+                    handler.send_header("Content-Type", kind)
+                    handler.end_headers()
+                    handler.raw(pieces[0])
+                    handler.server.fake.stopping.wait(30)
+            else:
+                stream = scripted(*pieces, status=status)
+            with self.subTest(status=status), FakeServer(stream) as server:
+                r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--timeout", 2, "--json",
+                        "--scrape-interval", 100)
+            self.assertEqual(r.code, 1, r.err)
+            self.assertLess(r.took, 15)
+            (error,) = r.json()["first_error_by_kind"].values()
+            self.assertIn('{"error": "over (the rest of its body did not come within 2 s)', error)
+
+    def test_a_request_timeout_before_the_answer_names_that_flag(self):
+        def silent(handler, body):        # not even headers
+            handler.server.fake.stopping.wait(30)
+        with FakeServer(silent) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--timeout", 60,
+                    "--request-timeout", 1, "--json")
+        self.assertEqual(r.code, 1, r.err)
+        (error,) = r.json()["first_error_by_kind"].values()
+        self.assertEqual(error, "timeout: no answer within 1 s (--request-timeout)")
+
+
+class Secrets(unittest.TestCase):
+    def test_a_key_after_a_mistyped_or_unknown_flag_and_a_url_password_are_not_in_the_error(self):
+        for words in (("loadgen", "--url", "http://127.0.0.1:9", "--apikey", KEY),
+                      ("merge", "a.json", "--api-key", KEY),
+                      ("loadgen", "--url", "http://127.0.0.1:9", f"--auth-token={KEY}"),
+                      ("loadgen", "--url", "http://user:Sup3rSecretPw@127.0.0.1:9", "--bogus", "Sup3rSecretPw"),
+                      ("loadgen", "--url=user:Sup3rSecretPw@127.0.0.1:9", "--bogus", "Sup3rSecretPw")):
+            with self.subTest(words=words[:4]):
+                r = run(*words)
+                self.assertEqual(r.code, 2, r.err)
+                self.assertIn("unrecognized arguments", r.err)
+                for piece in (KEY[:6], KEY[-6:], "Sup3rS", "etPw"):
+                    self.assertNotIn(piece, r.err)
+        # a file name with an @ is not a URL: nothing of it is hidden
+        r = run("simulate", "--trace", "me@example.jsonl")
+        self.assertIn("trace me@example.jsonl: cannot read it", r.err)
+
+    def test_a_key_echoed_by_its_first_and_last_few_characters_shows_neither(self):
+        # helper-59's rule hid runs of 8 or more: "key myorgk... tail 6a8c0e" showed 12 of its 29
+        self.assertEqual(main.hide_pieces(f"key {KEY[:6]}... tail {KEY[-6:]}; OpenAI: ****{KEY[-4:]}.", [KEY]),
+                         "key ***... tail ***; OpenAI: *******.")
+        # what is not its start or its end, under 8 characters, is not a piece to hide
+        self.assertEqual(main.hide_pieces("7f3a9c2 seconds", [KEY]), "7f3a9c2 seconds")
+
+
+class ReportsMergeReads(unittest.TestCase):
+    def test_a_server_without_usage_gives_prompt_lengths_merge_and_compare_read(self):
+        # helper-60: input_lens 0 for every request, which merge refuses ("from 1 to 100,000,000")
+        stream = scripted(data(chunk({"content": " tok"})), data(chunk({"content": " tok"})),
+                          data(chunk(finish="length")), "data: [DONE]\n\n")
+        with tempfile.TemporaryDirectory() as tmp, FakeServer(stream) as server:
+            paths = []
+            for i in range(2):
+                r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 3, "--detailed",
+                        "--no-size-prompts", "--seed", i, "--scrape-interval", 100)
+                self.assertEqual(r.code, 0, r.err)
+                self.assertTrue(all(n >= 1 for n in r.json()["input_lens"]), r.json()["input_lens"])
+                paths.append(os.path.join(tmp, f"{i}.json"))
+                with open(paths[-1], "w") as f:
+                    f.write(r.out)
+            merged = run("merge", *paths)
+            self.assertEqual(merged.code, 0, merged.err)
+            compared = run("compare", paths[0], "--hardware", "h100-sxm-80gb", "--model", "llama-3.1-8b")
+            self.assertEqual(compared.code, 0, compared.err)
+
+    def test_a_usage_count_past_what_a_report_holds_is_left_out_not_kept(self):
+        with FakeServer(paced(prompt=500_000_000, tokens=3)) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 2, "--detailed",
+                    "--no-size-prompts", "--scrape-interval", 100)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertTrue(all(1 <= n < 1000 for n in r.json()["input_lens"]), r.json()["input_lens"])
+        self.assertIn("usage", r.json()["client"]["server_figures_left_out"])
+
+
+class Scrapes(unittest.TestCase):
+    def test_a_scrape_that_stalls_mid_run_is_skipped_and_scraping_goes_on(self):
+        # helper-60: the third scrape hung, and no scrape was tried after it, the last one included
+        metrics = "vllm:num_requests_running 1\nvllm:generation_tokens_total {}\n"
+        page = lambda n: Drip("x" * 100, every=5) if n == 1 else (200, metrics.format(100 * n), "text/plain")
+        with FakeServer(paced(ttft=0.2, tokens=3), pages={"/metrics": page}) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 12, "--no-size-prompts",
+                    "--timeout", 1, "--scrape-interval", 0.3, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        window = r.json()["server"]
+        self.assertNotIn("problem", window)
+        self.assertGreaterEqual(window["scrapes"], 3)
+        self.assertRegex(window["skipped_scrapes"], r"^1 scrape during the run failed and is missing from the peaks")
+
+
+class Duration(unittest.TestCase):
+    def test_the_time_of_requests_that_failed_at_the_end_counts_in_the_duration(self):
+        # helper-60: 6.6 s of run reported as "duration 0.61", 4.9 req/s; vllm bench serve divides
+        # by the benchmark's whole time
+        calls = []
+
+        def stream(handler, body):
+            calls.append(1)
+            if len(calls) <= 2:
+                return paced(ttft=0.05, tokens=2)(handler, body)
+            handler.start_stream()
+            handler.server.fake.stopping.wait(30)
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 3, "--no-size-prompts",
+                    "--timeout", 2, "--json", "--scrape-interval", 100)
+        self.assertEqual(r.code, 1, r.err)
+        report = r.json()
+        self.assertEqual((report["completed"], report["failed"]), (2, 1))
+        self.assertGreater(report["duration"], 2)
+        self.assertAlmostEqual(report["request_throughput"], 2 / report["duration"])
+
+
+if __name__ == "__main__":
+    unittest.main()
