@@ -3849,7 +3849,7 @@ class RunSpec:
             sends = self.sends()
             fewer = f" (at most {sends:,} at once: the {'conversations' if self.turns > 1 else 'requests'})" \
                 if sends < self.clients() and not self.trace else ""
-            return f"closed loop {self.clients()} clients{fewer}" + chats
+            return f"closed loop {self.clients()} client{'s' * (self.clients() != 1)}{fewer}" + chats
         if self.trace:
             return f"trace arrivals ({self.trace.name})"
         shape = "poisson" if self.burstiness == 1 else f"gamma (burstiness {self.burstiness:g})"
@@ -8299,17 +8299,26 @@ class StreamError(Exception):
     """A stream that broke its format: its message is the request's failure."""
 
 
+LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 def stream_lines(response, sock, deadline: Callable[[], tuple[float, str]]) -> Iterator[tuple[bytes, float]]:
     """(line, the time the read that completed it returned) from an HTTP body. Each read waits at
     most until deadline() (a time and what it means), so a server that drips bytes or sends only
-    keep-alives cannot hold a request past it; a line longer than MAX_LINE_BYTES is an error."""
+    keep-alives cannot hold a request past it; a line longer than MAX_LINE_BYTES is an error.
+    Lines end as the SSE format lets them: CRLF, LF or CR alone."""
     buffer = bytearray()
     start, at = 0, time.perf_counter()
+    after_cr = False        # the last line ended at a CR that was the last byte read: an LF first is its end's
     while True:
-        end = buffer.find(b"\n", start)
-        if end >= 0:
-            yield bytes(buffer[start:end]), at
-            start = end + 1
+        if after_cr and start < len(buffer):
+            start += buffer[start:start + 1] == b"\n"
+            after_cr = False
+        found = LINE_END.search(buffer, start)
+        if found:
+            yield bytes(buffer[start:found.start()]), at
+            start = found.end()
+            after_cr = found.group() == b"\r" and start == len(buffer)   # its LF may come in the next read
             continue
         del buffer[:start]
         start = 0
@@ -8398,12 +8407,20 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
         raise StreamError("not an event stream: the body held no data: lines")
     if record.finish_reason is None:
         raise StreamError("truncated: the stream ended without a finish_reason")
+    if record.finish_reason in SERVER_ENDED:     # the server gave up on it: not an answer, whatever it streamed
+        raise StreamError(f"ended by the server: finish_reason {record.finish_reason!r}")
     if not done:
         raise StreamError("truncated: the stream ended without [DONE]")
     if record.first_token_s is None:
         raise StreamError("empty answer: no content in the stream")
     if not record.usage_seen:      # the server ignored include_usage: what can be counted instead
         record.output_tokens = len(record.token_times)
+
+
+# finish_reasons of a request the server ended without answering it: "abort" (vLLM counts such
+# requests apart, vllm:request_success_total{finished_reason="abort"}: its engine dropped them)
+# and "error".
+SERVER_ENDED = ("abort", "error")
 
 
 def error_message(data: str) -> str:
@@ -8426,8 +8443,7 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
     if not isinstance(event, dict):
         raise StreamError(f"bad stream: an event is not a JSON object: {data[:80]!r}")
     if event.get("error"):
-        message = event["error"].get("message") if isinstance(event["error"], dict) else event["error"]
-        raise StreamError(f"server error in stream: {message}")
+        raise StreamError(f"server error in stream: {error_message(data)}")
     choices = event.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise StreamError(f"bad stream: choices is not a list of objects: {data[:80]!r}")
@@ -8531,6 +8547,11 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         elif kind and "event-stream" not in kind:
             text = client.redact(body_within(response, config))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
+        elif (response.getheader("Content-Encoding") or "identity").strip().lower() != "identity":
+            # (Not asked for: a proxy that compresses anyway sends bytes that hold no event.)
+            coding = client.redact(" ".join(response.getheader("Content-Encoding").split()))[:40]
+            record.error = (f"not an event stream: the body is compressed (Content-Encoding {coding}), which a "
+                            f"streaming client does not ask for; turn compression off for this route")
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
@@ -9145,6 +9166,9 @@ def schedule_fingerprint(config: LoadConfig) -> str:
     return digest.hexdigest()[:16]
 
 
+HEARTBEAT_LOAD_S = 5.0      # loadgen says how far it is at least this often, requests ending or not
+
+
 def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[dict, list[StreamRecord], Optional[Stopped]]:
     """Closed loop: `concurrency` clients, each sending its next request (or conversation) when
     the last ends. Open loop (--rate, a ramp, a --trace): each request (each conversation's first
@@ -9154,9 +9178,14 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     Every request's outcome is kept: a server that stops accepting connections, Ctrl-C or SIGTERM
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
-    model = config.model or first_model(client)
+    # (A progress that can say what a slow step waits on, or none: the same steps, in silence.)
+    slow = getattr(progress, "during", None) or (lambda text: contextlib.nullcontext())
+    with slow(f"waiting for {client.url}/v1/models (up to {config.timeout_s:g} s, --timeout)"):
+        model = config.model or first_model(client)
     shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
-    sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
+    with slow(f"sizing prompts with two probe requests (each up to {config.timeout_s:g} s, --timeout; "
+              f"--no-size-prompts skips them)"):
+        sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     rows = config.trace.rows if config.trace else None
     turns = max(1, config.turns)
     limit = config.requests if config.requests is not None else math.inf
@@ -9331,9 +9360,17 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         for t in list(threads):
             t.start()
         try:
+            beat = time.perf_counter()
             while any(t.is_alive() for t in list(threads)):
                 time.sleep(0.05)
-            sampler.finish()
+                if progress and time.perf_counter() - beat >= HEARTBEAT_LOAD_S:   # requests that take long
+                    beat = time.perf_counter()
+                    with lock:
+                        done, failed, running = len(records), sum(1 for r in records if r.error), len(in_flight)
+                    progress(f"{done:,} requests done, {failed:,} failed, {running:,} in flight, "
+                             f"{beat - started:.1f} s")
+            with slow(f"reading the server's last /metrics (up to {config.timeout_s:g} s, --timeout)"):
+                sampler.finish()
             hold_signals()   # what was measured becomes a report, whatever arrives from now on
         except (KeyboardInterrupt, Terminated) as e:      # (the first signal holds the later ones)
             stop.set()
@@ -9363,6 +9400,10 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     result["failed_streamed_tokens"] = sum(len(r.token_times) for r in measured if r.error is not None)
     if config.warmup:
         result["warmup_requests"] = len(records) - len(measured)
+        warm_failed = [r for r in records if r.index in warm and r.error is not None]
+        if warm_failed:          # left out of every figure, and of the exit code: a cold start's to take
+            result["warmup_failed"] = len(warm_failed)
+            result["warmup_first_error"] = warm_failed[0].error
     result["cost"] = cost_report(config.price_per_hour, result["output_throughput"])
     result["server"] = server_window(sampler.scrapes)
     if sampler.problem:
@@ -9379,7 +9420,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         result["server"]["ignored_samples"] = (f"{sum(sampler.ignored.values()):,} samples were not finite numbers "
                                                f"within +-10^15, or repeated a series, and were left out: {names}")
     # The server's own shape, kept so that compare simulates this server and not the defaults.
-    shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
+    with slow(f"reading the server's shape from /props or /metrics (up to {config.timeout_s:g} s each, --timeout)"):
+        shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
     result["server"]["shape"] = shape or {"unknown": note}
     result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
@@ -9425,7 +9467,9 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     client_tokens = sum(r.output_tokens if r.error is None else len(r.token_times) for r in records)
     result["server"]["client_output_tokens"] = client_tokens
     result["server"]["client_minus_server_tokens"] = None if generated is None else client_tokens - generated
-    arrivals = RunSpec(rate=config.rate, ramp_up=config.ramp_up, burstiness=config.burstiness,
+    # (Without --requests, --duration ends the run: no count caps the clients busy at once.)
+    arrivals = RunSpec(requests=config.requests or 2**62, rate=config.rate, ramp_up=config.ramp_up,
+                       burstiness=config.burstiness,
                        concurrency=None if open_loop else config.concurrency or 1, turns=turns,
                        think_time=config.think_time_s, rate_profile=config.rate_profile,
                        time_scale=config.time_scale if config.rate_profile else 1.0,
@@ -11264,7 +11308,10 @@ def print_run(result: dict, out=None) -> None:
           + (f"; its rows from {plan['rows_after_the_run_from_s']:,.0f} s come after the run ended, and change nothing"
              if plan.get("rows_after_the_run_from_s") is not None else "") + "\n")
     if result.get("warmup_requests"):
-        w(f"{'warm-up':<12}the first {result['warmup_requests']:,} requests sent are left out of every figure\n")
+        w(f"{'warm-up':<12}" + counted("the first {:,} request{s} sent {are} left out of every figure",
+                                       result["warmup_requests"])
+          + (f"; {result['warmup_failed']:,} of them failed (the first: {result['warmup_first_error']})"
+             if result.get("warmup_failed") else "") + "\n")
     for row in result.get("turns") or []:
         failed = f" ({number(row['failed'], 0)} failed)" if row.get("failed") else ""
         w(f"{'turn ' + str(row['turn']):<12}{row['requests']:,} requests{failed}  prompt {number(row['mean_prompt_tokens'], 0)} "
@@ -12550,9 +12597,24 @@ class Progress:
     def __call__(self, text: str) -> None:
         now = time.monotonic()
         if now - self.started > 1 and now - self.last > 1:
-            self.last = now
-            sys.stderr.write(f"{self.label}: {text}\n")
-            sys.stderr.flush()
+            self.say(text)
+
+    def say(self, text: str) -> None:
+        self.last = time.monotonic()
+        sys.stderr.write(f"{self.label}: {text}\n")
+        sys.stderr.flush()
+
+    @contextlib.contextmanager
+    def during(self, text: str, after: float = 2.0):
+        """Say `text` if what the block does takes longer than `after` seconds (a server that is
+        slow to answer a probe or a last scrape): silence then would look like a hang."""
+        timer = threading.Timer(after, self.say, (text,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 def cmd_capacity(args) -> int:

@@ -104,6 +104,68 @@ class ReportsMergeReads(unittest.TestCase):
         self.assertIn("usage", r.json()["client"]["server_figures_left_out"])
 
 
+class Finishes(unittest.TestCase):
+    def test_a_request_the_server_aborted_is_a_failure_not_a_completion(self):
+        # helper-60: finish_reason "abort" after one token of 64 counted as completed, exit 0
+        for reason in ("abort", "error"):
+            stream = scripted(data(chunk({"content": " tok"})), data(chunk(finish=reason)), "data: [DONE]\n\n")
+            with self.subTest(reason=reason), FakeServer(stream) as server:
+                r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 2, "--no-size-prompts", "--json",
+                        "--scrape-interval", 100)
+            self.assertEqual(r.code, 1, r.err)
+            self.assertEqual((r.json()["completed"], r.json()["failed"]), (0, 2))
+            self.assertEqual(list(r.json()["first_error_by_kind"].values()),
+                             [f"ended by the server: finish_reason '{reason}'"])
+
+
+class StreamsAsTheyCome(unittest.TestCase):
+    def test_cr_line_ends_an_error_object_without_message_and_a_compressed_body_are_read_right(self):
+        # helper-60: CR-only lines (SSE allows them) read as "truncated"; {"error": {"code": 500}}
+        # as "server error in stream: None"; a gzip body as "truncated ... before its first event"
+        def events(eol):
+            return [f"data: {json.dumps(chunk({'content': ' tok'}))}{eol}{eol}",
+                    f"data: {json.dumps(chunk(finish='length'))}{eol}{eol}", f"data: [DONE]{eol}{eol}"]
+
+        def gzipped(handler, body):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Content-Encoding", "gzip")
+            handler.end_headers()
+            handler.raw(b"\x1f\x8b\x08\x00" + bytes(20))
+        cases = (("cr", scripted(*events("\r")), None),
+                 ("cr split from its lf", scripted(*[piece for e in events("\r\n") for piece in
+                                                     (e[:-1], 0.05, e[-1:])]), None),
+                 ("error object", scripted('data: {"error": {"code": 500}}\n\n'),
+                  'server error in stream: {"error": {"code": 500}}'),
+                 ("gzip", gzipped, "not an event stream: the body is compressed (Content-Encoding gzip), which a "
+                                   "streaming client does not ask for; turn compression off for this route"))
+        for name, stream, error in cases:
+            with self.subTest(case=name), FakeServer(stream) as server:
+                r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--no-size-prompts", "--json",
+                        "--scrape-interval", 100)
+                self.assertEqual(r.code, 1 if error else 0, r.err)
+                self.assertEqual(list(r.json()["first_error_by_kind"].values()), [error] if error else [])
+
+
+class Titles(unittest.TestCase):
+    def test_the_title_caps_clients_by_the_requests_given_and_warm_up_failures_are_said(self):
+        # helper-60: "(at most 256 at once)" came from the simulator's default request count
+        calls = []
+
+        def stream(handler, body):
+            calls.append(1)
+            if len(calls) == 1:
+                return handler.reply(500, '{"error": {"message": "cold"}}')
+            return paced(tokens=2)(handler, body)
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--concurrency", 3, "--requests", 2, "--warmup", 1,
+                    "--no-size-prompts", "--scrape-interval", 100)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("closed loop 3 clients (at most 2 at once: the requests)", r.out)
+        self.assertIn('the first 1 request sent is left out of every figure; 1 of them failed (the first: http 500: '
+                      '{"error": {"message": "cold"}})', r.out)
+
+
 class Scrapes(unittest.TestCase):
     def test_a_scrape_that_stalls_mid_run_is_skipped_and_scraping_goes_on(self):
         # helper-60: the third scrape hung, and no scrape was tried after it, the last one included
@@ -117,6 +179,19 @@ class Scrapes(unittest.TestCase):
         self.assertNotIn("problem", window)
         self.assertGreaterEqual(window["scrapes"], 3)
         self.assertRegex(window["skipped_scrapes"], r"^1 scrape during the run failed and is missing from the peaks")
+
+
+class NoSilence(unittest.TestCase):
+    def test_a_long_request_and_a_slow_last_scrape_are_said_on_stderr(self):
+        # helper-60: 12 s of one request with nothing on stderr; 15.8 s of final scrape and /props
+        metrics = (200, "vllm:num_requests_running 1\n", "text/plain")
+        page = lambda n: metrics if n == 0 else Drip("x" * 100, every=5)
+        with FakeServer(paced(ttft=5.6, tokens=2), pages={"/metrics": page}) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--no-size-prompts",
+                    "--timeout", 6, "--scrape-interval", 100)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertIn("loadgen: 0 requests done, 0 failed, 1 in flight, 5.0 s", r.err)
+        self.assertIn("loadgen: reading the server's last /metrics (up to 6 s, --timeout)", r.err)
 
 
 class Duration(unittest.TestCase):
