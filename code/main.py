@@ -52,6 +52,7 @@ import csv
 import datetime
 import difflib
 import email.utils
+import errno
 import functools
 import hashlib
 import http.client
@@ -64,6 +65,7 @@ import random
 import re
 import shlex
 import socket
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -8264,8 +8266,9 @@ class Http:
                 if not chunk:
                     where = response.getheader("Location") if 300 <= response.status < 400 else None
                     if where:       # not followed (it would take the key elsewhere): what is said is where
-                        body = bytearray(f"redirected to {redact_url(self.redact(where))[:200]}; pass that as --url"
-                                         .encode())
+                        # (--url takes no query: a place that needs one is said, not offered)
+                        body = bytearray((f"redirected to {redact_url(self.redact(where))[:200]}"
+                                          + ("; pass that as --url" if not re.search(r"[?#]", where) else "")).encode())
                     return response.status, bytes(body)
                 body += chunk
                 if len(body) > MAX_PAGE_BYTES:
@@ -8537,7 +8540,8 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             text = client.redact(body_within(response, config))
             # A redirect is not followed (it would take the key to another host): say where it pointed.
             where = response.getheader("Location") if 300 <= response.status < 400 else None
-            text = f"redirected to {redact_url(client.redact(where))[:200]}; pass that as --url" if where else text
+            text = f"redirected to {redact_url(client.redact(where))[:200]}" + \
+                ("; pass that as --url" if not re.search(r"[?#]", where) else "") if where else text
             # A server shedding load (429, 503) says when to come back: a lower --rate or --concurrency will.
             after = response.getheader("Retry-After")
             text = " ".join(text.split())[:200] or "(an empty body)"
@@ -8577,7 +8581,12 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
     except ServerUnreachable:
         record.error = "connection: refused"
         raise
-    except (OSError, http.client.HTTPException) as e:   # reset, broken pipe, bad chunking, too many headers
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):     # this machine's limit, not the server's doing
+            record.error = f"client: out of open files ({e.strerror}); raise ulimit -n, or lower --concurrency"
+        else:          # reset, broken pipe
+            record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
+    except http.client.HTTPException as e:              # bad chunking, too many headers
         record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
     finally:
         record.ended_s = time.perf_counter()
@@ -8693,15 +8702,19 @@ def size_prompts(client: Http, model: str, config: LoadConfig) -> dict:
 def read_prompts(path: str) -> list:
     """JSONL: each line {"prompt": "..."} or {"messages": [...]}."""
     prompts = []
+
+    def text(value) -> bool:      # what a server can take as a message: some text, or a list of parts
+        return isinstance(value, str) and value.strip() != "" or isinstance(value, list) and value != []
     for where, row in read_jsonl(path, "prompts"):
-        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+        if isinstance(row, dict) and text(row.get("prompt")) and isinstance(row["prompt"], str):
             prompts.append([{"role": "user", "content": row["prompt"]}])
         elif isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"] and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in row["messages"]):
+                isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"].strip() and text(m.get("content"))
+                for m in row["messages"]):
             prompts.append(row["messages"])
         else:
             raise UserError(f"{where}: expected {{\"prompt\": \"text\"}} or {{\"messages\": [{{\"role\": ..., "
-                            f"\"content\": ...}}]}}")
+                            f"\"content\": ...}}]}}, each role and content not empty")
     if not prompts:
         raise UserError(f"prompts {path}: no prompts in it")
     return prompts
@@ -8861,6 +8874,13 @@ WHOLE_COUNTS = ("decode_calls", "peak_requests_processing", "peak_requests_defer
                 "peak_queued", "preemptions")      # requests and calls come whole
 
 
+# Requests a server runs or holds at once, and its mean batch: no engine's come near this (vLLM's
+# --max-num-seqs, SGLang's --max-running-requests and llama.cpp's slots are thousands at most).
+REQUEST_FIGURES = ("peak_running", "peak_waiting", "peak_queued", "peak_requests_processing", "peak_requests_deferred",
+                   "mean_batch_per_decode")
+MAX_REQUESTS_SEEN = 10**7
+
+
 def server_window(scrapes: list[dict[str, float]]) -> dict:
     """Before/after deltas of counters and before/peak/after of gauges, by server."""
     if len(scrapes) < 2:
@@ -8934,7 +8954,8 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
     # Each figure held to what a server can give: no count of requests or tokens below 0, no share
     # of the cache or of prefix lookups above 1. One that is not is left out and said.
     bad = {key: value for key, value in window.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
-           and (value < 0 or (key in SHARES and value > 1) or (key in WHOLE_COUNTS and value != int(value)))}
+           and (value < 0 or (key in SHARES and value > 1) or (key in WHOLE_COUNTS and value != int(value))
+                or (key in REQUEST_FIGURES and value > MAX_REQUESTS_SEEN))}
     if bad or below_zero:
         window.update(dict.fromkeys(bad))
         window["impossible"] = "left out, as no server gives them: " + ", ".join(
@@ -11049,9 +11070,15 @@ def check_writable(path: str, flag: str, args=None) -> None:
         raise UserError(f"{flag} {path}: is read-only; make it writable or give another file")
     # A file is written through a new one beside it, so its directory must take a file (a device
     # or a pipe, such as /dev/stdout, is written in place).
-    if (not os.path.exists(path) or os.path.isfile(path)) and not os.access(directory, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: cannot write in the directory {directory} (permission denied); give a file "
-                        f"in a directory you can write")
+    # Tried, not asked: os.access says yes to root anywhere, and /proc and /sys take no new file.
+    if not os.path.exists(path) or os.path.isfile(path):
+        try:
+            fd, trial = tempfile.mkstemp(dir=directory, prefix=".servesim-check-")
+            os.close(fd)
+            os.unlink(trial)
+        except OSError as e:
+            raise UserError(f"{flag} {path}: cannot write in the directory {directory} ({e.strerror or e}); give a "
+                            f"file in a directory you can write") from None
     for name, what in INPUT_ARGS.items():
         given = getattr(args, name, None)
         for value in given if isinstance(given, list) else [given]:
@@ -12277,8 +12304,11 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
 # Command line. Errors are one line: exit 2 for bad input, 1 for "does not fit" or a failure.
 # ---------------------------------------------------------------------------------------------
 
-# A flag named like a credential, spelled right or not (--apikey): its value is never shown.
-SECRET_FLAG = re.compile(r"(?i)^--?[a-z0-9_-]*(key|token|secret|passw|auth|bearer|cred)[a-z0-9_-]*(=|$)")
+# A flag named like a credential, spelled right or not (--apikey, --hf-token): its value is never
+# shown. By whole words of its name: --prompt-tokens is no credential.
+SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "pw", "auth", "authorization", "bearer",
+                "credential", "credentials"}
+SECRET_FLAG = re.compile(r"^--?([A-Za-z0-9_-]+)(=|$)")
 
 
 def hide_argv_secrets(message: str, argv: Optional[list[str]]) -> str:
@@ -12289,14 +12319,15 @@ def hide_argv_secrets(message: str, argv: Optional[list[str]]) -> str:
     secrets = []
     for i, word in enumerate(words):
         named = SECRET_FLAG.match(word)
-        if named:
+        if named and SECRET_WORDS & set(re.split(r"[-_]", named.group(1).lower())):
             secrets.append(word.split("=", 1)[1] if named.group(2) == "=" else words[i + 1] if i + 1 < len(words)
                            else "")
         flag, given, value = word.partition("=") if word.startswith("-") else ("", "", word)
         url = "://" in value or (flag if given else words[i - 1] if i else "").lower().endswith("url")
         if "@" in value and url:      # a user and password, with or without a scheme (see redact_url)
             secrets += re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", value).rsplit("@", 1)[0].split(":", 1)
-    return hide_pieces(message, [s for s in secrets if s.strip()])
+    # (Two characters or one are no credential, and hidden wherever they stand would garble the line.)
+    return hide_pieces(message, [s for s in secrets if len(s.strip()) > 2])
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -13080,6 +13111,32 @@ def load_from_args(args) -> LoadConfig:
     return LoadConfig(**given)
 
 
+def open_files(config: LoadConfig) -> None:
+    """Room for a connection a client: the soft limit on open files raised toward the hard one if
+    --concurrency needs it (the shell's default of 256 or 1,024 is below many runs'), else a
+    one-line error before the run. Each failure past it would read as the server's ("connection:
+    Too many open files"). An open loop without --concurrency has no bound to check."""
+    try:
+        import resource       # (Unix only: elsewhere the run finds out as it goes)
+    except ImportError:
+        return
+    clients = config.concurrency or (0 if config.rate or config.trace or config.rate_profile or config.ramp_up else 1)
+    need = min(clients, config.requests or clients) + OPEN_FILES_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need <= soft or soft == resource.RLIM_INFINITY:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and need > soft:
+        raise UserError(f"--concurrency {config.concurrency:,} needs about {need:,} open files (a connection a client, "
+                        f"and {OPEN_FILES_SPARE} more), and this process may open {soft:,} (ulimit -n, at most "
+                        f"{hard:,} here): raise it, or lower --concurrency")
+
+
+OPEN_FILES_SPARE = 64        # files a run opens besides its connections: scrapes, the interpreter's own
+
+
 def cmd_loadgen(args) -> int:
     config = load_from_args(args)
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
@@ -13100,6 +13157,7 @@ def cmd_loadgen(args) -> int:
             raise CapacityError(f"--simulate: {model.name}'s weights ({model.weight_bytes / 1e9:,.1f} GB) do not fit in "
                                 f"one {hardware.name} ({hardware.memory_gib:g} GiB), the device the run beside this one "
                                 f"would simulate; nothing was sent")
+    open_files(config)
     result, records, stopped = run_load(config, Progress("loadgen"))     # returns with signals held
     if args.simulate and not stopped:
         try:        # Ctrl-C or SIGTERM here costs the side by side, never the report

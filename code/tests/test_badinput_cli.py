@@ -246,14 +246,23 @@ class ClosedStdout(unittest.TestCase):
 class UnwritableDirectory(unittest.TestCase):
     def test_a_picture_into_a_directory_that_takes_no_file_is_refused_before_the_run(self):
         # helper-53: as a user without the right, --plot into a read-only directory sent the whole
-        # load, then failed to write. (The tests run as root, to whom every directory is open:
-        # the permission is asked of os.access, so it is answered here.)
-        real = main.os.access
-        with tempfile.TemporaryDirectory() as tmp, \
-                unittest.mock.patch.object(main.os, "access",
-                                           lambda p, mode: p != tmp and real(p, mode)):
+        # load, then failed to write. (The tests run as root, to whom every directory is open: a
+        # file is tried there, so the trial is refused here. helper-60: /proc, which os.access
+        # called writable to root, was found out after the run.)
+        real = main.tempfile.mkstemp
+
+        def refused(*args, dir=None, **kwargs):
+            if dir == tmp:
+                raise PermissionError(13, "Permission denied")
+            return real(*args, dir=dir, **kwargs)
+        with tempfile.TemporaryDirectory() as tmp, unittest.mock.patch.object(main.tempfile, "mkstemp", refused):
             code, out, err = call_cli("simulate", "--requests", "5", "--plot", os.path.join(tmp, "x.svg"))
             self.assertEqual((code, out), (2, ""), err)
-            self.assertIn(f"cannot write in the directory {tmp} (permission denied)", err)
+            self.assertIn(f"cannot write in the directory {tmp} (Permission denied)", err)
+            self.assertEqual(os.listdir(tmp), [])
+        if os.path.isdir("/proc"):
+            code, out, err = call_cli("simulate", "--requests", "5", "--plot", "/proc/x.svg")
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertIn("cannot write in the directory /proc", err)
             code, _, err = call_cli("simulate", "--requests", "5", "--timeline", "/dev/stdout")
             self.assertEqual(code, 0, err)

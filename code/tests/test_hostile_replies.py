@@ -63,6 +63,10 @@ class Secrets(unittest.TestCase):
                 self.assertIn("unrecognized arguments", r.err)
                 for piece in (KEY[:6], KEY[-6:], "Sup3rS", "etPw"):
                     self.assertNotIn(piece, r.err)
+        # a flag about tokens is no credential: helper-61 saw "unknown hardware 'h***00'" beside
+        # --output-tokens 1
+        r = run("simulate", "--requests", 4, "--output-tokens", 1, "--hardware", "h100")
+        self.assertIn("unknown hardware 'h100' (did you mean h100-sxm-80gb?)", r.err)
         # a file name with an @ is not a URL: nothing of it is hidden
         r = run("simulate", "--trace", "me@example.jsonl")
         self.assertIn("trace me@example.jsonl: cannot read it", r.err)
