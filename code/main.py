@@ -3411,6 +3411,11 @@ def on_off(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
+def kv_dtype(text: str) -> str:
+    """auto or fp8, vLLM's fp8 formats read as fp8: each is one byte an element."""
+    return "fp8" if text in ("fp8_e4m3", "fp8_e5m2") else choice("auto", *KV_BYTES)(text)
+
+
 def quantization_flag(text: str) -> Optional[str]:
     """fp8, int4, or none: the model's own dtype (a sweep compares it with the others)."""
     return None if text == "none" else choice(*WEIGHT_BYTES)(text)
@@ -3603,8 +3608,9 @@ class RunSpec:
         metavar="none|fp8|int4",
         axis=5, default_text="the model's own dtype")
     kv_cache_dtype: str = setting(
-        "auto", "--kv-cache-dtype", choice("auto", *KV_BYTES), "fp8: one byte per KV element, twice the tokens in the "
-        "same memory", "plan", metavar="auto|fp8", axis=6, default_text="auto, the model's dtype")
+        "auto", "--kv-cache-dtype", kv_dtype, "fp8: one byte per KV element, twice the tokens in the "
+        "same memory (vLLM's fp8_e4m3 and fp8_e5m2 are read as fp8)", "plan", metavar="auto|fp8", axis=6,
+        default_text="auto, the model's dtype")
     # Scheduler.
     max_num_seqs: int = setting(
         256, "--max-num-seqs", whole(1, 10**6), "most sequences in one step (vLLM --max-num-seqs, llama.cpp "
@@ -3613,11 +3619,13 @@ class RunSpec:
         8192, "--max-num-batched-tokens", TOKENS, "token budget per step, prefill chunks plus decodes", "scheduler",
         metavar="TOKENS", axis=14, short="batched tokens", recorded=True)
     chunked_prefill: bool = setting(
-        True, "--no-chunked-prefill", None, "admit a prompt only if all of it fits the step's budget left",
+        True, "--no-chunked-prefill", None, "admit a prompt only if all of it fits the step's budget left "
+        "(vLLM's --no-enable-chunked-prefill; --enable-chunked-prefill is the default)",
         "scheduler", default_text="chunked prefill on")
     prefix_caching: bool = setting(
         False, "--prefix-caching", on_off, "share KV blocks of identical prefixes, as vLLM's automatic prefix "
-        "caching", "scheduler", axis=15, switch=True, recorded=True)
+        "caching (vLLM's --enable-prefix-caching and --no-enable-prefix-caching say on and off)", "scheduler",
+        axis=15, switch=True, recorded=True)
     reserve_full_isl: bool = setting(
         False, "--scheduler-reserve-full-isl", on_off, "admit a request only if blocks for its whole prompt are free, "
         "not just its first chunk", "scheduler", axis=16, short="reserve isl", switch=True, recorded=True)
@@ -4231,7 +4239,7 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)     # vllm/config/cache.py, Bloc
 
 
 def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
-    """Why vLLM would not start this deployment, or "". It checks at start that one request of
+    """Why vLLM would not start this deployment (each reason, joined), or "". It checks at start that one request of
     max_model_len fits the KV cache (capacity says so too), that the block size is one of its
     own, and that a step's token budget gives every sequence it may run a token
     (SchedulerConfig._verify_args). The run is simulated as given, and says what vLLM would do."""
@@ -4248,7 +4256,16 @@ def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
         why.append(f"--max-num-batched-tokens {spec.max_num_batched_tokens:,} is below --max-num-seqs "
                    f"{spec.max_num_seqs:,} (vLLM: \"max_num_batched_tokens must be greater than or equal to "
                    f"max_num_seqs\"); raise the one or lower the other")
-    return f"vLLM would refuse to start this deployment: {'; and '.join(why)} (simulated as given)" if why else ""
+    own = spec.model.max_position_embeddings
+    if own and spec.model_len() > own:     # (ModelConfig: past it only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)
+        why.append(f"--max-model-len {spec.model_len():,} is longer than {spec.model.name}'s own "
+                   f"{own:,} (its max_position_embeddings), which vLLM takes only with "
+                   f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    if not spec.chunked_prefill and spec.max_num_batched_tokens < spec.model_len():
+        why.append(f"--max-num-batched-tokens {spec.max_num_batched_tokens:,} is below --max-model-len "
+                   f"{spec.model_len():,} without chunked prefill (a prompt that long could never be scheduled); "
+                   f"raise the one or lower the other")
+    return "; and ".join(why)
 
 
 def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
@@ -4267,7 +4284,9 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):
             scheduler.deliver = engine.deliver
-        engine.plan_note, engine.refused_note = plan.note, vllm_refusal(spec, plan)
+        why = vllm_refusal(spec, plan)
+        engine.plan_note = plan.note
+        engine.refused_note = f"vLLM would refuse to start this deployment: {why} (simulated as given)" if why else ""
         return engine
 
     if not spec.disaggregate:
@@ -4572,8 +4591,11 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     result["cost"] = cost_report(price, result["output_throughput"], spec.hours_per_month)
     if decode.plan_note:
         result["config"]["kv_plan_note"] = decode.plan_note
-    if decode.refused_note:
-        result["config"]["vllm_would_refuse"] = decode.refused_note
+    notes = [e.refused_note for e in engines]       # (a prefill engine's device may be the smaller)
+    if spec.disaggregate:
+        notes = [note and f"the {role} engine: {note}" for note, role in zip(notes, ("prefill", "decode"))]
+    if any(notes):
+        result["config"]["vllm_would_refuse"] = "; ".join(dict.fromkeys(note for note in notes if note))
     if isinstance(decode.scheduler, SpeculativeScheduler):
         result["speculative"] = decode.scheduler.report()
     if timeline:
@@ -11922,8 +11944,9 @@ def table(cells: list[list[str]]) -> list[str]:
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional[str] = None,
-                   rules: str = "vllm") -> None:
-    """label: the engine the flags named, if any (engine_label); rules: the engine whose rules apply."""
+                   rules: str = "vllm", refused: str = "") -> None:
+    """label: the engine the flags named, if any (engine_label); rules: the engine whose rules apply;
+    refused: why vLLM would not start it (vllm_refusal), if it would not."""
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda field, value, note="": out.write(f"{field:<17}{value:<19} {note}".rstrip() + "\n")
@@ -11995,11 +12018,12 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     if rules == "llamacpp" and plan.source == "budget":
         out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share: pass the server's "
                   f"--ctx-size as --kv-tokens to plan what it holds\n")
-    if plan.max_concurrency < 1:       # vLLM checks at startup that one request of max_model_len fits
-        label, outcome = ("vllm would stop", "so vLLM refuses to start") if rules == "vllm" else \
-            ("too long", "so requests that long fail")
-        out.write(f"{label:<17}one request of {plan.max_model_len:,} tokens does not fit the "
-                  f"{plan.kv_tokens:,}-token KV cache, {outcome}: pass --max-model-len {plan.kv_tokens} or less\n")
+    if refused:                        # every reason vLLM's startup checks give (vllm_refusal)
+        out.write(f"{'vllm would stop':<17}{refused}\n")
+    elif plan.max_concurrency < 1:     # (another engine's requests that long fail, one by one)
+        out.write(f"{'too long':<17}one request of {plan.max_model_len:,} tokens does not fit the "
+                  f"{plan.kv_tokens:,}-token KV cache, so requests that long fail: pass --max-model-len "
+                  f"{plan.kv_tokens} or less\n")
     elif rules == "vllm":              # vLLM's startup line
         out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
                   f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
@@ -12467,6 +12491,10 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
             exclusive[m["exclusive"]] = g.add_mutually_exclusive_group()
         own = exclusive[m["exclusive"]]
     own.add_argument(*flags, dest=dest_of(f), help=(m["help"] + text + shown).replace("%", "%%"), **options)
+    for spelling, on in VLLM_SPELLINGS.get(f.name, ()):      # (its help says them)
+        said = on if dest_of(f) == f.name else not on       # a --no-X row keeps whether X is off
+        own.add_argument(spelling, dest=dest_of(f), action="store_const", const=[said] if several else said,
+                         help=argparse.SUPPRESS)
     if f.name == "trace":
         g.add_argument("--trace-format", choices=("auto",) + TRACE_FORMATS, default="auto",
                        help="how to read --trace: servesim JSONL; Mooncake JSONL (timestamp ms, input_length, "
@@ -12479,6 +12507,11 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
                        help="the ramp's first rate, requests/s (default: no ramp)")
         g.add_argument("--ramp-up-end-rps", type=real(0.001, 1e6), metavar="R",
                        help="the ramp's last rate, requests/s (default: no ramp)")
+
+
+# vLLM's own spellings of a switch: (flag, whether it turns the setting on).
+VLLM_SPELLINGS = {"prefix_caching": (("--enable-prefix-caching", True), ("--no-enable-prefix-caching", False)),
+                  "chunked_prefill": (("--enable-chunked-prefill", True), ("--no-enable-chunked-prefill", False))}
 
 
 def dest_of(f) -> str:
@@ -12654,8 +12687,11 @@ def cmd_capacity(args) -> int:
     if plan.note:
         sys.stderr.write(f"servesim: {plan.note}\n")
     host = host_tier(spec, plan) if spec.kv_offloading_size else None
+    refused = vllm_refusal(spec, plan)       # as simulate says it: the same reasons
     if args.json:
         report = capacity_json(plan, cost, engine_label(spec))
+        if refused:
+            report["vllm_would_refuse"] = refused
         if host:
             report["host_tier"] = {"gib": spec.kv_offloading_size, "blocks": host.capacity,
                                    "tokens": host.capacity * plan.block_size, "link_gbs": spec.hardware.host_link_gbs,
@@ -12663,7 +12699,7 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules)
+        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "

@@ -62,8 +62,25 @@ class ModelLength(unittest.TestCase):
         code, out, err = run_cli("capacity", "--hardware", "l4-24gb")
         self.assertEqual(code, 0, err)
         self.assertIn("0.24x               at 131,072 tokens per request", out)
-        self.assertIn("vLLM refuses to start: pass --max-model-len 31056 or less", out)
+        self.assertIn("vllm would stop  one request of 131,072 tokens (the model's own length unless --max-model-len "
+                      "says) does not fit its 31,056-token KV cache; vLLM needs --max-model-len 31056 or less", out)
         self.assertNotIn("vllm would log", out)
+        # helper-61: capacity called --block-size 7 startable where simulate did not, and --json said nothing
+        for flags, said in ((("--block-size", "7"), "--block-size 7 is not one it takes"),
+                            (("--max-model-len", "300000"), "--max-model-len 300,000 is longer than llama-3.1-8b's "
+                                                            "own 131,072"),
+                            (("--no-chunked-prefill",), "--max-num-batched-tokens 8,192 is below --max-model-len "
+                                                        "131,072 without chunked prefill")):
+            if "--no-chunked-prefill" not in flags:      # (a scheduler's flag: capacity has none)
+                code, out, err = run_cli("capacity", *flags, "--json")
+                self.assertEqual(code, 0, err)
+                self.assertIn(said, json.loads(out)["vllm_would_refuse"])
+            code, out, err = run_cli("simulate", "--requests", "3", *flags)
+            self.assertIn(said, err)
+        # a disaggregated run's prefill engine is checked too
+        code, out, err = run_cli("simulate", "--requests", "3", "--prefill-hardware", "l4-24gb", "--json")
+        self.assertIn("the prefill engine: vLLM would refuse to start this deployment: one request of 131,072",
+                      json.loads(out)["config"]["vllm_would_refuse"])
         # helper-55: simulate ran it without a word; it still runs it, and says what vLLM would do.
         said = "vLLM would refuse to start this deployment: one request of 131,072 tokens"
         code, out, err = run_cli("simulate", "--hardware", "l4-24gb", "--requests", "5", "--json")

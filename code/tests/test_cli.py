@@ -155,3 +155,21 @@ class Help(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class VllmSpellings(unittest.TestCase):
+    def test_vllms_own_flag_names_and_kv_dtypes_are_read_as_servesims(self):
+        # helper-61: --enable-prefix-caching (which explain tells users to pass),
+        # --no-enable-chunked-prefill and --kv-cache-dtype fp8_e4m3 were refused
+        def config(*flags):
+            code, out, err = call_cli("simulate", "--requests", "5", *flags, "--json")
+            self.assertEqual(code, 0, err)
+            return json.loads(out)["config"]
+        self.assertTrue(config("--enable-prefix-caching")["prefix_caching"])
+        self.assertFalse(config("--enable-prefix-caching", "--no-enable-prefix-caching")["prefix_caching"])
+        self.assertFalse(config("--no-enable-chunked-prefill", "--max-model-len", "8192")["chunked_prefill"])
+        self.assertTrue(config("--enable-chunked-prefill")["chunked_prefill"])
+        self.assertEqual(config("--kv-cache-dtype", "fp8_e5m2")["kv_cache_dtype"], "fp8")
+        code, out, err = call_cli("sweep", "--requests", "5", "--concurrency", "1,2", "--enable-prefix-caching", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertTrue(all(p["config"]["prefix_caching"] for p in json.loads(out)))

@@ -198,6 +198,29 @@ class NoSilence(unittest.TestCase):
         self.assertIn("loadgen: reading the server's last /metrics (up to 6 s, --timeout)", r.err)
 
 
+class ReadWhereRead(unittest.TestCase):
+    def test_prompts_counts_and_files_are_held_to_what_can_be(self):
+        # helper-60: an empty prompt, a content of 5 and an empty role were all sent
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "p.jsonl")
+            for row in ({"prompt": ""}, {"messages": [{"role": "user", "content": 5}]},
+                        {"messages": [{"role": "", "content": None}]}):
+                with self.subTest(row=row):
+                    with open(path, "w") as f:
+                        f.write(json.dumps(row) + "\n")
+                    with self.assertRaises(main.UserError) as e:
+                        main.read_prompts(path)
+                    self.assertIn("each role and content not empty", str(e.exception))
+        # a /metrics gauge of 10^14 requests waiting is no server's
+        window = main.server_window([{"vllm:num_requests_waiting": 0.0}, {"vllm:num_requests_waiting": 1e14}])
+        self.assertIsNone(window["peak_waiting"])
+        self.assertIn("peak_waiting 1e+14", window["impossible"])
+        # more clients than this process may open connections for: said before the run
+        with self.assertRaises(main.UserError) as e:
+            main.open_files(main.LoadConfig(concurrency=10**9, requests=10**9))
+        self.assertIn("open files", str(e.exception))
+
+
 class Duration(unittest.TestCase):
     def test_the_time_of_requests_that_failed_at_the_end_counts_in_the_duration(self):
         # helper-60: 6.6 s of run reported as "duration 0.61", 4.9 req/s; vllm bench serve divides
