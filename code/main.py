@@ -10885,6 +10885,7 @@ IDLE = Remedy("idle", "no request running or waiting, no latency in the input", 
 
 
 QUEUE_NOTICED_MS = 50       # a mean queue time a user notices, where there is no TTFT to weigh it against
+TTFT_NOTICED_MS = 1000      # a first token a user waits for: without a queue figure, too long to call healthy
 
 
 def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
@@ -10923,6 +10924,18 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
         # the batch, or one a user notices, is a queue.
         queue = f"{sig.waiting:,.0f} waiting" if sig.waiting else f"queue {sig.queue_ms:,.0f} ms"
         return REMEDIES["queue-bound"], [queue, "no TTFT in this input", "no single budget binds"]
+    decode = sig.e2e_ms - sig.ttft_ms if sig.e2e_ms is not None and sig.ttft_ms is not None else None
+    if sig.queue_ms is None and sig.prefill_ms is None and (sig.ttft_ms or 0) >= TTFT_NOTICED_MS \
+            and (decode is None or sig.ttft_ms > decode):
+        # A client's report without the server's figures cannot split TTFT into queue and prefill;
+        # a TTFT this long that outweighs the whole decode is a queue unless prompts are huge.
+        return REMEDIES["queue-bound"], [f"TTFT {sig.ttft_ms:,.0f} ms"
+                                         + (f", longer than the decode after it ({decode:,.0f} ms)" if decode is not None
+                                            else ""),
+                                         "no queue or prefill figure in this input to split it (add the server's "
+                                         "/metrics, or its --metrics)"
+                                         + (f"; mean prompt {sig.prompt_tokens:,.0f} tokens" if sig.prompt_tokens
+                                            else "")]
     if sig.failed:
         return REMEDIES["failing"], [failures(sig)]
     return REMEDIES["healthy"], ["no preemptions, little queue"]
@@ -10939,6 +10952,8 @@ def explain(sig: Signals) -> dict:
     # 1. Which phase dominates latency.
     phases = {"queue": sig.queue_ms, "prefill": sig.prefill_ms,
               "decode": sig.e2e_ms - sig.ttft_ms if sig.e2e_ms is not None and sig.ttft_ms is not None else None}
+    if sig.queue_ms is None and sig.prefill_ms is None and sig.ttft_ms is not None:
+        phases["ttft"] = sig.ttft_ms       # queue and prefill as one: the input does not split them
     known = {k: v for k, v in phases.items() if v is not None}
     phase = max(known, key=known.get) if known else None
     # 3. Capacity arithmetic: how many requests of this shape the cache holds, against the cap.
@@ -10980,8 +10995,10 @@ def explain(sig: Signals) -> dict:
 
 def print_explanation(e: dict, w) -> None:
     phases = e["phases_ms"]
-    shown = ", ".join(f"{k} {v:,.0f} ms" for k, v in phases.items() if v is not None)
-    latency = f"{e['phase']} dominates ({shown})" if e["phase"] else "not in this input"
+    named = {"ttft": "TTFT (queue and prefill, not split in this input)"}
+    shown = ", ".join(f"{named.get(k, k)} {v:,.0f} ms" for k, v in phases.items() if v is not None)
+    latency = f"{'TTFT' if e['phase'] == 'ttft' else e['phase']} dominates ({shown})" if e["phase"] else \
+        "not in this input"
     if phases["queue"] is not None and e.get("ttft_ms"):
         latency += f"; TTFT is {min(1.0, phases['queue'] / e['ttft_ms']):.0%} queue"
     line = lambda label, text: w(f"{label:<16}{text}\n")

@@ -400,3 +400,19 @@ class TheReportsOwnDeployment(unittest.TestCase):
             self.assertEqual(len(err.strip().splitlines()), 1, err)
         sig = main.signals_from_report({**report, "config": {**report["config"], "engine": "/etc/passwd"}}, "r.json")
         self.assertIsNone(sig.knee)
+
+
+class ClientOnlyReports(unittest.TestCase):
+    def test_a_long_ttft_without_a_queue_figure_is_not_called_healthy(self):
+        # helper-61: a llama.cpp run without --metrics (TTFT p50 4.5 s) read "decode dominates" and
+        # "healthy: no preemptions, little queue"
+        with open(os.path.join(FIXTURES, "llamacpp-c8.json")) as f:
+            report = json.load(f)
+        for key in ("server", "timings"):
+            report.pop(key, None)
+        sig = main.signals_from_report(report, "c8.json")
+        e = main.explain(sig)
+        self.assertEqual(e["symptom"], "queue-bound")
+        self.assertEqual(e["phase"], "ttft")
+        self.assertRegex(e["evidence"][0], r"^TTFT [\d,]+ ms, longer than the decode after it")
+        self.assertIn("no queue or prefill figure in this input", e["evidence"][1])
