@@ -4415,6 +4415,9 @@ def make_requests(spec: RunSpec, progress: Optional[Callable[[str], None]] = Non
         sends = profile_sends(spec.rate_profile, spec.time_scale, spec.seed, spec.burstiness,
                               -(-spec.requests // spec.turns) if spec.requests else 0)
         count = min(spec.requests or math.inf, len(sends) * spec.turns)
+        if spec.warmup >= count:      # (its count is the draw's: known only now, seed by seed)
+            raise UserError(f"--warmup {spec.warmup:,} leaves no request to measure: rate profile "
+                            f"{spec.rate_profile.name} sends {count:,} with --seed {spec.seed}; lower --warmup")
     if spec.turns > 1:
         requests = conversations(count, spec.prompt_tokens, spec.output_tokens, rng, spec.turns, spec.think_time,
                                  spec.prefix_tokens, spec.num_prefixes)

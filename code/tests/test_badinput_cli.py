@@ -266,3 +266,17 @@ class UnwritableDirectory(unittest.TestCase):
             self.assertIn("cannot write in the directory /proc", err)
             code, _, err = call_cli("simulate", "--requests", "5", "--timeline", "/dev/stdout")
             self.assertEqual(code, 0, err)
+
+
+class WarmupOfARateProfile(unittest.TestCase):
+    def test_a_warmup_a_profile_draws_no_more_requests_than_is_refused(self):
+        # helper-62: 100 warm-up requests of a 36-request profile printed "0 completed", exit 0;
+        # with --seeds, a seed that drew 21 requests was averaged in as zeros
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "rp.csv")
+            with open(path, "w") as f:
+                f.write("time_s,rate\n0,1\n10,2\n20,2\n")
+            code, out, err = call_cli("simulate", "--rate-profile", path, "--warmup", "100")
+            self.assertEqual((code, out), (2, ""), err)
+            self.assertRegex(err, r"--warmup 100 leaves no request to measure: rate profile .*rp.csv sends \d+ with "
+                                  r"--seed 7; lower --warmup")
