@@ -12760,6 +12760,15 @@ def write_timeline(args, title: str, rows: list[dict]) -> None:
         raise failed[0]
 
 
+def seeds_alike(spec: RunSpec, seeds: int) -> None:
+    """Say so where --seeds runs one run several times (a trace, whose requests and times are its
+    own): a spread of 0 is then no confidence. (search refuses it: each probe would pass N times.)"""
+    if seeds > 1 and not draws_from_seed(spec):
+        sys.stderr.write(f"servesim: --seeds {seeds}: every seed of trace {spec.trace.name} replays the same requests at "
+                         f"the same times, so the {seeds} runs are one run {seeds} times, and their spread is 0 by "
+                         f"construction, not a sign of confidence\n")
+
+
 def cmd_simulate(args) -> int:
     for path, flag in ((args.timeline, "--timeline"), (args.plot, "--plot")):
         if path:
@@ -12768,6 +12777,7 @@ def cmd_simulate(args) -> int:
     pictured = bool(args.timeline or args.plot)
     if args.seeds > 1 and (pictured or spec.detailed):
         raise UserError("--timeline, --plot and --detailed show one run: drop them or --seeds")
+    seeds_alike(spec, args.seeds)
     result = run(spec, Progress("simulate"), timeline=pictured) if args.seeds == 1 else \
         run_seeds(spec, args.seeds, Progress("simulate"))
     timeline = result.pop("timeline", None)
@@ -12847,6 +12857,7 @@ def cmd_sweep(args) -> int:
         if table:
             table.row(result, index)
     runner = None
+    seeds_alike(spec, args.seeds)
     try:
         runner = iter_sweep(spec, points, args.jobs, progress, args.seeds)
         for result in runner:

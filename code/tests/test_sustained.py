@@ -1001,3 +1001,8 @@ class TraceRepeats(unittest.TestCase):
         self.assertEqual(spread["min"], spread["max"])
         poisson = main.run_seeds(main.RunSpec(rate=20, requests=300), 3)["seeds"]["spread"]["p95_ttft_ms"]
         self.assertLess(poisson["min"], poisson["max"])
+        # helper-62: simulate and sweep showed that zero spread as if it were agreement; they say why
+        for command in (("simulate",), ("sweep", "--max-num-seqs", "4,8")):
+            code, out, err = call_cli(*command, "--trace", BURST, "--hardware", "l4-24gb", "--seeds", "2")
+            self.assertEqual(code, 0, err)
+            self.assertIn("the 2 runs are one run 2 times, and their spread is 0 by construction", err)
