@@ -11288,7 +11288,7 @@ def print_run(result: dict, out=None) -> None:
     out = out or sys.stdout
     cfg = result["config"]
     w = out.write
-    w(f"{cfg['title']}\n")
+    w(f"{printable(cfg['title'])}\n")      # (a trace's file name may hold a line break or an escape)
     w(f"{'requests':<12}{count_text(result['completed'])} completed  {count_text(result['failed'])} failed\n")
     examples = result.get("first_error_by_kind", {})
     for kind, n in sorted(result["errors_by_kind"].items()):
@@ -11481,7 +11481,7 @@ def print_server(result: dict, w) -> None:
 
 
 def print_compared(title: str, rows: dict, w) -> None:
-    w(f"{title}\n")
+    w(f"{printable(title)}\n")
     w(f"{'':<18}{'measured':>12}{'servesim':>12}{'error':>9}\n")
     for name, row in rows.items():
         error = "" if row["error"] is None else f"{row['error']:+.1%}"
@@ -11560,7 +11560,7 @@ def replica_range(least: int, most: int) -> str:
 
 def print_plan(report: dict, title: str, w) -> None:
     totals, slo = report["totals"], report["slo"]
-    w(f"{title}\n")
+    w(f"{printable(title)}\n")
     unit = report["rate_unit"]     # (a rate starts conversations, with --turns)
     w((f"one replica sustains up to {report['one_replica_sustains']:.4g} {unit} within the slo" if
        report["one_replica_sustains"] else "one replica meets the slo at no load tried, so each window's replicas are "
@@ -11667,7 +11667,7 @@ class SweepTable:
         self.out.flush()
 
     def header(self) -> None:
-        self.out.write(f"{self.title}\n")
+        self.out.write(f"{printable(self.title)}\n")
         self.line(self.headers + [name for name, _ in self.columns])
 
     def row(self, result: dict, index: Optional[int] = None) -> None:
@@ -13899,11 +13899,11 @@ def main(argv: Optional[list[str]] = None, program: bool = False) -> int:
             sys.stderr.write(f"servesim: {SIGNAL_WORDS[first]} after the output was written\n")
             return SIGNAL_CODES[first]
         return code
-    except UserError as e:
-        sys.stderr.write(f"servesim: {hide_argv_secrets(str(e), argv)}\n")
+    except UserError as e:      # one line, whatever a file's name or a server's words held
+        sys.stderr.write(f"servesim: {printable(hide_argv_secrets(str(e), argv))}\n")
         return 2
     except CapacityError as e:
-        said = hide_argv_secrets(str(e), argv)
+        said = printable(hide_argv_secrets(str(e), argv))
         sys.stderr.write(f"servesim: {said}\n")
         if getattr(args, "json", False) and args.command in ANSWERS and not REPORTED["stdout"]:
             write_json({"error": said})

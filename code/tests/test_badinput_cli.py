@@ -13,7 +13,7 @@ import unittest
 import unittest.mock
 
 from bounded import jsonl, readme_section, run, write_json
-from helpers import call_cli, main, main_command
+from helpers import FIXTURES, call_cli, main, main_command
 from hostile_server import FakeServer, paced
 
 WORDS = re.compile(r"\S+")
@@ -280,3 +280,22 @@ class WarmupOfARateProfile(unittest.TestCase):
             self.assertEqual((code, out), (2, ""), err)
             self.assertRegex(err, r"--warmup 100 leaves no request to measure: rate profile .*rp.csv sends \d+ with "
                                   r"--seed 7; lower --warmup")
+
+
+class NamesAsGiven(unittest.TestCase):
+    def test_a_file_name_with_a_line_break_or_an_escape_is_one_printable_line(self):
+        # helper-62: the error split over two lines and the ESC reached the terminal, as did the title
+        name = "bad\nname\x1b[31m.jsonl"
+        code, out, err = call_cli("simulate", "--trace", name)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertNotIn("\x1b", err)
+        self.assertIn("bad name\\x1b[31m.jsonl", err)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, name)
+            with open(os.path.join(FIXTURES, "burst.jsonl")) as f, open(path, "w") as g:
+                g.write(f.read())
+            code, out, err = call_cli("simulate", "--trace", path, "--hardware", "l4-24gb", "--max-model-len", "4096")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("\x1b", out)
+        self.assertIn("name\\x1b[31m.jsonl", out.splitlines()[0])
