@@ -7729,10 +7729,17 @@ def trace_format(path: str, data: Optional[bytes] = None) -> str:
         return "servesim"
     if line.startswith("{") and "\"input_lens\"" in head:
         return "vllm-bench"      # a vllm bench serve result, one object over many lines
-    if "ContextTokens" in line:
+    if "contexttokens" in line.lower():
         return "azure"
-    if "Request tokens" in line:
+    if "request tokens" in line.lower():
         return "burstgpt"
+    if line.startswith("#"):
+        raise UserError(f"trace {path}: its first line is a comment ({printable(line[:60])}), which none of the trace "
+                        f"formats has: remove it (a CSV trace starts with its header)")
+    if not line.startswith(("{", "[")) and "," in line:      # a CSV header no reader knows: say so
+        raise UserError(f"trace {path}: its first line reads as a CSV header ({printable(line[:80])}), of neither "
+                        f"Azure's trace (TIMESTAMP, ContextTokens, GeneratedTokens) nor BurstGPT's (Timestamp, "
+                        f"Request tokens, Response tokens): name the columns so, or give --trace-format")
     return "servesim"
 
 
@@ -7855,14 +7862,21 @@ def hashed_trace(block: int, seconds_per_unit: float):
 
 
 def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
-    """Azure's and BurstGPT's CSV: columns looked up by name, so added columns do not matter."""
+    """Azure's and BurstGPT's CSV: columns looked up by name (in any case), so added columns do
+    not matter."""
+    fields = (time_field, prompt_field, output_field)
     def read(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
-        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data))
-        reader = csv.DictReader(lines)
+        # Blank lines before the header are none; a space after a comma is no part of a name or a number.
+        lines = itertools.dropwhile(lambda line: not line.strip(),
+                                    (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data)))
+        reader = csv.DictReader(lines, skipinitialspace=True)
         try:
-            header = reader.fieldnames or []
+            header = [name.strip() for name in reader.fieldnames or []]
         except csv.Error as e:
             raise UserError(f"trace {path} line 1: not readable as CSV ({e})") from None
+        reader.fieldnames = header
+        named = {name.lower(): name for name in header}      # (as written, in any case)
+        time_field, prompt_field, output_field = (named.get(f.lower(), f) for f in fields)
         missing = [f for f in (time_field, prompt_field, output_field) if f not in header]
         if missing:
             shown = printable(", ".join(header))
@@ -7879,6 +7893,9 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
             if any(row[f] is None for f in (time_field, prompt_field, output_field)):
                 raise UserError(f"{where}: {len([v for v in row.values() if v is not None])} columns where the "
                                 f"header has {len(header)}")
+            if row.get(None):       # cells past the header's: counted, never silently dropped
+                notes["{:,} row{s} with more cells than the header {are} read by the header's columns, the rest "
+                      "left out"] += 1
             arrival = clock(where, row[time_field])
             prompt = trace_number(where, row, prompt_field, 1, 10**8)
             output = trace_number(where, row, output_field, 0, 10**8)
@@ -11113,7 +11130,13 @@ def check_writable(path: str, flag: str, args=None) -> None:
     # A file is written through a new one beside it, so its directory must take a file (a device
     # or a pipe, such as /dev/stdout, is written in place).
     # Tried, not asked: os.access says yes to root anywhere, and /proc and /sys take no new file.
-    if not os.path.exists(path) or os.path.isfile(path):
+    # What write_file writes in place (a device, a pipe, a name under /dev or /proc) must be there.
+    if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
+        if not os.path.exists(path):
+            raise UserError(f"{flag} {path}: no such file, and {directory} takes no new one; give a file in a "
+                            f"directory you can write")
+    else:
+        directory = os.path.dirname(os.path.realpath(path))     # (written beside what a link points to)
         try:
             fd, trial = tempfile.mkstemp(dir=directory, prefix=".servesim-check-")
             os.close(fd)

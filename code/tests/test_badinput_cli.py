@@ -263,7 +263,7 @@ class UnwritableDirectory(unittest.TestCase):
         if os.path.isdir("/proc"):
             code, out, err = call_cli("simulate", "--requests", "5", "--plot", "/proc/x.svg")
             self.assertEqual((code, out), (2, ""), err)
-            self.assertIn("cannot write in the directory /proc", err)
+            self.assertIn("--plot /proc/x.svg: no such file, and /proc takes no new one", err)
             code, _, err = call_cli("simulate", "--requests", "5", "--timeline", "/dev/stdout")
             self.assertEqual(code, 0, err)
 

@@ -12,6 +12,7 @@ import tempfile
 import unittest
 
 from bounded import FIXTURES, VLLM_RUN, jsonl, run, write, write_json
+from helpers import main
 
 PRESETS = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm-80gb")
 
@@ -1019,3 +1020,31 @@ class MergeKeepsWhatFailedRequestsStreamed(Checks):
                     self.assert_one_line(run("merge", bad, second), mentions=["request 1's failed_streamed must be"])
             bad = write_json(os.path.join(tmp, "d.json"), detailed_report(2, **{**failed, "failed_streamed": [None]}))
             self.assert_one_line(run("merge", bad, second), mentions=["failed_streamed must be a list as long"])
+
+
+class CsvHeadersAsWritten(unittest.TestCase):
+    def test_spaces_a_blank_first_line_and_lower_case_are_read_and_an_unknown_header_is_named(self):
+        # helper-62: "TIMESTAMP, ContextTokens" had "no column 'ContextTokens'"; a blank first line
+        # gave "the header is " and nothing; a lower-case header or a comment fell through to JSONL
+        # ("line 1: not valid JSON"); an extra cell was dropped without a word
+        rows = "2023-11-16 18:15:46.68,{p},44\n2023-11-16 18:15:47.68,{p},40\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            def trace(text):
+                path = os.path.join(tmp, "t.csv")
+                with open(path, "w") as f:
+                    f.write(text)
+                return main.read_trace(path)
+            plain = trace("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows.format(p=374))
+            for text in ("TIMESTAMP, ContextTokens, GeneratedTokens\n" + rows.format(p=" 374"),
+                         "\n\nTIMESTAMP,ContextTokens,GeneratedTokens\n" + rows.format(p=374),
+                         "timestamp,contexttokens,generatedtokens\n" + rows.format(p=374)):
+                with self.subTest(text=text[:30]):
+                    self.assertEqual(trace(text).rows, plain.rows)
+            extra = trace("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows.format(p=374).replace("\n", ",9\n"))
+            self.assertEqual(extra.rows, plain.rows)
+            self.assertIn("2 rows with more cells than the header are read by the header's columns", extra.notes[0])
+            for text, said in (("# Azure\nTIMESTAMP,ContextTokens,GeneratedTokens\n", "its first line is a comment"),
+                               ("a,b,c\n1,2,3\n", "reads as a CSV header (a,b,c), of neither Azure's trace")):
+                with self.subTest(text=text[:10]), self.assertRaises(main.UserError) as e:
+                    trace(text)
+                self.assertIn(said, str(e.exception))
