@@ -7733,10 +7733,11 @@ def trace_format(path: str, data: Optional[bytes] = None) -> str:
         return "azure"
     if "request tokens" in line.lower():
         return "burstgpt"
-    if line.startswith("#"):
+    named_csv = path.lower().endswith(".csv")      # (else the JSONL reader says what is wrong: a binary file, say)
+    if named_csv and line.startswith("#"):
         raise UserError(f"trace {path}: its first line is a comment ({printable(line[:60])}), which none of the trace "
                         f"formats has: remove it (a CSV trace starts with its header)")
-    if not line.startswith(("{", "[")) and "," in line:      # a CSV header no reader knows: say so
+    if named_csv and "," in line:      # a CSV header no reader knows: say so
         raise UserError(f"trace {path}: its first line reads as a CSV header ({printable(line[:80])}), of neither "
                         f"Azure's trace (TIMESTAMP, ContextTokens, GeneratedTokens) nor BurstGPT's (Timestamp, "
                         f"Request tokens, Response tokens): name the columns so, or give --trace-format")
@@ -13211,6 +13212,8 @@ def open_files(config: LoadConfig) -> None:
     except ImportError:
         return
     clients = config.concurrency or (0 if config.rate or config.trace or config.rate_profile or config.ramp_up else 1)
+    if not clients:
+        return
     need = min(clients, config.requests or clients) + OPEN_FILES_SPARE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if need <= soft or soft == resource.RLIM_INFINITY:
@@ -13219,12 +13222,12 @@ def open_files(config: LoadConfig) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and need > soft:
-        raise UserError(f"--concurrency {config.concurrency:,} needs about {need:,} open files (a connection a client, "
+        raise UserError(f"--concurrency {clients:,} needs about {need:,} open files (a connection a client, "
                         f"and {OPEN_FILES_SPARE} more), and this process may open {soft:,} (ulimit -n, at most "
                         f"{hard:,} here): raise it, or lower --concurrency")
 
 
-OPEN_FILES_SPARE = 64        # files a run opens besides its connections: scrapes, the interpreter's own
+OPEN_FILES_SPARE = 16        # files a run opens besides its connections: scrapes, the interpreter's own
 
 
 def cmd_loadgen(args) -> int:
