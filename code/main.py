@@ -8799,7 +8799,8 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
         series.add((name, labels))
         try:
             value = float(parts[0])
-        except ValueError:
+        except ValueError:          # not a number at all: left out, and counted as one that is out of range
+            ignore(name)
             continue
         if math.isfinite(value) and abs(value) <= PROMETHEUS_LIMIT:
             # A counter or a count over several label sets (a data-parallel server's engines) adds
@@ -10723,6 +10724,9 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                          f"range, or repeat a series ({names}): the diagnosis does without them\n")
     if any(k.startswith("vllm:") for k in m):
         queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
+        if queries is not None and hits is not None and not 0 <= hits <= queries:
+            sys.stderr.write(f"servesim: {name}: vllm:prefix_cache_hits_total {hits:,.0f} is more than the "
+                             f"{queries:,.0f} tokens looked up: the hit rate is left out\n")
         return Signals(name, "vllm", ttft_ms=mean_of(m, "vllm:time_to_first_token_seconds"),
                        queue_ms=mean_of(m, "vllm:request_queue_time_seconds"),
                        prefill_ms=mean_of(m, "vllm:request_prefill_time_seconds"),
@@ -10733,6 +10737,8 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        preemptions=m.get("vllm:num_preemptions_total"),
                        prefix_hit_rate=hits / queries if queries and hits is not None and 0 <= hits <= queries
                        else None,
+                       # a hit is a cached block found: caching is on (off, vLLM looks nothing up)
+                       prefix_caching=True if hits and queries and hits <= queries else None,
                        mean_batch=m.get("vllm:num_requests_running"),
                        prompt_tokens=mean_of(m, "vllm:request_prompt_tokens", scale=1),
                        output_tokens=mean_of(m, "vllm:request_generation_tokens", scale=1))
@@ -10920,7 +10926,8 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
         sig.max_seqs is not None and sig.running is not None and sig.running >= 0.95 * sig.max_seqs)
     kv_room = sig.kv_peak is None or sig.kv_peak < 0.8
     if (sig.preemptions or 0) > 0 or ((sig.kv_peak or 0) >= 0.95 and waiting):
-        return REMEDIES["kv-bound"], [f"preemptions {sig.preemptions or 0:,.0f}",
+        return REMEDIES["kv-bound"], [f"preemptions {sig.preemptions:,.0f}" if sig.preemptions is not None else
+                                      "preemptions not reported",
                                       f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV peak unknown"]
     past_knee = sig.knee is not None and sig.mean_batch is not None and sig.mean_batch > sig.knee
     slowed = sig.batch1_tpot_ms and sig.tpot_ms and sig.tpot_ms > 1.3 * sig.batch1_tpot_ms
@@ -10959,7 +10966,11 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                             else "")]
     if sig.failed:
         return REMEDIES["failing"], [failures(sig)]
-    return REMEDIES["healthy"], ["no preemptions, little queue"]
+    # Only what the input says: a scrape of one gauge shows no preemption counter and no queue.
+    seen = [*(["no preemptions"] if sig.preemptions is not None else []),
+            *(["little queue"] if sig.waiting is not None or sig.queue_ms is not None else [])]
+    return REMEDIES["healthy"], [", ".join(seen) if seen else "nothing in this input binds, though it reports no "
+                                 "preemptions, queue or latency to judge by"]
 
 
 def failures(sig: Signals) -> str:
@@ -10992,7 +11003,8 @@ def explain(sig: Signals) -> dict:
         arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
                           f"the mean batch was {number(sig.mean_batch)}")
     if sig.running is not None:
-        arithmetic.append(f"running up to {sig.running:,.0f}, waiting up to {sig.waiting or 0:,.0f}"
+        arithmetic.append(f"running up to {sig.running:,.0f}, "
+                          + (f"waiting up to {sig.waiting:,.0f}" if sig.waiting is not None else "waiting not reported")
                           + (" (in the busiest replica)" if sig.replicas > 1 else ""))
     if not arithmetic:
         arithmetic.append("not enough in this input to check: add --server-flags, or use a simulate report")

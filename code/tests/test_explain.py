@@ -416,3 +416,33 @@ class ClientOnlyReports(unittest.TestCase):
         self.assertEqual(e["phase"], "ttft")
         self.assertRegex(e["evidence"][0], r"^TTFT [\d,]+ ms, longer than the decode after it")
         self.assertIn("no queue or prefill figure in this input", e["evidence"][1])
+
+
+class ScrapesSayOnlyWhatTheyHold(unittest.TestCase):
+    def explain(self, text):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.prom")
+            with open(path, "w") as f:
+                f.write(text)
+            code, out, err = run_cli("explain", path, "--json")
+        self.assertEqual(code, 0, err)
+        return json.loads(out)[0], err
+
+    def test_no_counter_is_no_zero_a_bad_sample_is_named_and_cache_hits_mean_caching_is_on(self):
+        # helper-61: "preemptions 0" and "waiting up to 0" where the scrape had no such series; a
+        # sample "abc" dropped without a word; 700 hits of 1,000 lookups still advised turning
+        # prefix caching on
+        e, err = self.explain("vllm:num_requests_running 5\nvllm:num_requests_waiting abc\n")
+        self.assertIn("vllm:num_requests_waiting", err)
+        self.assertIn("waiting not reported", " ".join(e["capacity"]))
+        self.assertNotIn("no preemptions", e["evidence"][0])
+        full = ("vllm:num_requests_running 17\nvllm:num_requests_waiting 40\nvllm:kv_cache_usage_perc 1.0\n"
+                "vllm:time_to_first_token_seconds_sum 400\nvllm:time_to_first_token_seconds_count 20\n"
+                "vllm:request_queue_time_seconds_sum 380\nvllm:request_queue_time_seconds_count 20\n")
+        e, _ = self.explain(full)
+        self.assertEqual(e["symptom"], "kv-bound")
+        self.assertEqual(e["evidence"][0], "preemptions not reported")
+        e, _ = self.explain(full + "vllm:prefix_cache_queries_total 1000\nvllm:prefix_cache_hits_total 700\n")
+        self.assertIn("prefix caching is already on", e["change_first"])
+        _, err = self.explain(full + "vllm:prefix_cache_queries_total 1000\nvllm:prefix_cache_hits_total 2000\n")
+        self.assertIn("is more than the 1,000 tokens looked up: the hit rate is left out", err)
