@@ -3940,6 +3940,12 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
     if spec.engine and spec.engine not in ENGINES and not spec.profile:
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
                         f"--engine on the command line (or pass RunSpec(profile=...))")
+    draft, target = spec.draft_model, spec.model
+    if draft and draft.vocab_size and target.vocab_size and draft.vocab_size != target.vocab_size:
+        # A draft proposes token ids the target verifies: the two must share a tokenizer.
+        raise UserError(f"--draft-model {draft.name} has a vocabulary of {draft.vocab_size:,} tokens and "
+                        f"{target.name} {target.vocab_size:,}: a draft's proposals are token ids the model verifies, "
+                        f"so the two must share a tokenizer (a smaller model of the same family)")
     engine = engine_profile(spec) if spec.engine or spec.profile else None
     if engine and engine.rules == "trtllm" and not spec.hardware.kernel_floor_us:
         raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "
@@ -6717,6 +6723,9 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
             "one device here; sweep and search take a comma-separated list of --hardware" if flag == "--hardware" else
             f"one {kind} at a time" + ("; sweep and search vary server settings, not the model, so run each model "
                                        "on its own" if flag == "--model" else "")))
+    if not os.path.exists(value) and (value.lower().endswith(".json") or os.sep in value):
+        raise UserError(f"{flag} {value}: no such file (a {kind} file is JSON with the fields of one entry of "
+                        f"`main.py presets --json`)")
     if not os.path.exists(value):
         near = difflib.get_close_matches(value.lower(), list(presets), n=1, cutoff=0.5) or \
             [name for name in presets if name.startswith(value.lower())][:1]
@@ -11130,6 +11139,8 @@ def same_file(a: str, b: str) -> bool:
 def check_writable(path: str, flag: str, args=None) -> None:
     """Before the work: a file we are asked to write must have a directory to go in, and must not
     be a file the command reads (writing it would destroy the input)."""
+    if path == "-":
+        raise UserError(f"{flag} -: give a file name (stdout carries the report; /dev/stdout if you mean it)")
     if flag == "--plot" and os.path.splitext(path)[1].lower() in (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".webp"):
         raise UserError(f"{flag} {path}: servesim draws SVG, which a {os.path.splitext(path)[1]} name would mislabel; "
                         f"name the file .svg (a browser shows it; rsvg-convert or inkscape turn it into a PNG)")

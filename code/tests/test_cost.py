@@ -170,9 +170,16 @@ class SpeculativeDecoding(unittest.TestCase):
         self.assertAlmostEqual(engine.clock - start, main.step_seconds(h, m, 4, 100 + 4, 1))
         self.assertEqual(request.generated, 2)              # nothing accepted: one token of its own
 
+    def test_a_draft_of_another_tokenizer_is_refused(self):
+        # helper-61: qwen2.5-7b or smollm2 drafting for llama-3.1-8b ran without a word
+        with self.assertRaises(main.UserError) as e:
+            main.run(main.RunSpec(requests=3, speculative_tokens=3, draft_model=main.MODELS["qwen2.5-7b"]))
+        self.assertIn("has a vocabulary of 152,064 tokens and llama-3.1-8b 128,256", str(e.exception))
+
     def test_a_draft_model_costs_k_passes_and_its_weights(self):
         free = self.run_spec(speculative_tokens=4, acceptance_rate=0.7)
-        drafted = self.run_spec(speculative_tokens=4, acceptance_rate=0.7, draft_model=main.MODELS["smollm2-135m-q8_0"])
+        small = main.replace(main.MODELS["smollm2-135m-q8_0"], vocab_size=main.MODELS["llama-3.1-8b"].vocab_size)
+        drafted = self.run_spec(speculative_tokens=4, acceptance_rate=0.7, draft_model=small)
         self.assertGreater(drafted["mean_tpot_ms"], free["mean_tpot_ms"])
         self.assertLess(drafted["config"]["kv_tokens"], free["config"]["kv_tokens"])
 

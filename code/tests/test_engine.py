@@ -173,6 +173,8 @@ class SpeculativeCruiseEqualsItsRule(unittest.TestCase):
                                 speculative_tokens=rng.randint(1, 6),
                                 acceptance_rate=rng.choice([0.0, 0.3, 0.7, 0.9, 1.0]),
                                 draft_model=rng.choice([None, main.MODELS["smollm2-135m-q8_0"]]))
+            if spec.draft_model:      # a small draft sharing the target's tokenizer, as a draft must
+                spec = main.replace(spec, draft_model=main.replace(spec.draft_model, vocab_size=spec.model.vocab_size))
             timeline = rng.random() < 0.2
             with self.subTest(case=case, spec=spec, timeline=timeline):
                 step = outcome(main.replace(spec, simulator="step"), timeline)
