@@ -13609,6 +13609,14 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def result_name(text: str) -> str:
+    """A name calibrate writes into a preset or profile file: as the file's reader will hold it."""
+    if not text.strip() or len(text) > 200 or UNPRINTABLE.search(text) or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{printable(text)[:60]!r} is not a name a preset file takes: at most 200 "
+                                         f"printable characters, none of them a line break, and no spaces around it")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="main.py", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -13857,8 +13865,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--fit engine: whether the measured server overlapped its CPU work with the GPU's (vLLM's "
                         "flag, on from 0.14): a step then costs the slower of the two, else their sum (default: "
                         "the engine's)")
-    p.add_argument("--name", help="name of the result (default: the --hardware name + '-calibrated'; for an engine, "
-                                  "engine-hardware-calibrated)")
+    p.add_argument("--name", type=result_name,
+                   help="name of the result (default: the --hardware name + '-calibrated'; for an engine, "
+                        "engine-hardware-calibrated)")
     p.add_argument("--out", metavar="FILE",
                    help="write the JSON here and the summary on stdout (default: JSON on stdout, summary on stderr)")
     p.set_defaults(func=cmd_calibrate)

@@ -5,7 +5,7 @@ import shutil
 import tempfile
 import unittest
 
-from helpers import main, run_cli
+from helpers import FIXTURES, call_cli, main, run_cli
 
 SHAPE = ["--model", "smollm2-135m-q8_0", "--kv-tokens", "4096", "--max-num-seqs", "4",
          "--output-tokens", "64", "--requests", "8"]
@@ -458,3 +458,13 @@ class BadReports(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NamesItWrites(unittest.TestCase):
+    def test_a_name_the_preset_reader_would_refuse_is_refused_before_the_fit(self):
+        # helper-61: --name ' x ' wrote a hardware file that capacity then refused
+        for name in (" x ", "a\nb", ""):
+            with self.subTest(name=name):
+                code, out, err = call_cli("calibrate", os.path.join(FIXTURES, "llamacpp-c8.json"), "--name", name)
+                self.assertEqual((code, out), (2, ""), err)
+                self.assertIn("argument --name", err)
