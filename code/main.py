@@ -7580,6 +7580,14 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
     extras = [row[4] if len(row) > 4 else {} for row in rows]
     reasoning = tuple(extra.get("reasoning", 0) for extra in extras)
     parents, delays = sessions_of(path, extras, notes, strict=fmt == "servesim")
+    earliest = []         # each row's send at the soonest: its session's delays add up past its own time
+    for i, parent in enumerate(parents):
+        own = rows[i][0]
+        earliest.append(own if parent < 0 else earliest[parent] + delays[i] if delays[i] is not None else
+                        max(own, earliest[parent]))
+        if earliest[-1] > MAX_ARRIVAL_S:
+            raise UserError(f"trace {path} row {i + 1}: its session's delays put it {earliest[-1] / 86400:,.0f} days "
+                            f"in, past the year servesim simulates; shorten the delays")
     for i, parent in enumerate(parents):
         if parent >= 0 and rows[i][1] < rows[parent][1] + rows[parent][2]:
             notes["{:,} turn{s} {are} shorter than the prompt and reply before {them} (a turn's prompt_tokens is its whole "

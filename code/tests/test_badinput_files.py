@@ -1048,3 +1048,18 @@ class CsvHeadersAsWritten(unittest.TestCase):
                 with self.subTest(text=text[:10]), self.assertRaises(main.UserError) as e:
                     trace(text)
                 self.assertIn(said, str(e.exception))
+
+
+class SessionsWithinAYear(unittest.TestCase):
+    def test_delays_that_add_up_past_a_year_are_refused_where_the_trace_is_read(self):
+        # helper-62: 400 turns a day apart ran "over 34,473,918 s" (399 days)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.jsonl")
+            with open(path, "w") as f:
+                f.write(json.dumps({"arrival": 0, "prompt_tokens": 100, "output_tokens": 10, "id": "r0"}) + "\n")
+                for i in range(1, 400):
+                    f.write(json.dumps({"arrival": 0, "prompt_tokens": 100 + 110 * i, "output_tokens": 10,
+                                        "id": f"r{i}", "parent": f"r{i - 1}", "delay": 86400}) + "\n")
+            with self.assertRaises(main.UserError) as e:
+                main.read_trace(path)
+        self.assertIn("row 367: its session's delays put it 366 days in", str(e.exception))
