@@ -9260,14 +9260,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     Every request's outcome is kept: a server that stops accepting connections, Ctrl-C or SIGTERM
     end the run early, and the report holds what completed plus why it stopped."""
     client = Http(config.url, config.timeout_s, config.api_key)
-    # (A progress that can say what a slow step waits on, or none: the same steps, in silence.)
-    slow = getattr(progress, "during", None) or (lambda text: contextlib.nullcontext())
-    with slow(f"waiting for {client.url}/v1/models (up to {config.timeout_s:g} s, --timeout)"):
-        model = config.model or first_model(client)
-    shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
-    with slow(f"sizing prompts with two probe requests (each up to {config.timeout_s:g} s, --timeout; "
-              f"--no-size-prompts skips them)"):
-        sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
+    # The load first: what is wrong with it is the user's to fix, whatever the server does.
     rows = config.trace.rows if config.trace else None
     turns = max(1, config.turns)
     limit = config.requests if config.requests is not None else math.inf
@@ -9280,6 +9273,14 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         if config.warmup >= limit:
             raise UserError(f"--warmup {config.warmup:,} leaves no request to measure: rate profile "
                             f"{config.rate_profile.name} sends {limit:,}")
+    # (A progress that can say what a slow step waits on, or none: the same steps, in silence.)
+    slow = getattr(progress, "during", None) or (lambda text: contextlib.nullcontext())
+    with slow(f"waiting for {client.url}/v1/models (up to {config.timeout_s:g} s, --timeout)"):
+        model = config.model or first_model(client)
+    shown_model = client.redact(model)[:160]   # the id is the server's text: sent back as it is, shown redacted
+    with slow(f"sizing prompts with two probe requests (each up to {config.timeout_s:g} s, --timeout; "
+              f"--no-size-prompts skips them)"):
+        sizing = size_prompts(client, model, config) if config.size_prompts and not config.prompts else None
     lock = threading.Lock()
     records: list[StreamRecord] = []
     in_flight: dict[int, StreamRecord] = {}

@@ -280,6 +280,12 @@ class WarmupOfARateProfile(unittest.TestCase):
             self.assertEqual((code, out), (2, ""), err)
             self.assertRegex(err, r"--warmup 100 leaves no request to measure: rate profile .*rp.csv sends \d+ with "
                                   r"--seed 7; lower --warmup")
+            # helper-62: loadgen asked the server first, and a server that was down hid the bad input
+            with open(path, "w") as f:
+                f.write("time_s,rate\n0,0\n10,0\n")
+            code, out, err = call_cli("loadgen", "--url", "http://127.0.0.1:9", "--rate-profile", path)
+            self.assertEqual(code, 2, err)
+            self.assertIn("sends no requests", err)
 
 
 class NamesAsGiven(unittest.TestCase):
