@@ -6903,6 +6903,9 @@ class MeasuredRun:
     settings: dict = field(default_factory=dict)   # RunSpec fields the run recorded (knobs, presets)
     timeline: list = field(default_factory=list)   # the server's own per-second stats, if logged
     notes: list = field(default_factory=list)      # what the reader had to assume
+    # Its rates as the file states them, where its send times were made up (no start_times): a
+    # rate summed from stand-in arrivals would be servesim's guess shown as measured.
+    stated_rates: Optional[dict] = None
 
 
 # How vLLM's logs and bench files name what servesim has presets for.
@@ -6979,6 +6982,9 @@ def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]
     return tokens, float(ttft)
 
 
+STATED_RATES = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
+
+
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -7009,7 +7015,17 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             raise UserError(f"{kind} {name}: no start_times, and request_rate must be from 1e-06 to 1,000,000 "
                             f"requests/s (as --rate), got {printable(str(rate)[:40])}")
         starts = arrival_times(n, random.Random(0), rate)
-        notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in")
+        notes.append(f"no start_times in the file: Poisson arrivals at its request_rate {rate:g}/s stand in, and "
+                     f"the measured rates are the file's own")
+        stated = {}
+        for key in STATED_RATES:
+            value = report.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise UserError(f"{kind} {name}: {key} must be a number of at least 0, got {str(value)[:40]}")
+            stated[key] = value
+    else:
+        stated = None
     def count(value, i: int, what: str, low: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
                 not low <= value <= 10**8:
@@ -7122,7 +7138,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             + ([f"{shape['block_size']}-token blocks"] if "block_size" in shape else []) \
             + ([f"prefix caching {'on' if shape['prefix_caching'] else 'off'}"] if "prefix_caching" in shape else [])
         notes.append(f"the server's shape as loadgen read it from {printable(str(source)[:60])}: {', '.join(said)}")
-    return MeasuredRun(name, requests, settings, [], notes)
+    return MeasuredRun(name, requests, settings, [], notes, stated)
 
 
 def read_request_log(path: str) -> MeasuredRun:
@@ -10006,6 +10022,8 @@ def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) ->
         raise CapacityError(f"none of the {simulated['failed']:,} simulated requests completed "
                             f"({'; '.join(simulated['errors_by_kind'])}): check the settings against the server's")
     actual = summarize(measured.requests, slos=dict(spec.goodput))
+    if measured.stated_rates is not None:       # (None where the file states no such rate: not measured here)
+        actual.update(measured.stated_rates)
     title = (f"compare {measured.name} ({len(measured.requests):,} requests): measured against servesim "
              f"{spec.hardware.name} / {spec.model.name}, {spec.cost_model} cost model, "
              f"{simulated['config']['kv_tokens']:,} KV tokens{' a replica' if spec.data_parallel_size > 1 else ''}, "

@@ -245,3 +245,18 @@ class Duration(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class StatedRates(unittest.TestCase):
+    def test_a_bench_file_without_start_times_is_measured_at_its_own_rates(self):
+        # helper-60: "measured" 41.9 out tok/s, summed from the stand-in Poisson arrivals, where the
+        # file says 257
+        report = {"input_lens": [100] * 12, "output_lens": [50] * 12, "ttfts": [0.02] * 12,
+                  "itls": [[0.005] * 49] * 12, "request_rate": 5, "output_throughput": 257.0, "duration": 2.3}
+        measured = main.run_from_report(report, "b.json")
+        self.assertEqual(measured.stated_rates["output_throughput"], 257.0)
+        self.assertIsNone(measured.stated_rates["request_throughput"])
+        rows = main.compare_run(measured, main.RunSpec())["rows"]
+        self.assertEqual(rows["out tok/s"]["measured"], 257.0)
+        with self.assertRaises(main.UserError):
+            main.run_from_report({**report, "output_throughput": -1}, "b.json")
