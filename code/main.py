@@ -10359,7 +10359,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes, seen, machines, models, devices = [], [], {}, [], {}, {}
+    parts, notes, seen, machines, models, devices, spans = [], [], {}, [], {}, {}, {}
     streamed = 0      # what failed requests streamed, each report's (loadgen keeps it apart from the summary)
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
@@ -10382,7 +10382,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                 machines.append(machine_of(path, report))     # sent only warm-up requests: present all the same
                 continue
         # Clocks: started_unix is the wall clock (2001 to 2286), started_perf the clock start_times use.
-        for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", -1e10, 1e10)):
+        for key, low, high in (("started_unix", 1e9, 1e10), ("started_perf", 0, 1e10)):     # (a clock from boot)
             value = config.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not low <= value <= high):
@@ -10401,6 +10401,15 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                             f"twice")
         seen.update({mark: path for mark in marks})
         parts.append((path, measured, anchor))
+        windows_of = config.get("windows")
+        if windows_of is not None:      # (merge writes them: each run's span, from its first send, in seconds)
+            if not (isinstance(windows_of, list) and windows_of and all(
+                    isinstance(w, list) and len(w) == 2 and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                                and 0 <= t <= MAX_ARRIVAL_S for t in w) and w[0] <= w[1]
+                    for w in windows_of)):
+                raise UserError(f"report {path}: config.windows must be [start, end] pairs of seconds from 0 to a "
+                                f"year, as merge writes them")
+            spans[path] = [tuple(w) for w in windows_of]
         machines.append(machine_of(path, report))
         tokens = report.get("failed_streamed_tokens", 0)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**12:
@@ -10437,7 +10446,8 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                 request.answer_s, request.reasoning_tokens = r.answer_s + shift, r.reasoning_tokens
             requests.append(request)
         ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
-        windows.append((shift, shift + max(ends, default=0.0)))
+        own = spans.get(path)       # a merged report's own runs, apart: its gaps measured nothing either
+        windows += [(shift + a, shift + b) for a, b in own] if own else [(shift, shift + max(ends, default=0.0))]
     if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):
         notes.append("these runs did not all overlap in time; throughput is over the union of their windows")
     result = summarize(requests, slos=slos)
@@ -10450,10 +10460,16 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         if result["request_goodput"] is not None:
             result["request_goodput"] *= scale
         result["duration"] = busy
-    result["config"] = {"title": f"merge of {len(parts)} reports  {len(requests):,} requests",
+    result["config"] = {"title": f"merge of {len(parts)} report{'s' * (len(parts) != 1)}  {len(requests):,} requests",
                         "model": next(iter(models), None), "hardware": next(iter(devices), None),
                         "reports": [path for path, _ in reports], "requests_each": [len(m.requests) for _, m, _ in parts],
                         "clock": "wall clock" if on_wall_clock else "each report's first request at 0"}
+    if on_wall_clock:
+        # Where the merged run sits on the wall clock, as loadgen says it (its start_times count from
+        # 0 at `base`), and an id of its own: merged again, it lands where its requests were sent.
+        result["config"].update(started_unix=base, started_perf=0.0, run_id="merge-" + hashlib.sha256(
+            repr(sorted(anchor for _, _, anchor in parts)).encode()).hexdigest()[:12],
+            windows=[list(w) for w in sorted(windows)])
     if any(m["shard"] for m in machines):
         result["config"]["machines"] = shards_together(machines, notes)
     return result, requests, notes

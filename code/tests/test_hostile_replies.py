@@ -260,3 +260,35 @@ class StatedRates(unittest.TestCase):
         self.assertEqual(rows["out tok/s"]["measured"], 257.0)
         with self.assertRaises(main.UserError):
             main.run_from_report({**report, "output_throughput": -1}, "b.json")
+
+
+class MergedAgain(unittest.TestCase):
+    def test_a_merged_report_merged_again_is_the_merge_of_all_its_runs(self):
+        # helper-60: merge --detailed wrote no wall clock, so merged again its runs were put at 0
+        # (or, with one, the gap between its runs counted as time measured)
+        from helpers import call_cli
+
+        def report(unix, perf, run_id):
+            n = 4
+            return {"input_lens": [100] * n, "output_lens": [20] * n, "ttfts": [0.05] * n,
+                    "itls": [[0.01] * 19] * n, "start_times": [perf + 0.2 * i for i in range(n)],
+                    "errors": [""] * n, "config": {"started_unix": unix, "started_perf": perf, "run_id": run_id}}
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for i, (unix, perf) in enumerate(((1.8e9, 100.0), (1.8e9 + 480, 580.0), (1.8e9 - 9, 91.0))):
+                paths.append(os.path.join(tmp, f"{i}.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump(report(unix, perf, f"run{i}"), f)
+            code, out, err = call_cli("merge", paths[0], paths[1], "--detailed")
+            self.assertEqual(code, 0, err)
+            merged = os.path.join(tmp, "m.json")
+            with open(merged, "w") as f:
+                f.write(out)
+            figures = []
+            for inputs in ((merged, paths[2]), tuple(paths)):
+                code, out, err = call_cli("merge", *inputs, "--json")
+                self.assertEqual(code, 0, err)
+                r = json.loads(out)
+                figures.append((r["completed"], round(r["duration"], 9), round(r["output_throughput"], 6)))
+        self.assertEqual(figures[0], figures[1])
+        self.assertLess(figures[1][1], 5)       # three runs of under a second each, minutes apart
