@@ -3941,7 +3941,8 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError(f"engine {spec.engine!r}: not one of {', '.join(ENGINES)}; a profile file is read by "
                         f"--engine on the command line (or pass RunSpec(profile=...))")
     draft, target = spec.draft_model, spec.model
-    if draft and draft.vocab_size and target.vocab_size and draft.vocab_size != target.vocab_size:
+    if spec.speculative_tokens and draft and draft.vocab_size and target.vocab_size \
+            and draft.vocab_size != target.vocab_size:
         # A draft proposes token ids the target verifies: the two must share a tokenizer.
         raise UserError(f"--draft-model {draft.name} has a vocabulary of {draft.vocab_size:,} tokens and "
                         f"{target.name} {target.vocab_size:,}: a draft's proposals are token ids the model verifies, "
@@ -13432,8 +13433,6 @@ def cmd_calibrate(args) -> int:
     if args.fit == "hardware" and (args.engine or args.async_scheduling is not None):
         raise UserError("--engine and --async-scheduling describe the engine --fit engine fits; the hardware fit "
                         "prices on the roofline, which has no engine costs: add --fit engine, or drop them")
-    if args.name is not None and (not args.name.strip() or len(args.name) > 200):
-        raise UserError(f"--name must be a name of 1 to 200 characters, got {printable(args.name[:40])!r}")
     found, named, seqs = [], {"model": set(), "hardware": set(), "engine": set(), "async": set()}, set()
     seen: dict[str, str] = {}        # each report's content -> the file it came from
     for path in args.reports:

@@ -350,7 +350,7 @@ class EngineFitInputs(unittest.TestCase):
     def test_a_blank_name_is_refused_before_fitting(self):
         code, _, err = run_cli("calibrate", self.report(1, 2), "--fit", "engine", "--name", "  ")
         self.assertEqual(code, 2)
-        self.assertIn("--name must be a name of 1 to 200 characters", err)
+        self.assertIn("argument --name: '  ' is not a name a preset file takes", err)
 
     def test_compare_takes_an_engine_profile_and_names_it(self):
         path = os.path.join(self.tmp.name, "run.json")
