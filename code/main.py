@@ -10700,6 +10700,8 @@ class Signals:
     requests: float = 0
     first_failure: Optional[str] = None      # the first failed request's reason
     replicas: int = 1                        # engines behind a router (-dp): kv_tokens and max_seqs are each one's
+    ran_on: Optional[tuple] = None           # (device, model) as a servesim report names them
+    no_knee: str = ""                        # why a report that names its deployment gives no knee
 
 
 FLAG_NAMES = {   # server flag -> what it sets, for --server-flags
@@ -10813,6 +10815,21 @@ EXPLAIN_SHARES = frozenset((*SHARES, "kv_peak"))      # a loadgen report's serve
 EXPLAIN_AT_LEAST_ONE = frozenset(("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size"))
 
 
+def in_order(sig: Signals, name: str) -> Signals:
+    """The signals, if their latencies come in the order a request's do: each request's end after
+    its first token, and its first token after its wait, so their medians too (and a client's
+    queue is TTFT less the server's prefill). A report that says otherwise was edited, and its
+    diagnosis would be the edit's."""
+    for later, earlier in (("e2e_ms", "ttft_ms"), ("ttft_ms", "queue_ms")):
+        a, b = getattr(sig, later), getattr(sig, earlier)
+        if a is not None and b is not None and a < b - 0.05:      # (shown to a tenth: a tenth apart is one)
+            words = {"e2e_ms": "E2E latency", "ttft_ms": "TTFT", "queue_ms": "queue time"}
+            raise UserError(f"explain input {name}: its {words[later]} {a:,.1f} ms is less than its {words[earlier]} "
+                            f"{b:,.1f} ms, which no run gives (a request ends after its first token, which comes "
+                            f"after its wait)")
+    return sig
+
+
 def signals_from_report(report: dict, name: str, previous: Optional[dict] = None) -> Signals:
     def number_at(section: dict, key: str, label: str = "") -> Optional[float]:
         """A figure of the report: None if it is not there, a one-line error if it is not a number."""
@@ -10863,12 +10880,18 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         if sig.queue_ms is not None and sig.ttft_ms is not None:
             sig.prefill_ms = max(0.0, sig.ttft_ms - sig.queue_ms)
         deployment = report_deployment(config, name)
+        if isinstance(config.get("hardware"), str) and isinstance(config.get("model"), str):
+            sig.ran_on = (config["hardware"], config["model"])
+            if not deployment:
+                sig.no_knee = (f"{name} ran on {printable(config['hardware'][:60])} / {printable(config['model'][:60])}"
+                               f", which explain cannot price (a device or model file, or an engine profile): give "
+                               f"--hardware and --model for the knee and the batch-1 step")
         if deployment:
             sig.replicas = deployment.data_parallel_size
             if sig.kv_tokens is not None:
                 sig.kv_tokens //= sig.replicas
             device_figures(sig, device_plan(deployment, deployment.hardware)[1])
-        return sig
+        return in_order(sig, name)
     figure = lambda key: number_at(server, key, f"server.{key}")
     if server.get("server") == "llama.cpp":
         sig.running, sig.waiting = figure("peak_requests_processing"), figure("peak_requests_deferred")
@@ -10885,7 +10908,7 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
     elif server.get("server") == "sglang":
         sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
         sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
-    return sig
+    return in_order(sig, name)
 
 
 # What a report's config says of the deployment that prices a step (the rest is the workload's).
@@ -13591,6 +13614,11 @@ def cmd_explain(args) -> int:
         sig = read_signals(path)
         if device:
             device_figures(sig, cost_model("roofline", *device))
+            if sig.ran_on and sig.ran_on != (device[0].name, device[1].name):
+                sys.stderr.write(f"servesim: {sig.source}: --hardware {device[0].name} --model {device[1].name} "
+                                 f"price the knee, where the report's run was {printable(' / '.join(sig.ran_on))}\n")
+        elif sig.no_knee:
+            sys.stderr.write(f"servesim: {sig.no_knee}\n")
         for key, value in flags.items():
             recorded = getattr(sig, key)
             slots = flags.get("max_seqs") or sig.max_seqs or 1

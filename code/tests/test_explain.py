@@ -446,3 +446,31 @@ class ScrapesSayOnlyWhatTheyHold(unittest.TestCase):
         self.assertIn("prefix caching is already on", e["change_first"])
         _, err = self.explain(full + "vllm:prefix_cache_queries_total 1000\nvllm:prefix_cache_hits_total 2000\n")
         self.assertIn("is more than the 1,000 tokens looked up: the hit rate is left out", err)
+
+
+class ReportsAsRunsGiveThem(unittest.TestCase):
+    def test_impossible_medians_are_refused_and_a_knee_from_elsewhere_is_said(self):
+        # helper-61: "decode -3,764 ms" from an E2E below its TTFT; "queue 3,782 ms of TTFT 0 ms";
+        # --hardware/--model other than the report's used without a word; a device file's report
+        # dropped the knee without one
+        code, out, err = run_cli("simulate", "--requests", 40, "--rate", 5, "--json")
+        report = json.loads(out)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "r.json")
+            for edit, said in (({"median_e2el_ms": 1.0}, "its E2E latency 1.0 ms is less than its TTFT"),
+                               ({"median_ttft_ms": 0.0}, "its TTFT 0.0 ms is less than its queue time")):
+                with open(path, "w") as f:
+                    json.dump({**report, **edit, "median_queue_ms": 5.0}, f)
+                code, out, err = run_cli("explain", path)
+                self.assertEqual(code, 2, err)
+                self.assertIn(said, err)
+            with open(path, "w") as f:
+                json.dump(report, f)
+            code, out, err = run_cli("explain", path, "--hardware", "l4-24gb", "--model", "qwen3-32b")
+            self.assertEqual(code, 0, err)
+            self.assertIn("price the knee, where the report's run was h100-sxm-80gb / llama-3.1-8b", err)
+            with open(path, "w") as f:
+                json.dump({**report, "config": {**report["config"], "hardware": "my-box"}}, f)
+            code, out, err = run_cli("explain", path)
+            self.assertEqual(code, 0, err)
+            self.assertIn("which explain cannot price", err)
