@@ -1591,6 +1591,11 @@ def number(value: Optional[float], digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def knee_text(tokens: float) -> str:
+    """A batch in tokens per step as a sentence shows it: 197, 35,416,667, or 0.4 (never "0")."""
+    return f"{tokens:,.0f}" if tokens >= 10 else f"{tokens:.2g}"
+
+
 def count_text(value: float) -> str:
     """A count, or the mean of the seeds' counts to a tenth (0.3 failed is not 0 failed)."""
     return f"{value:,.0f}" if value == int(value) else f"{value:,.1f}"
@@ -11076,7 +11081,7 @@ def explain(sig: Signals) -> dict:
             arithmetic.append(f"the sequence cap allows {sig.max_seqs:,}{' in each' * (sig.replicas > 1)}, so "
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
-        arithmetic.append(f"compute catches up with the weight read at ~{sig.knee:,.0f} tokens per step; "
+        arithmetic.append(f"compute catches up with the weight read at ~{knee_text(sig.knee)} tokens per step; "
                           f"the mean batch was {number(sig.mean_batch)}")
     if sig.running is not None:
         arithmetic.append(f"running up to {sig.running:,.0f}, "
@@ -12120,7 +12125,7 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     w("max concurrency", f"{plan.max_concurrency:.2f}x", f"at {plan.max_model_len:,} tokens per request")
     step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
-              f"at ~{cost.critical_batch():.0f} tokens per step\n")
+              f"at ~{knee_text(cost.critical_batch())} tokens per step\n")
     if isinstance(cost, Pipeline):
         hops = cost.handoff_seconds(1) * 1e6
         out.write(f"{'pipeline':<17}each GPU holds its stage's {m.layers} layers' weights and KV; a token's step passes "
@@ -13571,7 +13576,8 @@ def cmd_calibrate(args) -> int:
             raise CapacityError(f"the fit is no device a hardware file can hold: {outside}; check the reports' token "
                                 f"counts and that --model is what they ran; nothing written")
         shown = figures({"bandwidth": f"{fitted.bandwidth_gbs:.2f} GB/s", "tflops": f"{fitted.tflops:.4g} TFLOPS"})
-        knee = "" if kept else f", so compute catches up with the weight read at ~{cost_model('roofline', fitted, model).critical_batch():.1f} tokens per step"
+        knee = "" if kept else (f", so compute catches up with the weight read at "
+                                f"~{knee_text(cost_model('roofline', fitted, model).critical_batch())} tokens per step")
         summary = (f"calibrated {printable(fitted.name)} for {model.name}: {shown}, {fitted.step_overhead_ms:.2f} ms per step "
                    f"+ {fitted.seq_overhead_ms:.2f} ms per sequence{knee}; fit: {fit}")
         beyond = [f"{what} {value:,.4g} is above {base.name}'s datasheet {peak:,.4g}"
