@@ -8895,7 +8895,11 @@ class MetricsSampler:
         except (OSError, http.client.HTTPException, CapacityError) as e:
             problem = f"/metrics could not be read ({type(e).__name__}: {self.client.redact(str(e))[:160]})"
         else:
+            began = time.perf_counter()
             read = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
+            # Decoding and reading a page holds the interpreter in long C calls, during which no
+            # stream is read: a page of megabytes delays every event's timestamp by that long.
+            self.worst_wake_delay_s = max(self.worst_wake_delay_s, time.perf_counter() - began)
             values = {name: value for name, value in read.items() if name in SCRAPED}   # kept for every scrape
             if status != 200:
                 detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
@@ -11524,6 +11528,8 @@ def print_run(result: dict, out=None) -> None:
         print_server(result, w)
 
 
+LATE_WAKE_MS = 20      # a client this late to wake makes a 20 ms ITL read twice as long: said beside it
+
 SERVER_LABELS = {   # key: (label, digits)
     "decode_calls": ("decode calls", 0), "mean_batch_per_decode": ("mean batch per decode", 2),
     "tokens_per_decode": ("tokens per decode", 2), "peak_requests_processing": ("peak processing", 0),
@@ -11561,7 +11567,10 @@ def print_server(result: dict, w) -> None:
           f"{number(timings['ttft_minus_prompt_ms']['p95'])} ms  per token {number(timings['predicted_per_token_ms']['p50'])}/"
           f"{number(timings['predicted_per_token_ms']['p95'])} ms  cache_n {timings['cache_n']:,}\n")
     client = result["client"]
-    w(f"{'client':<12}{client['cpu_seconds']:.2f} s cpu  worst wake delay {client['worst_wake_delay_ms']:.1f} ms  "
+    late = client["worst_wake_delay_ms"] > LATE_WAKE_MS      # (a bound on how late any timestamp is)
+    w(f"{'client':<12}{client['cpu_seconds']:.2f} s cpu  worst wake delay {client['worst_wake_delay_ms']:.1f} ms"
+      + (" (event times may be late by as much: a busy client machine, or a /metrics page that takes that long to "
+         "read; raise --scrape-interval)" if late else "") + "  "
       f"finish reasons {client['finish_reasons']}"
       + (f"  {client['requests_without_usage']} answers without usage (output tokens counted from events, "
          f"prompt tokens from the words sent)"
