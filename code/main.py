@@ -12254,17 +12254,34 @@ def tick_text(value: float) -> str:
     return f"{value:,.6g}"
 
 
+def wrapped(text: str, width: int) -> list[str]:
+    """A title in lines of at most `width` characters where its words allow, broken at the last
+    wide gap (a title's parts are two spaces apart) of a line that overflows, else at a space."""
+    lines, line = [], []
+    for word in re.findall(r"\s*\S+", text):         # each word with the gap before it
+        if line and len("".join(line)) + len(word) > width:
+            cut = max((i for i, w in enumerate(line) if i and w.startswith("  ")), default=len(line))
+            lines.append("".join(line[:cut]).strip())
+            line = line[cut:]
+        line.append(word)
+    return lines + ["".join(line).strip()] if line else lines or [text]
+
+
 def svg_figure(title: str, panels: list[Panel], columns: int = 2, width: int = 520, height: int = 340) -> str:
     """The panels in a grid, `columns` across, under one title."""
     columns = max(1, min(columns, len(panels)))
     rows = math.ceil(len(panels) / columns)
-    total_w, total_h = width * columns, height * rows + 34
+    total_w = width * columns
+    lines = wrapped(title, int((total_w - 20) / (0.55 * 15)))     # (a sans-serif letter: about 0.55 em wide)
+    head = 34 + 18 * (len(lines) - 1)
+    total_h = height * rows + head
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
            f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif" font-size="12">',
            f'<rect width="{total_w}" height="{total_h}" fill="white"/>',
-           f'<text x="{total_w / 2:.1f}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>']
+           *(f'<text x="{total_w / 2:.1f}" y="{22 + 18 * i}" text-anchor="middle" font-size="15">{escape(line)}</text>'
+             for i, line in enumerate(lines))]
     for i, panel in enumerate(panels):
-        out += svg_panel(panel, (i % columns) * width, 34 + (i // columns) * height, width, height)
+        out += svg_panel(panel, (i % columns) * width, head + (i // columns) * height, width, height)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

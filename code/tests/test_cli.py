@@ -173,3 +173,19 @@ class VllmSpellings(unittest.TestCase):
         code, out, err = call_cli("sweep", "--requests", "5", "--concurrency", "1,2", "--enable-prefix-caching", "--json")
         self.assertEqual(code, 0, err)
         self.assertTrue(all(p["config"]["prefix_caching"] for p in json.loads(out)))
+
+
+class LongTitles(unittest.TestCase):
+    def test_a_title_wider_than_the_picture_is_wrapped_at_its_parts(self):
+        # helper-62: outputs/plan-day.svg's title ran past both edges of its 760 px
+        from helpers import main
+        title = ("plan llama-3.1-8b on l4-24gb  rate profile code/fixtures/profiles/servegen-day.csv in 24 windows "
+                 "of 60 min  slo ttft_p95 <= 2000 ms")
+        self.assertEqual(main.wrapped(title, 89), ["plan llama-3.1-8b on l4-24gb",
+                                                   "rate profile code/fixtures/profiles/servegen-day.csv in 24 windows "
+                                                   "of 60 min", "slo ttft_p95 <= 2000 ms"])
+        self.assertEqual(main.wrapped("a short one", 89), ["a short one"])
+        self.assertTrue(all(len(line) <= 30 for line in main.wrapped("word " * 40, 30)))
+        svg = main.svg_figure(title, [main.Panel("p", "x", "y", [])], columns=1, width=760)
+        self.assertEqual(svg.count('font-size="15"'), 3)
+        self.assertIn('height="410"', svg)        # 340 of panel, 34 of title, and two more lines of 18 px
