@@ -7282,10 +7282,17 @@ def recorded_setting(name: str, value, where: str, label: str):
         raise UserError(f"{where}: {label} {e} (the range {f.metadata['flag']} takes)") from None
 
 
+TIMELINE_FIGURES = ("running", "waiting", "kv_cache_pct")      # vLLM's logged stats compare sets beside its own
+
+
 def read_timeline(path: str) -> list[dict]:
-    """vLLM's logged per-second stats: every figure a finite number, none negative, KV use a percent."""
+    """vLLM's logged per-second stats: every figure a finite number, none negative, KV use a percent;
+    a header without one of the figures compare reads is refused (its rows would all be left out)."""
     rows = []
     for number, row in csv_rows(read_text(path, "timeseries"), f"timeseries {path}"):
+        if number == 2 and not set(row) & set(TIMELINE_FIGURES):
+            raise UserError(f"timeseries {path}: its header ({printable(', '.join(str(k) for k in row))[:80]}) has "
+                            f"none of {', '.join(TIMELINE_FIGURES)}, the figures compare reads")
         try:
             values = {k: float(v) for k, v in row.items() if k}
         except (TypeError, ValueError):
@@ -7517,7 +7524,13 @@ def published_run(row, source: str, folder: str, where: str) -> PublishedRun:
         if "model" not in settings or "hardware" not in settings:
             raise UserError(f"{where}: a run without per-request data needs its hardware and model")
     measured = row.get("measured") or {}
-    if not isinstance(measured, dict) or any(k not in PUBLISHED_FIGURES for k in measured) or any(
+    unknown = sorted(k for k in measured if k not in PUBLISHED_FIGURES) if isinstance(measured, dict) else []
+    if unknown:        # (a misspelt figure would be skipped as missing, or the run as figureless)
+        near = difflib.get_close_matches(str(unknown[0]), list(PUBLISHED_FIGURES), 1, 0.6)
+        raise UserError(f"{where}: measured.{printable(str(unknown[0]))[:40]} is not a figure validate scores"
+                        + (f" (did you mean {near[0]}?)" if near else "") + f"; the figures are "
+                        f"{', '.join(PUBLISHED_FIGURES)}")
+    if not isinstance(measured, dict) or any(
             isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in measured.values()):
         raise UserError(f"{where}: measured must give positive numbers for some of {', '.join(PUBLISHED_FIGURES)}")
     for key, value in measured.items():

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import unittest
 
-from helpers import FIXTURES, call_cli, main
+from helpers import FIXTURES, call_cli, main, run_cli
 
 
 def closed_loop_run(name, engine="vllm", tpot=10.0, ttft=100.0, concurrency=2):
@@ -553,3 +553,30 @@ class EngineProfiles(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MisspeltFigures(unittest.TestCase):
+    def test_a_misspelt_measured_figure_is_named_as_such(self):
+        # helper-61: an extra key (p99_tpot_ms) skipped its run as one with no positive figures
+        with tempfile.TemporaryDirectory() as tmp:
+            corpus = os.path.join(tmp, "corpus")
+            shutil.copytree(os.path.join(main.CORPUS, "trtllm"), os.path.join(corpus, "trtllm"))
+            path = os.path.join(corpus, "trtllm", "runs.json")
+            with open(path) as f:
+                runs = json.load(f)
+            rows = runs["runs"] if isinstance(runs, dict) else runs
+            rows[0]["measured"]["p99_tpot_ms"] = 5.0
+            with open(path, "w") as f:
+                json.dump(runs, f)
+            code, out, err = run_cli("validate", corpus, "--jobs", 1)
+        self.assertIn("measured.p99_tpot_ms is not a figure validate scores (did you mean mean_tpot_ms?)", out + err)
+
+    def test_a_timeseries_with_none_of_the_figures_is_refused(self):
+        # helper-61: a timeseries.csv of x,y was read as a timeline with nothing in it, without a word
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timeseries.csv")
+            with open(path, "w") as f:
+                f.write("x,y\n1,2\n")
+            with self.assertRaises(main.UserError) as e:
+                main.read_timeline(path)
+        self.assertIn("has none of running, waiting, kv_cache_pct", str(e.exception))
