@@ -12540,6 +12540,8 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        if message == "argument --server-flags: expected one argument":    # (argparse reads "--parallel=4" as a flag)
+            message += "; a value that starts with - goes after an =: --server-flags=\"--parallel 4\""
         raise UserError(f"{self.prog}: {message} (see --help)")
 
     def parse_args(self, args=None, namespace=None):

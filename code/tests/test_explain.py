@@ -474,3 +474,14 @@ class ReportsAsRunsGiveThem(unittest.TestCase):
             code, out, err = run_cli("explain", path)
             self.assertEqual(code, 0, err)
             self.assertIn("which explain cannot price", err)
+
+
+class ServerFlagsGiven(unittest.TestCase):
+    def test_server_flags_starting_with_a_dash_get_the_way_to_pass_them(self):
+        # helper-61: --server-flags "--parallel=4" failed with argparse's "expected one argument" alone
+        code, out, err = run_cli("explain", os.path.join(FIXTURES, "llamacpp-c8.json"), "--server-flags", "--parallel=4")
+        self.assertEqual(code, 2, err)
+        self.assertIn('a value that starts with - goes after an =: --server-flags="--parallel 4"', err)
+        code, out, err = run_cli("explain", os.path.join(FIXTURES, "llamacpp-c8.json"), "--server-flags=--parallel=4")
+        self.assertEqual(code, 0, err)
+        self.assertIn("4 running of 4 allowed", out)
