@@ -4575,6 +4575,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "num_prompts": len(requests), "arrivals": spec.arrivals(),
         "max_concurrency": spec.clients(), "request_rate": spec.rate,
         "trace": spec.trace.name if spec.trace else None,
+        # What its reader left out or changed, as stderr said it: a script reads this.
+        **({"trace_notes": list(spec.trace.notes)} if spec.trace and spec.trace.notes else {}),
         "prompt_tokens": None if spec.trace else str(spec.prompt_tokens),
         "output_tokens": None if spec.trace else str(spec.output_tokens), "seed": spec.seed,
         **asdict(config), "max_tokens_in_flight": spec.max_tokens_in_flight,
@@ -7643,7 +7645,7 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
         if parent is None:
             parents.append(-1)
         elif parent not in where and not strict:
-            notes["{:,} row{s} continue{v} a chat from before the trace starts; {they} {are} sent as new chats"] += 1
+            notes["{:,} row{s} continue{v} a chat from before the trace starts; {they} start{v} afresh"] += 1
             parents.append(-1)
         elif parent not in where:
             raise UserError(f"trace {path} row {i + 1}: its parent {printable(parent)[:40]!r} is not an earlier row's "
@@ -7903,12 +7905,19 @@ def hashed_trace(block: int, seconds_per_unit: float):
                 notes["{:,} request{s} ask{v} for 0 output tokens; servesim generates 1, the first token"] += 1
             runs = hashed_runs(where, row, prompt, block)
             # Bailian's sessions: a chat continues its parent_chat_id (-1: none), at its own time.
-            chat, parent = row.get("chat_id"), row.get("parent_chat_id")
-            if isinstance(parent, int) and not isinstance(parent, bool) and parent >= 0 and \
-                    isinstance(chat, int) and not isinstance(chat, bool):
-                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": str(chat), "parent": str(parent)}
-            elif isinstance(chat, int) and not isinstance(chat, bool):
-                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": str(chat)}
+            # (Its ids are whole numbers; text names a chat as well. Anything else is counted.)
+            ids = [str(v) if isinstance(v, int) and not isinstance(v, bool) or isinstance(v, str) and v.strip()
+                   else None for v in (row.get("chat_id"), row.get("parent_chat_id"))]
+            chat, parent = ids
+            if parent is not None and parent.strip() == "-1":
+                parent = None
+            if any(v is not None and i is None for v, i in zip((row.get("chat_id"), row.get("parent_chat_id")), ids)):
+                notes["{:,} row{s} with a chat_id or parent_chat_id that is neither a whole number nor text "
+                      "start{v} afresh, in no chat"] += 1
+            if parent is not None and chat is not None:
+                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": chat, "parent": parent}
+            elif chat is not None:
+                yield arrival * seconds_per_unit, prompt, max(1, output), runs, {"id": chat}
             else:
                 yield arrival * seconds_per_unit, prompt, max(1, output), runs
     return read
@@ -9609,6 +9618,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
         "timeout_s": config.timeout_s, "request_timeout_s": config.request_timeout_s,
         "burstiness": config.burstiness, "ramp_up": list(config.ramp_up) if config.ramp_up else None,
         "trace": config.trace.name if config.trace else None, "time_scale": config.time_scale,
+        **({"trace_notes": list(config.trace.notes)} if config.trace and config.trace.notes else {}),
         "turns": turns, "think_time_s": config.think_time_s, "warmup": config.warmup,
         "rate_profile": config.rate_profile.name if config.rate_profile else None,
         "shard": list(config.shard) if config.shard else None, "schedule": schedule_fingerprint(config),

@@ -1063,3 +1063,21 @@ class SessionsWithinAYear(unittest.TestCase):
             with self.assertRaises(main.UserError) as e:
                 main.read_trace(path)
         self.assertIn("row 367: its session's delays put it 366 days in", str(e.exception))
+
+
+class BailianIds(unittest.TestCase):
+    def test_text_ids_link_a_chat_and_other_ids_are_counted(self):
+        # helper-62: a parent_chat_id "b" silently lost its link; a script saw no trace notes in --json
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "b.jsonl")
+            rows = [{"chat_id": "b", "parent_chat_id": -1, "timestamp": 0, "input_length": 32, "output_length": 5, "hash_ids": [1, 2]},
+                    {"chat_id": "a", "parent_chat_id": "b", "timestamp": 1, "input_length": 64, "output_length": 5, "hash_ids": [1, 2, 3, 4]},
+                    {"chat_id": 1.5, "parent_chat_id": -1, "timestamp": 2, "input_length": 32, "output_length": 5, "hash_ids": [7, 8]}]
+            with open(path, "w") as f:
+                f.write("".join(json.dumps(row) + "\n" for row in rows))
+            trace = main.read_trace(path)
+            self.assertEqual(trace.parents, (-1, 0, -1))
+            self.assertIn("1 row with a chat_id or parent_chat_id that is neither a whole number nor text starts "
+                          "afresh", trace.notes[0])
+            result = main.run(main.RunSpec(trace=trace))
+            self.assertEqual(result["config"]["trace_notes"], list(trace.notes))
