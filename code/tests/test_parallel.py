@@ -199,7 +199,7 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertAlmostEqual(crossover, high, delta=0.01)
         self.assertGreater(crossover, 8 * read(1) / flops)
         code, out, _ = call_cli("capacity", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb")
-        self.assertIn(f"at ~{crossover:.0f} tokens per step", out)
+        self.assertIn(f"at ~{crossover:,.0f} tokens per step", out)
 
     def test_capacity_plans_replicas_and_expert_parallelism(self):
         code, out, err = call_cli("capacity", "--model", "qwen3-30b-a3b", "--hardware", "h100-sxm-80gb", "-dp", "2",
