@@ -7816,7 +7816,14 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
         value = float(value.strip()) if not whole_number else int(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high or (whole_number and value != int(value)):
-        raise UserError(f"{where}: field {name!r} must be {kind} from {low:,} to {high:,}, got {str(value)[:40]}")
+        # A time past the range that reads as one since 1970 (2001 to 2286, in s or in ms) is a clock's.
+        clock = high and not whole_number and isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value > high and 1e9 <= value / (high / MAX_ARRIVAL_S) < 1e10
+        bound = lambda x: f"{x:,.0f}" if x == int(x) else f"{x:,}"
+        raise UserError(f"{where}: field {name!r} must be {kind} from {bound(low)} to {bound(high)}, got "
+                        f"{str(value)[:40]}"
+                        + ("; that reads as a wall-clock time (since 1970): give each time from the trace's start"
+                           if clock else ""))
     return int(value) if whole_number else float(value)
 
 

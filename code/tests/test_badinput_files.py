@@ -1081,3 +1081,20 @@ class BailianIds(unittest.TestCase):
                           "afresh", trace.notes[0])
             result = main.run(main.RunSpec(trace=trace))
             self.assertEqual(result["config"]["trace_notes"], list(trace.notes))
+
+
+class WallClockTimes(unittest.TestCase):
+    def test_a_time_since_1970_gets_the_hint_to_count_from_the_start(self):
+        # helper-62: epoch seconds in servesim JSONL, epoch ms in Mooncake: the range error alone
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, row in (("s.jsonl", {"arrival": 1700000000, "prompt_tokens": 100, "output_tokens": 10}),
+                              ("m.jsonl", {"timestamp": 1700000000000, "input_length": 600, "output_length": 5,
+                                           "hash_ids": [1, 2]})):
+                path = os.path.join(tmp, name)
+                with open(path, "w") as f:
+                    f.write(json.dumps(row) + "\n")
+                with self.subTest(name=name), self.assertRaises(main.UserError) as e:
+                    main.read_trace(path)
+                self.assertIn("reads as a wall-clock time (since 1970): give each time from the trace's start",
+                              str(e.exception))
+                self.assertNotIn(".0,", str(e.exception))
