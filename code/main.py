@@ -7135,6 +7135,11 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
                 raise UserError(f"{kind} {name}: server.shape.kv_tokens {settings['kv_tokens']:,} is not a whole "
                                 f"number of its {shape['block_size']:,}-token blocks; a cache holds whole blocks")
             settings["num_gpu_blocks"] = settings.pop("kv_tokens") // shape["block_size"]
+        elif settings["kv_tokens"] < max(16, settings.get("max_num_seqs", 1)):
+            # (llama.cpp's: its context, split over its slots; servesim keeps it in 16-token blocks)
+            raise UserError(f"{kind} {name}: server.shape.kv_tokens {settings['kv_tokens']:,} is less than a "
+                            f"16-token KV block, or a token for each of its {settings.get('max_num_seqs', 1):,} "
+                            f"slots: no server serves from such a cache, so the report's shape is not a server's")
         if "prefix_caching" in shape:
             if not isinstance(shape["prefix_caching"], bool):
                 raise UserError(f"{kind} {name}: server.shape.prefix_caching must be true or false, "

@@ -892,6 +892,11 @@ class ReportsThatContradictThemselves(Checks):
                 path = write_json(os.path.join(tmp, f"shape{tokens}.json"), shaped)
                 self.assert_one_line(run("compare", path, *PRESETS),
                                      mentions=[f"server.shape.kv_tokens {tokens:,} is not a whole number"])
+            # helper-60: llama.cpp's 3-token context was blamed on --kv-tokens, a flag the user never gave
+            shaped = detailed_report(2, server={"shape": {"kv_tokens": 3, "max_num_seqs": 4}})
+            path = write_json(os.path.join(tmp, "tiny.json"), shaped)
+            self.assert_one_line(run("compare", path, *PRESETS),
+                                 mentions=["server.shape.kv_tokens 3 is less than a 16-token KV block"])
 
     def test_json_says_the_pipeline(self):
         for command in ("capacity", "simulate"):
