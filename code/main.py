@@ -10040,7 +10040,13 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
                         f"add --enable-expert-parallel off to try tensor parallelism instead")
     # An --engine given takes its own defaults for the knobs the run did not record either.
     spec = engine_defaults(RunSpec(**settings), settings)
-    check_spec(spec)
+    try:
+        check_spec(spec)
+        device_plan(spec, spec.hardware)      # (a group the model does not split over, say)
+    except UserError as e:       # (a flag it names may be a setting the run's files gave, not the user)
+        named = [flag_of(k) for k in sorted(set(settings) - set(given) - {"hardware", "model"}) if flag_of(k) in str(e)]
+        raise UserError(f"run {measured.name}: {e}" + (f" ({', '.join(named)}: as the run recorded it; the flag "
+                                                       f"replaces it)" if named else "")) from None
     return spec
 
 

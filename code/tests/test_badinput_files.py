@@ -892,6 +892,22 @@ class ReportsThatContradictThemselves(Checks):
                 path = write_json(os.path.join(tmp, f"shape{tokens}.json"), shaped)
                 self.assert_one_line(run("compare", path, *PRESETS),
                                      mentions=[f"server.shape.kv_tokens {tokens:,} is not a whole number"])
+            # helper-60: a meta.json of tensor_parallel_size 3 was blamed on --tensor-parallel-size alone
+            run_dir = os.path.join(tmp, "run")
+            shutil.copytree(VLLM_RUN, run_dir)
+            with open(os.path.join(run_dir, "meta.json")) as f:
+                meta = json.load(f)
+
+            def three(d):
+                for k, v in d.items():
+                    if k == "tensor_parallel_size":
+                        d[k] = 3
+                    elif isinstance(v, dict):
+                        three(v)
+            three(meta)
+            write_json(os.path.join(run_dir, "meta.json"), meta)
+            self.assert_one_line(run("compare", run_dir),
+                                 mentions=["--tensor-parallel-size 3", "as the run recorded it; the flag replaces it"])
             # helper-60: llama.cpp's 3-token context was blamed on --kv-tokens, a flag the user never gave
             shaped = detailed_report(2, server={"shape": {"kv_tokens": 3, "max_num_seqs": 4}})
             path = write_json(os.path.join(tmp, "tiny.json"), shaped)
