@@ -10543,7 +10543,10 @@ def machine_of(path: str, report: dict) -> dict:
         raise UserError(f"report {path}: config.shard is {str(shard)[:40]}; expected [K, N] with 1 <= K <= N")
     schedule = config.get("schedule")
     if not isinstance(schedule, str) or not re.fullmatch(r"[0-9a-f]{16}", schedule):
-        raise UserError(f"report {path}: a shard without its schedule fingerprint (config.schedule); rerun loadgen")
+        raise UserError(f"report {path}: " + ("a shard without its schedule fingerprint (config.schedule)" if schedule is None
+                                               else f"config.schedule {printable(str(schedule))[:40]!r} is not a "
+                                                    f"schedule fingerprint (16 hex digits, as loadgen writes it)")
+                        + "; rerun loadgen")
     indices = report.get("indices")
     if not (isinstance(indices, list) and len(indices) == len(report["input_lens"])
             and all(type(i) is int and 0 <= i < MAX_REQUESTS for i in indices)):
