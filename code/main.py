@@ -4273,10 +4273,6 @@ def vllm_refusal(spec: RunSpec, plan: CapacityPlan) -> str:
         why.append(f"--max-model-len {spec.model_len():,} is longer than {spec.model.name}'s own "
                    f"{own:,} (its max_position_embeddings), which vLLM takes only with "
                    f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
-    if not spec.chunked_prefill and spec.max_num_batched_tokens < spec.model_len():
-        why.append(f"--max-num-batched-tokens {spec.max_num_batched_tokens:,} is below --max-model-len "
-                   f"{spec.model_len():,} without chunked prefill (a prompt that long could never be scheduled); "
-                   f"raise the one or lower the other")
     return "; and ".join(why)
 
 
@@ -6731,7 +6727,7 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
             "one device here; sweep and search take a comma-separated list of --hardware" if flag == "--hardware" else
             f"one {kind} at a time" + ("; sweep and search vary server settings, not the model, so run each model "
                                        "on its own" if flag == "--model" else "")))
-    if not os.path.exists(value) and (value.lower().endswith(".json") or os.sep in value):
+    if not os.path.exists(value) and value.lower().endswith(".json"):
         raise UserError(f"{flag} {value}: no such file (a {kind} file is JSON with the fields of one entry of "
                         f"`main.py presets --json`)")
     if not os.path.exists(value):
@@ -7297,7 +7293,7 @@ def read_timeline(path: str) -> list[dict]:
     a header without one of the figures compare reads is refused (its rows would all be left out)."""
     rows = []
     for number, row in csv_rows(read_text(path, "timeseries"), f"timeseries {path}"):
-        if number == 2 and not set(row) & set(TIMELINE_FIGURES):
+        if not rows and not set(row) & set(TIMELINE_FIGURES):
             raise UserError(f"timeseries {path}: its header ({printable(', '.join(str(k) for k in row))[:80]}) has "
                             f"none of {', '.join(TIMELINE_FIGURES)}, the figures compare reads")
         try:
@@ -8257,11 +8253,12 @@ def redact_url(url: str) -> str:
     return re.sub(r"[?#].*", "?***", url, flags=re.S)
 
 
-def hide_pieces(text: str, secrets: list[str], least: int = 8, ends: int = 4) -> str:
+def hide_pieces(text: str, secrets: list[str], least: int = 8, ends: int = 6) -> str:
     """The text with every run of `least` or more characters that is a piece of one of `secrets`
     (the whole of a shorter one), and every run of `ends` or more that starts or ends one as it
     does, shown as ***: a server that refuses a key often echoes its first and last characters
-    ("abcd12...wxyz", OpenAI's "****wxyz"), and a piece of a key is a piece of a secret. The
+    ("abcdef...uvwxyz"), and a piece of a key is a piece of a secret. (Four, as OpenAI's
+    "****wxyz" shows, would hide "token" in "tokens" for vLLM's example key token-abc123.) The
     pieces of every secret are found in the text as given, then hidden together: hidden one secret
     after another, a user name hidden first would cut the password beside it into pieces too short
     to find."""
@@ -8920,7 +8917,8 @@ class MetricsSampler:
         self.closed = False                    # the report has taken the scrapes: keep no more
         self.thread = threading.Thread(target=self.loop, daemon=True)
 
-    def scrape(self, final: bool = False) -> None:
+    def scrape(self, final: bool = False, during: bool = False) -> None:
+        """One scrape; `during`: taken while streams are read, so its reading delays their events."""
         if self.problem:
             return
         problem = None
@@ -8933,7 +8931,8 @@ class MetricsSampler:
             read = parse_prometheus(body.decode("utf-8", errors="replace"), self.ignored)
             # Decoding and reading a page holds the interpreter in long C calls, during which no
             # stream is read: a page of megabytes delays every event's timestamp by that long.
-            self.worst_wake_delay_s = max(self.worst_wake_delay_s, time.perf_counter() - began)
+            if during:
+                self.worst_wake_delay_s = max(self.worst_wake_delay_s, time.perf_counter() - began)
             values = {name: value for name, value in read.items() if name in SCRAPED}   # kept for every scrape
             if status != 200:
                 detail = self.client.redact(" ".join(body[:160].decode("utf-8", errors="replace").split()))
@@ -8961,7 +8960,7 @@ class MetricsSampler:
             self.stop.wait(0.005)
             self.worst_wake_delay_s = max(self.worst_wake_delay_s, time.perf_counter() - wake)
             if time.perf_counter() >= next_scrape:
-                self.scrape()
+                self.scrape(during=True)
                 next_scrape = time.perf_counter() + self.interval_s
         if self.final_scrape:
             self.scrape(final=True)
@@ -10042,7 +10041,8 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
     spec = engine_defaults(RunSpec(**settings), settings)
     try:
         check_spec(spec)
-        device_plan(spec, spec.hardware)      # (a group the model does not split over, say)
+        with contextlib.suppress(CapacityError):    # (what does not fit is said where the plan is read)
+            device_plan(spec, spec.hardware)        # a group the model does not split over, say
     except UserError as e:       # (a flag it names may be a setting the run's files gave, not the user)
         named = [flag_of(k) for k in sorted(set(settings) - set(given) - {"hardware", "model"}) if flag_of(k) in str(e)]
         raise UserError(f"run {measured.name}: {e}" + (f" ({', '.join(named)}: as the run recorded it; the flag "
@@ -11083,14 +11083,16 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
         return REMEDIES["queue-bound"], [queue, "no TTFT in this input", "no single budget binds"]
     decode = sig.e2e_ms - sig.ttft_ms if sig.e2e_ms is not None and sig.ttft_ms is not None else None
     if sig.queue_ms is None and sig.prefill_ms is None and (sig.ttft_ms or 0) >= TTFT_NOTICED_MS \
-            and (decode is None or sig.ttft_ms > decode):
-        # A client's report without the server's figures cannot split TTFT into queue and prefill;
-        # a TTFT this long that outweighs the whole decode is a queue unless prompts are huge.
+            and (decode is None or sig.ttft_ms > decode) and not sig.waiting == 0:
+        # A report that cannot split TTFT into queue and prefill (a client's alone, or a server's
+        # gauges without a queue time): a TTFT this long that outweighs the whole decode is a
+        # queue unless prompts are huge, or the server's gauges saw nothing waiting.
         return REMEDIES["queue-bound"], [f"TTFT {sig.ttft_ms:,.0f} ms"
                                          + (f", longer than the decode after it ({decode:,.0f} ms)" if decode is not None
                                             else ""),
-                                         "no queue or prefill figure in this input to split it (add the server's "
-                                         "/metrics, or its --metrics)"
+                                         "no queue or prefill figure in this input to split it"
+                                         + (" (add the server's /metrics, or its --metrics)" if sig.running is None
+                                            else "")
                                          + (f"; mean prompt {sig.prompt_tokens:,.0f} tokens" if sig.prompt_tokens
                                             else "")]
     if sig.failed:
@@ -11276,9 +11278,14 @@ def check_writable(path: str, flag: str, args=None) -> None:
     # Tried, not asked: os.access says yes to root anywhere, and /proc and /sys take no new file.
     # What write_file writes in place (a device, a pipe, a name under /dev or /proc) must be there.
     if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
-        if not os.path.exists(path):
-            raise UserError(f"{flag} {path}: no such file, and {directory} takes no new one; give a file in a "
-                            f"directory you can write")
+        if not os.path.exists(path):        # tried as write_file opens it (/dev/shm takes one; /proc none)
+            try:
+                with open(path, "ab"):
+                    pass
+                os.remove(path)
+            except OSError as e:
+                raise UserError(f"{flag} {path}: no such file, and {directory} takes no new one ({e.strerror or e}); "
+                                f"give a file in a directory you can write") from None
     else:
         directory = os.path.dirname(os.path.realpath(path))     # (written beside what a link points to)
         try:
@@ -12552,13 +12559,16 @@ def hide_argv_secrets(message: str, argv: Optional[list[str]]) -> str:
     secrets = []
     for i, word in enumerate(words):
         named = SECRET_FLAG.match(word)
-        if named and SECRET_WORDS & set(re.split(r"[-_]", named.group(1).lower())):
+        if named and (SECRET_WORDS & set(re.split(r"[-_]", named.group(1).lower()))
+                      or difflib.get_close_matches(named.group(1).lower(), ["api-key"], 1, 0.75)):   # (--api-kye)
             secrets.append(word.split("=", 1)[1] if named.group(2) == "=" else words[i + 1] if i + 1 < len(words)
                            else "")
         flag, given, value = word.partition("=") if word.startswith("-") else ("", "", word)
         url = "://" in value or (flag if given else words[i - 1] if i else "").lower().endswith("url")
         if "@" in value and url:      # a user and password, with or without a scheme (see redact_url)
             secrets += re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*://", "", value).rsplit("@", 1)[0].split(":", 1)
+        if url and re.search(r"[?#]", value):      # a query or fragment (?api_key=...), as redact_url hides it
+            secrets.append(re.split(r"[?#]", value, 1)[1])
     # (Two characters or one are no credential, and hidden wherever they stand would garble the line.)
     return hide_pieces(message, [s for s in secrets if len(s.strip()) > 2])
 

@@ -260,6 +260,15 @@ class UnwritableDirectory(unittest.TestCase):
             self.assertEqual((code, out), (2, ""), err)
             self.assertIn(f"cannot write in the directory {tmp} (Permission denied)", err)
             self.assertEqual(os.listdir(tmp), [])
+        if os.path.isdir("/dev/shm"):         # helper-63: a tmpfs under /dev takes a new file
+            path = f"/dev/shm/servesim-{os.getpid()}.csv"
+            self.addCleanup(lambda: os.path.exists(path) and os.remove(path))
+            code, out, err = call_cli("simulate", "--requests", "5", "--timeline", path)
+            self.assertEqual(code, 0, err)
+            self.assertTrue(os.path.isfile(path))
+        # helper-63: a Hugging Face id is no file, so it still gets the preset it is most like
+        code, out, err = call_cli("simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct")
+        self.assertIn("did you mean llama-3.1-8b?", err)
         if os.path.isdir("/proc"):
             code, out, err = call_cli("simulate", "--requests", "5", "--plot", "/proc/x.svg")
             self.assertEqual((code, out), (2, ""), err)

@@ -68,13 +68,10 @@ class ModelLength(unittest.TestCase):
         # helper-61: capacity called --block-size 7 startable where simulate did not, and --json said nothing
         for flags, said in ((("--block-size", "7"), "--block-size 7 is not one it takes"),
                             (("--max-model-len", "300000"), "--max-model-len 300,000 is longer than llama-3.1-8b's "
-                                                            "own 131,072"),
-                            (("--no-chunked-prefill",), "--max-num-batched-tokens 8,192 is below --max-model-len "
-                                                        "131,072 without chunked prefill")):
-            if "--no-chunked-prefill" not in flags:      # (a scheduler's flag: capacity has none)
-                code, out, err = run_cli("capacity", *flags, "--json")
-                self.assertEqual(code, 0, err)
-                self.assertIn(said, json.loads(out)["vllm_would_refuse"])
+                                                            "own 131,072")):
+            code, out, err = run_cli("capacity", *flags, "--json")
+            self.assertEqual(code, 0, err)
+            self.assertIn(said, json.loads(out)["vllm_would_refuse"])
             code, out, err = run_cli("simulate", "--requests", "3", *flags)
             self.assertIn(said, err)
         # a disaggregated run's prefill engine is checked too

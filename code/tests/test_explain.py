@@ -416,6 +416,11 @@ class ClientOnlyReports(unittest.TestCase):
         self.assertEqual(e["phase"], "ttft")
         self.assertRegex(e["evidence"][0], r"^TTFT [\d,]+ ms, longer than the decode after it")
         self.assertIn("no queue or prefill figure in this input", e["evidence"][1])
+        # helper-63: the server's own gauges saw nothing waiting: a long TTFT is then prefill
+        report = {"completed": 20, "failed": 0, "median_ttft_ms": 1500, "median_e2el_ms": 1700,
+                  "total_input_tokens": 600000, "total_output_tokens": 200, "config": {},
+                  "server": {"server": "vllm", "peak_running": 1, "peak_waiting": 0, "preemptions": 0}}
+        self.assertEqual(main.explain(main.signals_from_report(report, "v.json"))["symptom"], "healthy")
 
 
 class ScrapesSayOnlyWhatTheyHold(unittest.TestCase):

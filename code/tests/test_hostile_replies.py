@@ -56,7 +56,9 @@ class Secrets(unittest.TestCase):
                       ("merge", "a.json", "--api-key", KEY),
                       ("loadgen", "--url", "http://127.0.0.1:9", f"--auth-token={KEY}"),
                       ("loadgen", "--url", "http://user:Sup3rSecretPw@127.0.0.1:9", "--bogus", "Sup3rSecretPw"),
-                      ("loadgen", "--url=user:Sup3rSecretPw@127.0.0.1:9", "--bogus", "Sup3rSecretPw")):
+                      ("loadgen", "--url=user:Sup3rSecretPw@127.0.0.1:9", "--bogus", "Sup3rSecretPw"),
+                      ("loadgen", "--url", "http://127.0.0.1:9", "--api-kye", KEY),
+                      ("loadgen", "--ur", f"http://127.0.0.1:9/?api_key={KEY}")):
             with self.subTest(words=words[:4]):
                 r = run(*words)
                 self.assertEqual(r.code, 2, r.err)
@@ -73,10 +75,12 @@ class Secrets(unittest.TestCase):
 
     def test_a_key_echoed_by_its_first_and_last_few_characters_shows_neither(self):
         # helper-59's rule hid runs of 8 or more: "key myorgk... tail 6a8c0e" showed 12 of its 29
-        self.assertEqual(main.hide_pieces(f"key {KEY[:6]}... tail {KEY[-6:]}; OpenAI: ****{KEY[-4:]}.", [KEY]),
-                         "key ***... tail ***; OpenAI: *******.")
-        # what is not its start or its end, under 8 characters, is not a piece to hide
+        self.assertEqual(main.hide_pieces(f"key {KEY[:6]}... tail {KEY[-6:]}.", [KEY]), "key ***... tail ***.")
+        # what is not its start or its end, under 8 characters, is not a piece to hide; nor is a
+        # word that shares the key's first 5 (helper-63: 4 hid "toke" of "tokens" for token-abc123)
         self.assertEqual(main.hide_pieces("7f3a9c2 seconds", [KEY]), "7f3a9c2 seconds")
+        self.assertEqual(main.hide_pieces("8192 tokens, --prompt-tokens", ["token-abc123"]),
+                         "8192 tokens, --prompt-tokens")
 
 
 class ReportsMergeReads(unittest.TestCase):
@@ -310,8 +314,10 @@ class BigPages(unittest.TestCase):
             def redact(self, text):
                 return text
         sampler = main.MetricsSampler(Stub(), 100)
-        sampler.scrape()
-        self.assertEqual(len(sampler.scrapes), 1)
+        sampler.scrape()                    # before the run: no stream waits on it
+        self.assertEqual(sampler.worst_wake_delay_s, 0.0)
+        sampler.scrape(during=True)
+        self.assertEqual(len(sampler.scrapes), 2)
         self.assertGreater(sampler.worst_wake_delay_s, 0.01)
         out = []
         main.print_server({"server": {}, "config": {}, "client": {"cpu_seconds": 0.1, "worst_wake_delay_ms": 90.0,
