@@ -759,6 +759,7 @@ class Request:
     token_times: Optional[list] = None   # every token's time, only kept for --detailed
     error: Optional[str] = None
     streamed: Optional[tuple] = None     # a failed request read from a report: (tokens, ttft) it streamed first
+    ended_s: Optional[float] = None      # ... and when it ended, where the report says (a run lasts to it)
     cached_tokens: int = 0       # prompt tokens found in the prefix cache at first admission
     measured: bool = True        # False for a warm-up request: sent, but left out of every figure
     content_ends: tuple = ()     # where each content run ends, and the hash of the runs up to it
@@ -1607,6 +1608,8 @@ def detailed_arrays(requests: list) -> dict:
         times = r.token_times or []
         return [b - a for a, b in zip(times, times[1:])]
     ok = [r.error is None and r.first_token_s is not None for r in requests]
+    ends = [None if good or getattr(r, "ended_s", None) is None else r.ended_s - r.sent_s
+            for r, good in zip(requests, ok)]
     return {
         "input_lens": [r.prompt_tokens for r in requests],
         "output_lens": [r.output_tokens if good else 0 for r, good in zip(requests, ok)],
@@ -1624,6 +1627,8 @@ def detailed_arrays(requests: list) -> dict:
         **({"ttfas": [r.answer_s - r.sent_s if good and r.answer_s is not None else None
                       for r, good in zip(requests, ok)]}
            if any(getattr(r, "reasoning_tokens", 0) for r in requests) else {}),
+        # When each failed request ended, from its send: the run's duration reaches it (summarize).
+        **({"failed_ends": ends} if any(e is not None for e in ends) else {}),
     }
 
 
@@ -6986,6 +6991,21 @@ def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]
     return tokens, float(ttft)
 
 
+def failed_end(report: dict, i: int, n: int, where: str) -> Optional[float]:
+    """When failed request i ended, in seconds from its send (loadgen --detailed's failed_ends), or None."""
+    ends = report.get("failed_ends")
+    if ends is None:
+        return None
+    if not isinstance(ends, list) or len(ends) != n:
+        raise UserError(f"{where}: failed_ends must be a list as long as input_lens ({n})")
+    end = ends[i]
+    if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end)
+                            or not 0 <= end <= MAX_ARRIVAL_S):
+        raise UserError(f"{where}: request {i}'s failed_ends must be null or seconds from 0 to a year, got "
+                        f"{printable(str(end)[:40])}")
+    return None if end is None else float(end)
+
+
 STATED_RATES = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 
 
@@ -7079,6 +7099,9 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
             requests[-1].streamed = failed_streamed(report, i, n, f"{kind} {name}")
+            ended = failed_end(report, i, n, f"{kind} {name}")
+            if ended is not None:
+                requests[-1].ended_s = sent + ended
             continue
         gaps = columns["itls"][i]
         if not isinstance(gaps, list):
@@ -10493,10 +10516,13 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                                        r.prompt_tokens, r.output_tokens, r.error)
             request.token_times = [t + shift for t in r.token_times] if r.token_times else None
             request.streamed = r.streamed
+            if getattr(r, "ended_s", None) is not None:
+                request.ended_s = r.ended_s + shift
             if r.answer_s is not None and r.reasoning_tokens:
                 request.answer_s, request.reasoning_tokens = r.answer_s + shift, r.reasoning_tokens
             requests.append(request)
-        ends = [r.last_token_s for r in measured.requests if r.last_token_s is not None]
+        ends = [r.last_token_s if r.last_token_s is not None else r.ended_s for r in measured.requests
+                if r.last_token_s is not None or r.ended_s is not None]     # (a failure's end, where kept)
         own = spans.get(path)       # a merged report's own runs, apart: its gaps measured nothing either
         windows += [(shift + a, shift + b) for a, b in own] if own else [(shift, shift + max(ends, default=0.0))]
     if on_wall_clock and len(windows) > 1 and max(w[0] for w in windows) > min(w[1] for w in windows):

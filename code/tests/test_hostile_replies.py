@@ -248,6 +248,17 @@ class Duration(unittest.TestCase):
         self.assertEqual((report["completed"], report["failed"]), (2, 1))
         self.assertGreater(report["duration"], 2)
         self.assertAlmostEqual(report["request_throughput"], 2 / report["duration"])
+        # helper-63: --detailed kept no failure's end, so merge (and compare) read the run as 0.6 s
+        calls.clear()
+        with FakeServer(stream) as server, tempfile.TemporaryDirectory() as tmp:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 3, "--no-size-prompts",
+                    "--timeout", 2, "--detailed", "--scrape-interval", 100)
+            path = os.path.join(tmp, "d.json")
+            with open(path, "w") as f:
+                f.write(r.out)
+            merged = run("merge", path, "--json")
+        self.assertEqual(merged.code, 1, merged.err)
+        self.assertAlmostEqual(merged.json()["duration"], r.json()["duration"], delta=0.05)
 
 
 if __name__ == "__main__":
