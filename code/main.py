@@ -10433,7 +10433,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
     """Several loadgen --detailed reports (one per client machine) as one run: every request on
     one clock, percentiles recomputed, throughput over the union of the windows. Returns the
     report, its requests, and what had to be assumed."""
-    parts, notes, seen, machines, models, devices, spans = [], [], {}, [], {}, {}, {}
+    parts, notes, seen, machines, models, devices, spans, runs = [], [], {}, [], {}, {}, {}, []
     streamed = 0      # what failed requests streamed, each report's (loadgen keeps it apart from the summary)
     for path, report in reports:
         if not isinstance(report, dict) or not isinstance(report.get("input_lens"), list):
@@ -10467,8 +10467,17 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
                   else None)
         # The same run twice: the same run id at the same moment, or the same per-request arrays.
         marks = [json.dumps([report.get(k) for k in ("input_lens", "output_lens", "ttfts", "itls", "start_times")])]
-        if anchor is not None:
-            marks.append(repr((config.get("run_id"), anchor)))
+        # A merged report is its runs: each is one run, whichever report brings it (merge writes them).
+        runs_in = config.get("runs")
+        if runs_in is not None and not (isinstance(runs_in, list) and all(
+                isinstance(r, list) and len(r) == 2 and (r[0] is None or isinstance(r[0], str))
+                and isinstance(r[1], (int, float)) and not isinstance(r[1], bool) and math.isfinite(r[1])
+                for r in runs_in)):
+            raise UserError(f"report {path}: config.runs must be [run id, start] pairs, as merge writes them")
+        own_runs = [tuple(r) for r in runs_in] if runs_in else [(config.get("run_id"), anchor)] if anchor is not None \
+            else []
+        marks += [repr(run_) for run_ in own_runs]
+        runs += own_runs
         same = next((seen[mark] for mark in marks if mark in seen), None)
         if same:
             raise UserError(f"report {path} is the same run as {same}: merging it twice would count its requests "
@@ -10546,7 +10555,7 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
         # 0 at `base`), and an id of its own: merged again, it lands where its requests were sent.
         result["config"].update(started_unix=base, started_perf=0.0, run_id="merge-" + hashlib.sha256(
             repr(sorted(anchor for _, _, anchor in parts)).encode()).hexdigest()[:12],
-            windows=[list(w) for w in sorted(windows)])
+            windows=[list(w) for w in sorted(windows)], runs=[list(run_) for run_ in runs])
     if any(m["shard"] for m in machines):
         result["config"]["machines"] = shards_together(machines, notes)
     return result, requests, notes

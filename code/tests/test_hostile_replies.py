@@ -308,6 +308,10 @@ class MergedAgain(unittest.TestCase):
                 self.assertEqual(code, 0, err)
                 r = json.loads(out)
                 figures.append((r["completed"], round(r["duration"], 9), round(r["output_throughput"], 6)))
+            # helper-63: merged again with one of its own runs, that run was counted twice
+            code, out, err = call_cli("merge", merged, paths[0])
+            self.assertEqual(code, 2, err)
+            self.assertIn("is the same run as", err)
         self.assertEqual(figures[0], figures[1])
         self.assertLess(figures[1][1], 5)       # three runs of under a second each, minutes apart
 
