@@ -6972,15 +6972,21 @@ SERVER_SHAPE = {"max_num_seqs": (1, 65536), "kv_tokens": (1, 65536 * 10**8), "ma
                 "block_size": (1, 2**20)}
 
 
-def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]:
-    """(tokens, ttft) that failed request i streamed before it failed, as loadgen --detailed keeps
-    it (failed_streamed), or None."""
-    kept = report.get("failed_streamed")
+def request_entry(report: dict, key: str, i: int, n: int, where: str):
+    """Request i's entry of an optional per-request array of a report (None: no array, or none
+    for it); an array of another length than input_lens is a one-line error."""
+    kept = report.get(key)
     if kept is None:
         return None
     if not isinstance(kept, list) or len(kept) != n:
-        raise UserError(f"{where}: failed_streamed must be a list as long as input_lens ({n})")
-    entry = kept[i]
+        raise UserError(f"{where}: {key} must be a list as long as input_lens ({n})")
+    return kept[i]
+
+
+def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]:
+    """(tokens, ttft) that failed request i streamed before it failed, as loadgen --detailed keeps
+    it (failed_streamed), or None."""
+    entry = request_entry(report, "failed_streamed", i, n, where)
     if entry is None:
         return None
     tokens, ttft = (entry.get("tokens"), entry.get("ttft")) if isinstance(entry, dict) else (None, None)
@@ -6993,12 +6999,7 @@ def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]
 
 def failed_end(report: dict, i: int, n: int, where: str) -> Optional[float]:
     """When failed request i ended, in seconds from its send (loadgen --detailed's failed_ends), or None."""
-    ends = report.get("failed_ends")
-    if ends is None:
-        return None
-    if not isinstance(ends, list) or len(ends) != n:
-        raise UserError(f"{where}: failed_ends must be a list as long as input_lens ({n})")
-    end = ends[i]
+    end = request_entry(report, "failed_ends", i, n, where)
     if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end)
                             or not 0 <= end <= MAX_ARRIVAL_S):
         raise UserError(f"{where}: request {i}'s failed_ends must be null or seconds from 0 to a year, got "
@@ -8552,8 +8553,6 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
         raise StreamError("truncated: the stream ended without [DONE]")
     if record.first_token_s is None:
         raise StreamError("empty answer: no content in the stream")
-    if not record.usage_seen:      # the server ignored include_usage: what can be counted instead
-        record.output_tokens = len(record.token_times)
 
 
 # finish_reasons of a request the server ended without answering it: "abort" (vLLM counts such
@@ -8695,8 +8694,9 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
         else:
             read_stream(response, response.socket, record, 4 * body["max_tokens"] + 64, config.timeout_s,
                         config.request_timeout_s)
-            if not record.usage_seen:      # the prompt it was sent, at the tokens a word prompt sizing found
-                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+            if not record.usage_seen:      # the server ignored include_usage: what can be counted instead,
+                record.output_tokens = len(record.token_times)          # its content events, and the prompt
+                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])   # it was sent
                 record.prompt_tokens = max(1, round(words / config.words_per_token + config.template_tokens))
             # max_tokens caps what a server generates, and each content event carries a token at
             # least: a count past the one or under the other (a proxy that recounts with another
@@ -11312,7 +11312,7 @@ def check_writable(path: str, flag: str, args=None) -> None:
     # or a pipe, such as /dev/stdout, is written in place).
     # Tried, not asked: os.access says yes to root anywhere, and /proc and /sys take no new file.
     # What write_file writes in place (a device, a pipe, a name under /dev or /proc) must be there.
-    if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
+    if written_in_place(path):
         if not os.path.exists(path):        # tried as write_file opens it (/dev/shm takes one; /proc none)
             try:
                 with open(path, "ab"):
@@ -11346,6 +11346,12 @@ def check_writable(path: str, flag: str, args=None) -> None:
                             f"its own file")
 
 
+def written_in_place(path: str) -> bool:
+    """Whether write_file appends to the path itself (a device, a pipe, a name under /dev or /proc)
+    rather than replacing it through a new file beside it."""
+    return path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path))
+
+
 def write_file(path: str, text: str) -> None:
     """Write a whole file or nothing: a full disk or a missing directory is one line, exit 1. The
     text goes to a new file of a random name beside it (created exclusively, so a planted file or
@@ -11354,7 +11360,7 @@ def write_file(path: str, text: str) -> None:
     # A device or a pipe, or a name for one (/dev/stdout, /proc/self/fd/1, links to whatever the
     # shell opened): written to, there is nothing to replace (replaced, /dev/stdout became a file),
     # and appended to, so that a file the shell opened for stdout keeps what was printed before.
-    if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
+    if written_in_place(path):
         try:
             with open(path, "ab") as f:
                 f.write(data)
