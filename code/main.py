@@ -10684,7 +10684,25 @@ class Remedy:
     binds: str
     knobs: dict          # server -> the knob to change first
     effect: str          # expected effect on each metric
-    will_not_help: str   # each claim holds in servesim's own model (test_explain.WontHelp turns the knob)
+    will_not_help: str   # each claim holds in servesim's own model (test_explain.WontHelp turns the knob);
+                         # {seqs}, {tokens} and {memory} stand for each server's own flag (SERVER_KNOBS)
+
+
+# The budgets "won't help" names, in each server's own flags. llama.cpp's cache is --ctx-size, split
+# among --parallel slots: raised alone it gives each slot more context, not more slots.
+SERVER_KNOBS = {
+    "seqs": {"vllm": "`--max-num-seqs`", "llama.cpp": "`--parallel`", "sglang": "`--max-running-requests`"},
+    "tokens": {"vllm": "`--max-num-batched-tokens`", "llama.cpp": "`--batch-size`",
+               "sglang": "`--chunked-prefill-size`"},
+    "memory": {"vllm": "`--gpu-memory-utilization`", "llama.cpp": "`--ctx-size` alone",
+               "sglang": "`--mem-fraction-static`"},
+}
+
+
+def will_not_help(remedy: Remedy, server: Optional[str]) -> str:
+    """The row's "won't help" in one server's flags, or (None) in all three's, for the table."""
+    return remedy.will_not_help.format(**{
+        name: flags[server] if server else " / ".join(flags.values()) for name, flags in SERVER_KNOBS.items()})
 
 
 DECISION_TABLE = (
@@ -10695,7 +10713,7 @@ DECISION_TABLE = (
             "llama.cpp": "`--cache-reuse` for shared prefixes; else `--ctx-size` up",
             "sglang": "`--mem-fraction-static` up"},
            "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
-           "raising `--max-num-seqs` (memory, not the cap, limits the batch)"),
+           "raising {seqs} (memory, not the cap, limits the batch)"),
     Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
            "compute (the roofline)",
            {"vllm": "`--max-num-seqs` down toward the knee to protect TPOT; quantization or tensor "
@@ -10712,21 +10730,21 @@ DECISION_TABLE = (
             "llama.cpp": "`--parallel` up, with `--ctx-size` raised to keep each slot's context (or `--kv-unified`)",
             "sglang": "`--max-running-requests` up"},
            "TTFT falls as the queue drains; throughput rises until KV or compute binds; TPOT rises a little",
-           "more KV memory (`--gpu-memory-utilization`, `--mem-fraction-static`): the cache is idle"),
+           "more KV memory ({memory}): the cache is idle"),
     Remedy("token-budget-bound", "long prompts; requests wait while sequences and KV have room",
            "tokens per step",
            {"vllm": "`--max-num-batched-tokens` up",
             "llama.cpp": "`--batch-size` and `--ubatch-size` up",
             "sglang": "`--chunked-prefill-size` up"},
            "TTFT falls under load (more prompt tokens per step); ITL spikier when big chunks land; throughput about the same",
-           "raising `--max-num-seqs` (sequences are not the limit)"),
+           "raising {seqs} (sequences are not the limit)"),
     Remedy("queue-bound", "TTFT is mostly queue and no single budget binds: arrivals exceed one replica",
            "the whole replica",
            {"vllm": "another replica (data parallel), or a bigger one with `--tensor-parallel-size`",
             "llama.cpp": "another `llama-server` on its own cores or machine",
             "sglang": "another replica (`--dp-size`)"},
            "TTFT falls with the added capacity; TPOT unchanged; throughput rises",
-           "tuning a budget that does not bind (`--max-num-seqs`, `--max-num-batched-tokens`)"),
+           "tuning a budget that does not bind ({seqs}, {tokens})"),
     Remedy("failing", "requests fail (each counted, with its reason) while no budget binds",
            "the limit the failures name",
            {"vllm": "the limit the first failure names: `--max-model-len` up, or shorter requests, for a request "
@@ -10753,7 +10771,7 @@ def decision_table_markdown() -> str:
             "|---|---|---|---|---|---|---|---|"]
     for r in DECISION_TABLE:
         rows.append(f"| {r.symptom} | {r.signs} | {r.binds} | {r.knobs['vllm']} | {r.knobs['llama.cpp']} | "
-                    f"{r.knobs['sglang']} | {r.effect} | {r.will_not_help} |")
+                    f"{r.knobs['sglang']} | {r.effect} | {will_not_help(r, None)} |")
     return "\n".join(rows)
 
 
@@ -11188,7 +11206,7 @@ def explain(sig: Signals) -> dict:
         "binds": remedy.binds, "symptom": remedy.symptom, "evidence": evidence,
         "capacity": arithmetic,
         "change_first": change_first, "knobs": remedy.knobs, "expected_effect": remedy.effect,
-        "will_not_help": remedy.will_not_help,
+        "will_not_help": will_not_help(remedy, server),
     }
 
 

@@ -183,6 +183,20 @@ class Scrapes(unittest.TestCase):
         self.assertEqual((e["server"], e["symptom"]), ("llama.cpp", "sequence-bound"))
         self.assertIn("--parallel", e["change_first"])
 
+    def test_what_will_not_help_is_named_in_the_servers_own_flags(self):
+        # A llama.cpp report's "won't help" named vLLM's --max-num-seqs and --max-num-batched-tokens.
+        code, out, err = run_cli("explain", os.path.join(FIXTURES, "llamacpp-c8.json"), "--json")
+        self.assertEqual(code, 0, err)
+        e = json.loads(out)[0]
+        self.assertEqual((e["server"], e["symptom"]), ("llama.cpp", "queue-bound"))
+        self.assertIn("`--parallel`", e["will_not_help"])
+        self.assertIn("`--batch-size`", e["will_not_help"])
+        self.assertNotIn("--max-num", e["will_not_help"])
+        e = self.explain_text('sglang:num_running_reqs{model_name="m"} 8\nsglang:num_queue_reqs{model_name="m"} 30\n'
+                              'sglang:token_usage{model_name="m"} 0.2\n', "--server-flags", "--max-running-requests 8")
+        self.assertEqual((e["server"], e["symptom"]), ("sglang", "sequence-bound"))
+        self.assertEqual(e["will_not_help"], "more KV memory (`--mem-fraction-static`): the cache is idle")
+
     def test_an_sglang_scrape(self):
         e = self.explain_text('sglang:num_running_reqs{model_name="m"} 2\nsglang:num_queue_reqs{model_name="m"} 0\n'
                               'sglang:token_usage{model_name="m"} 0.1\n')
