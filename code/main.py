@@ -10858,6 +10858,9 @@ def server_flags(text: str) -> dict:
             raise UserError(f"--server-flags gives {SERVER_FLAG_WORDS[key]} twice, {said[key]} and {shown}; "
                             f"give the one the server ran with")
         found[key], said[key] = setting, shown
+    if words and not found:       # given for a reason: say it changed nothing, and what would
+        sys.stderr.write(f"servesim: --server-flags: none of these is a flag explain reads ({', '.join([*FLAG_NAMES, *SWITCHES])}); "
+                         f"they change nothing\n")
     return found
 
 

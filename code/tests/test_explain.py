@@ -183,6 +183,14 @@ class Scrapes(unittest.TestCase):
         self.assertEqual((e["server"], e["symptom"]), ("llama.cpp", "sequence-bound"))
         self.assertIn("--parallel", e["change_first"])
 
+    def test_server_flags_of_which_explain_reads_none_are_said_to_change_nothing(self):
+        report = os.path.join(FIXTURES, "llamacpp-c8.json")
+        code, _, err = run_cli("explain", report, "--server-flags", "--host 0.0.0.0 --port 8080 -ngl 99")
+        self.assertEqual(code, 0, err)
+        self.assertIn("--server-flags: none of these is a flag explain reads (--max-num-seqs, --parallel", err)
+        code, _, err = run_cli("explain", report, "--server-flags", "--host 0.0.0.0 --parallel 4")
+        self.assertEqual((code, err), (0, ""))      # one it reads among others: nothing to say
+
     def test_what_will_not_help_is_named_in_the_servers_own_flags(self):
         # A llama.cpp report's "won't help" named vLLM's --max-num-seqs and --max-num-batched-tokens.
         code, out, err = run_cli("explain", os.path.join(FIXTURES, "llamacpp-c8.json"), "--json")
