@@ -6992,7 +6992,7 @@ def failed_streamed(report: dict, i: int, n: int, where: str) -> Optional[tuple]
     tokens, ttft = (entry.get("tokens"), entry.get("ttft")) if isinstance(entry, dict) else (None, None)
     if type(tokens) is not int or not 1 <= tokens <= 10**8 or isinstance(ttft, bool) \
             or not isinstance(ttft, (int, float)) or not math.isfinite(ttft) or not 0 <= ttft <= MAX_ARRIVAL_S:
-        raise UserError(f"{where}: request {i}'s failed_streamed must be null or {{\"tokens\": 1 to 100,000,000, "
+        raise UserError(f"{where}: failed_streamed[{i}] must be null or {{\"tokens\": 1 to 100,000,000, "
                         f"\"ttft\": seconds}}, got {printable(str(entry)[:60])}")
     return tokens, float(ttft)
 
@@ -7002,7 +7002,7 @@ def failed_end(report: dict, i: int, n: int, where: str) -> Optional[float]:
     end = request_entry(report, "failed_ends", i, n, where)
     if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end)
                             or not 0 <= end <= MAX_ARRIVAL_S):
-        raise UserError(f"{where}: request {i}'s failed_ends must be null or seconds from 0 to a year, got "
+        raise UserError(f"{where}: failed_ends[{i}] must be null or seconds from 0 to a year, got "
                         f"{printable(str(end)[:40])}")
     return None if end is None else float(end)
 
@@ -7051,32 +7051,33 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             stated[key] = value
     else:
         stated = None
-    def count(value, i: int, what: str, low: int) -> int:
+    # A value is named by its array and index (from 0), as the file holds it: "input_lens[3]".
+    def count(value, what: str, low: int) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or \
                 not low <= value <= 10**8:
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a whole number from {low} to 100,000,000, "
+            raise UserError(f"{kind} {name}: {what} must be a whole number from {low} to 100,000,000, "
                             f"got {str(value)[:40]}")
         return int(value)
 
-    def seconds(value, i: int, what: str, high: float = MAX_ARRIVAL_S) -> float:
+    def seconds(value, what: str, high: float = MAX_ARRIVAL_S) -> float:
         # A TTFT or a gap is held to a year, as the arrivals are. Start times are read off a clock
         # (time.perf_counter for vllm bench serve and loadgen) that does not run below 0: 10^10 s.
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0 <= value <= high:
             shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
             bound = f"0 to a year ({high:,.0f})" if high == MAX_ARRIVAL_S else f"0 to {high:g}"
-            raise UserError(f"{kind} {name}: request {i}'s {what} must be a number of seconds from {bound}, "
+            raise UserError(f"{kind} {name}: {what} must be a number of seconds from {bound}, "
                             f"got {shown}")
         return float(value)
 
-    starts = [seconds(t, i, "start time", 10**10) for i, t in enumerate(starts)]
+    starts = [seconds(t, f"start_times[{i}]", 10**10) for i, t in enumerate(starts)]
     began = config.get("started_perf")
     if isinstance(began, (int, float)) and not isinstance(began, bool) and math.isfinite(began):
         # loadgen sends nothing before it starts: an earlier start time is an edited one, and
         # would stretch the run (a start 100 s early merged into a 22-hour run).
         early = next((i for i, t in enumerate(starts) if t < began - 1), None)
         if early is not None:
-            raise UserError(f"{kind} {name}: request {early}'s start time {starts[early]:g} is before the run started "
+            raise UserError(f"{kind} {name}: start_times[{early}] ({starts[early]:g}) is before the run started "
                             f"({began:g}, config.started_perf)")
     first_start = min(starts) if starts else 0.0
     if starts and max(starts) - first_start > MAX_ARRIVAL_S:
@@ -7090,12 +7091,12 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     for i in range(n):
         error = (columns["errors"] or [""] * n)[i] or None
         if error is not None and not isinstance(error, str):
-            raise UserError(f"{kind} {name}: request {i}'s error must be text (or empty), got {printable(str(error)[:40])}")
+            raise UserError(f"{kind} {name}: errors[{i}] must be text (or empty), got {printable(str(error)[:40])}")
         ttft = columns["ttfts"][i]
         failed = bool(error) or ttft is None
         # A failed request may have sent nothing the server counted: 0 tokens is then its length.
-        prompt = count(columns["input_lens"][i], i, "input length", 0 if failed else 1)
-        output = count(columns["output_lens"][i], i, "output length", 0)
+        prompt = count(columns["input_lens"][i], f"input_lens[{i}]", 0 if failed else 1)
+        output = count(columns["output_lens"][i], f"output_lens[{i}]", 0)
         sent = starts[i] - first_start
         if failed:
             requests.append(measured_request(i, sent, None, None, prompt, output, str(error or "failed")))
@@ -7106,22 +7107,22 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             continue
         gaps = columns["itls"][i]
         if not isinstance(gaps, list):
-            raise UserError(f"{kind} {name}: request {i}'s itls must be a list of seconds between tokens, got "
+            raise UserError(f"{kind} {name}: itls[{i}] must be a list of seconds between tokens, got "
                             f"{printable(str(gaps)[:40])!r}")
-        gaps = [seconds(g, i, "gap between tokens") for g in gaps]
+        gaps = [seconds(g, f"itls[{i}][{k}]") for k, g in enumerate(gaps)]
         if len(gaps) > max(0, output - 1):       # a gap is between two of its tokens (0 tokens: none)
-            raise UserError(f"{kind} {name}: request {i} has {len(gaps):,} gaps between tokens for an output of "
-                            f"{output:,} tokens; each gap is between two of them")
-        first = sent + seconds(ttft, i, "ttft")
+            raise UserError(f"{kind} {name}: itls[{i}] has {len(gaps):,} gaps between tokens where output_lens[{i}] "
+                            f"is {output:,} tokens; each gap is between two of them, so one of the two is wrong")
+        first = sent + seconds(ttft, f"ttfts[{i}]")
         latency = latencies[i] if latencies else None
-        if latency is not None and seconds(latency, i, "latency") < first - sent - 0.001:
-            raise UserError(f"{kind} {name}: request {i}'s latency {latency:g} s is shorter than its ttft "
-                            f"{first - sent:g} s: the two cannot be of one request")
+        if latency is not None and seconds(latency, f"latencies[{i}]") < first - sent - 0.001:
+            raise UserError(f"{kind} {name}: latencies[{i}] ({latency:g} s) is shorter than ttfts[{i}] "
+                            f"({first - sent:g} s): the two cannot be of one request")
         requests.append(measured_request(i, sent, first, first + sum(gaps), prompt, output, None, gaps))
         answer = (report.get("ttfas") or [None] * n)[i] if isinstance(report.get("ttfas"), list) \
             and len(report["ttfas"]) == n else None
         if answer is not None:        # a reasoning model's first answer token, where the report times it
-            requests[-1].answer_s = sent + max(seconds(answer, i, "ttfa"), first - sent)
+            requests[-1].answer_s = sent + max(seconds(answer, f"ttfas[{i}]"), first - sent)
             requests[-1].reasoning_tokens = 1
     streamed = [r for r in requests if r.error is None and r.output_tokens > 1]
     if streamed and not any(len(r.token_times or ()) > 1 for r in streamed):

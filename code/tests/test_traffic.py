@@ -242,11 +242,11 @@ class TraceFormats(unittest.TestCase):
     def test_a_bad_vllm_bench_result_is_one_line_not_a_hang(self):
         base = {"input_lens": [10, 10, 10], "output_lens": [5, 5, 5], "ttfts": [0.1, 0.1, 0.1],
                 "itls": [[0.01] * 4] * 3, "start_times": [0.0, 0.5, 1.0], "errors": ["", "", ""]}
-        cases = [({"start_times": [0.0, float("nan"), 1.0]}, "start time"),
-                 ({"start_times": [0.0, None, 1.0]}, "start time"),
-                 ({"itls": [[0.01], ["x"], []]}, "gap between tokens"),
-                 ({"ttfts": [0.1, -3, 0.1]}, "ttft"),
-                 ({"input_lens": [True, 10, 10]}, "input length")]
+        cases = [({"start_times": [0.0, float("nan"), 1.0]}, "start_times[1]"),
+                 ({"start_times": [0.0, None, 1.0]}, "start_times[1]"),
+                 ({"itls": [[0.01], ["x"], []]}, "itls[1][0]"),
+                 ({"ttfts": [0.1, -3, 0.1]}, "ttfts[1]"),
+                 ({"input_lens": [True, 10, 10]}, "input_lens[0]")]
         for change, words in cases:
             path = self.write("v.json", json.dumps({**base, **change}))
             for command in ("simulate", "merge"):
@@ -384,7 +384,7 @@ class Merge(unittest.TestCase):
                 report = json.load(f)
             for edit, said in ((lambda r: r["start_times"].__setitem__(0, r["config"]["started_perf"] - 100),
                                 "is before the run started"),
-                               (lambda r: r["itls"].__setitem__(0, [0.01] * 57), "57 gaps between tokens for an output")):
+                               (lambda r: r["itls"].__setitem__(0, [0.01] * 57), "57 gaps between tokens where output_lens[0]")):
                 bad = json.loads(json.dumps(report))
                 edit(bad)
                 with open(paths[1], "w") as f:
