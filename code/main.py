@@ -3957,6 +3957,13 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError(f"--draft-model {draft.name} has a vocabulary of {draft.vocab_size:,} tokens and "
                         f"{target.name} {target.vocab_size:,}: a draft's proposals are token ids the model verifies, "
                         f"so the two must share a tokenizer (a smaller model of the same family)")
+    if spec.speculative_tokens and draft and draft.compute_params >= target.compute_params:
+        # Each step runs the draft K times: one that computes as much as the model costs more than
+        # the tokens it could save (likely --model and --draft-model swapped).
+        raise UserError(f"--draft-model {draft.name} computes {draft.compute_params / 1e9:,.3g} B parameters a token, "
+                        f"not fewer than {target.name}'s {target.compute_params / 1e9:,.3g} B: a draft runs K times a "
+                        f"step, so it must be a smaller model than the one it proposes for (--model and --draft-model "
+                        f"swapped?)")
     engine = engine_profile(spec) if spec.engine or spec.profile else None
     if engine and engine.rules == "trtllm" and not spec.hardware.kernel_floor_us:
         raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "

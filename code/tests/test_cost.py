@@ -176,6 +176,16 @@ class SpeculativeDecoding(unittest.TestCase):
             main.run(main.RunSpec(requests=3, speculative_tokens=3, draft_model=main.MODELS["qwen2.5-7b"]))
         self.assertIn("has a vocabulary of 152,064 tokens and llama-3.1-8b 128,256", str(e.exception))
 
+    def test_a_draft_no_smaller_than_the_model_is_refused(self):
+        # --model and --draft-model swapped: a 70 B draft ran K times a step for an 8 B model.
+        for draft in ("llama-3.1-70b", "llama-3.1-8b"):
+            with self.assertRaisesRegex(main.UserError, f"--draft-model {draft} computes .* not fewer than llama-3.1-8b"):
+                main.run(main.RunSpec(requests=3, speculative_tokens=3, draft_model=main.MODELS[draft]))
+        # a smaller one of the family runs
+        self.assertEqual(main.run(main.RunSpec(requests=3, speculative_tokens=3, model=main.MODELS["llama-3.1-70b"],
+                                               tensor_parallel_size=4,
+                                               draft_model=main.MODELS["llama-3.1-8b"]))["completed"], 3)
+
     def test_a_draft_model_costs_k_passes_and_its_weights(self):
         free = self.run_spec(speculative_tokens=4, acceptance_rate=0.7)
         small = main.replace(main.MODELS["smollm2-135m-q8_0"], vocab_size=main.MODELS["llama-3.1-8b"].vocab_size)
