@@ -7324,7 +7324,7 @@ def read_timeline(path: str) -> list[dict]:
     """vLLM's logged per-second stats: every figure a finite number, none negative, KV use a percent;
     a header without one of the figures compare reads is refused (its rows would all be left out)."""
     rows = []
-    for number, row in csv_rows(read_text(path, "timeseries"), f"timeseries {path}"):
+    for number, row in csv_rows(io.StringIO(read_text(path, "timeseries")), f"timeseries {path}"):
         if not rows and not set(row) & set(TIMELINE_FIGURES):
             raise UserError(f"timeseries {path}: its header ({printable(', '.join(str(k) for k in row))[:80]}) has "
                             f"none of {', '.join(TIMELINE_FIGURES)}, the figures compare reads")
@@ -7343,22 +7343,37 @@ def read_timeline(path: str) -> list[dict]:
     return rows
 
 
-def csv_rows(text: str, where: str, columns: tuple = ()) -> Iterator[tuple[int, dict]]:
-    """(line number, row) of a CSV file with a header (its names stripped: `time_s , rate`); a
-    header without `columns` (a comment line above it, say), a field too long for the csv module,
-    or a broken quote, is a one-line error."""
-    reader = csv.DictReader(io.StringIO(text))
+def csv_rows(lines: Iterable[str], where: str, columns: tuple = ()) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of a CSV file with a header, every CSV servesim reads: blank lines before
+    the header are none, a space after a comma is no part of a name or a number, and `columns` are
+    found in any case (`TIMESTAMP`, `Time_s`) and named as given. A header without one of them (a
+    comment line above it, say), a row with fewer cells than the header, a field too long for the
+    csv module or a broken quote is a one-line error. Cells past the header's are under the key
+    None, for the caller to count or refuse."""
+    lines, skipped = iter(lines), 0
+    first = next(lines, "")
+    while first and not first.strip():
+        first, skipped = next(lines, ""), skipped + 1
+    reader = csv.DictReader(itertools.chain([first] if first else [], lines), skipinitialspace=True)
+    number = lambda: reader.line_num + skipped
     try:
-        if reader.fieldnames:
-            reader.fieldnames = [name.strip() for name in reader.fieldnames]
-        missing = [name for name in columns if name not in (reader.fieldnames or [])]
+        header = [name.strip() for name in reader.fieldnames or []]
+        named = {name.lower(): name for name in header}
+        wanted = {named.get(name.lower()): name for name in columns}
+        reader.fieldnames = [wanted.get(name, name) for name in header]
+        missing = [name for name in columns if name not in reader.fieldnames]
         if missing:
-            raise UserError(f"{where} line 1: the header {printable(','.join(reader.fieldnames or [])[:60])!r} has no "
-                            f"{' or '.join(missing)} column; the first line names the columns, {','.join(columns)}")
+            shown = printable(",".join(header))
+            raise UserError(f"{where} line {number()}: the header {shown if len(shown) <= 120 else shown[:120] + ' ...'!r} "
+                            f"has no {' or '.join(missing)} column; the first line names the columns, {','.join(columns)}")
         for row in reader:
-            yield reader.line_num, row
+            if None in row.values():
+                cells = len([v for v in row.values() if v is not None])
+                raise UserError(f"{where} line {number()}: {cells} cell{'s' * (cells != 1)} where the header has "
+                                f"{len(header)} columns")
+            yield number(), row
     except csv.Error as e:
-        raise UserError(f"{where} line {reader.line_num}: not readable as CSV ({e})") from None
+        raise UserError(f"{where} line {number()}: not readable as CSV ({e})") from None
 
 
 # What a terminal acts on instead of printing (C0 and C1 controls: ESC starts a sequence that can
@@ -7702,9 +7717,10 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
 def read_rate_profile(path: str) -> RateProfile:
     """A CSV of time_s,rate (requests per second) rows, times ascending from 0."""
     windows = []
-    for number, row in csv_rows(read_text(path, "rate profile"), f"rate profile {path}", ("time_s", "rate")):
+    for number, row in csv_rows(io.StringIO(read_text(path, "rate profile")), f"rate profile {path}",
+                                ("time_s", "rate")):
         where = f"rate profile {path} line {number}"
-        if None in row or None in row.values():
+        if None in row:
             raise UserError(f"{where}: expected two columns, time_s,rate")
         start = trace_number(where, row, "time_s", 0, MAX_ARRIVAL_S, whole_number=False)
         rate = trace_number(where, row, "rate", 0, 1e6, whole_number=False)
@@ -7770,10 +7786,10 @@ def collect_shards(paths: list[str], fingerprint: str, points: list[dict]) -> li
 def read_replica_schedule(path: str) -> ReplicaSchedule:
     """A CSV of time_s,replicas rows, times ascending from 0, at least one replica throughout."""
     steps = []
-    for number, row in csv_rows(read_text(path, "replica schedule"), f"replica schedule {path}",
-                                ("time_s", "replicas")):
+    for number, row in csv_rows(io.StringIO(read_text(path, "replica schedule")),
+                                f"replica schedule {path}", ("time_s", "replicas")):
         where = f"replica schedule {path} line {number}"
-        if None in row or None in row.values() or not {"time_s", "replicas"} <= set(row):
+        if None in row:
             raise UserError(f"{where}: expected the columns time_s,replicas")
         at = trace_number(where, row, "time_s", 0, MAX_ARRIVAL_S, whole_number=False)
         n = trace_number(where, row, "replicas", 1, 1024)
@@ -7968,33 +7984,9 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
     not matter."""
     fields = (time_field, prompt_field, output_field)
     def read(path: str, notes: Counter, data: Optional[io.BufferedReader] = None) -> Iterator[tuple]:
-        # Blank lines before the header are none; a space after a comma is no part of a name or a number.
-        lines = itertools.dropwhile(lambda line: not line.strip(),
-                                    (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data)))
-        reader = csv.DictReader(lines, skipinitialspace=True)
-        try:
-            header = [name.strip() for name in reader.fieldnames or []]
-        except csv.Error as e:
-            raise UserError(f"trace {path} line 1: not readable as CSV ({e})") from None
-        reader.fieldnames = header
-        named = {name.lower(): name for name in header}      # (as written, in any case)
-        time_field, prompt_field, output_field = (named.get(f.lower(), f) for f in fields)
-        missing = [f for f in (time_field, prompt_field, output_field) if f not in header]
-        if missing:
-            shown = printable(", ".join(header))
-            raise UserError(f"trace {path}: no column {missing[0]!r}; the header is "
-                            f"{shown if len(shown) <= 200 else shown[:200] + ' ...'}")
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                raise UserError(f"trace {path} line {reader.line_num}: not readable as CSV ({e})") from None
-            where = f"trace {path} line {reader.line_num}"
-            if any(row[f] is None for f in (time_field, prompt_field, output_field)):
-                raise UserError(f"{where}: {len([v for v in row.values() if v is not None])} columns where the "
-                                f"header has {len(header)}")
+        lines = (line for _, line in text_lines(path, "trace", TRACE_LINE_BYTES, data=data))
+        for number, row in csv_rows(lines, f"trace {path}", fields):
+            where = f"trace {path} line {number}"
             if row.get(None):       # cells past the header's: counted, never silently dropped
                 notes["{:,} row{s} with more cells than the header {are} read by the header's columns, the rest "
                       "left out"] += 1

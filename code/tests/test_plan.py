@@ -57,7 +57,20 @@ class RateProfiles(unittest.TestCase):
                  # helper-57: a comment above the header read "line 2: expected two columns"
                  "# a day\ntime_s,rate\n0,1\n1,2\n": "line 1: the header '# a day' has no time_s or rate column",
                  "time_s,rate\n0,0\n10,0\n": "sends no requests",
-                 "time_s , rate\n0,0\n10,0\n": "sends no requests"}     # (the header read, its spaces aside)
+                 "time_s , rate\n0,0\n10,0\n": "sends no requests",     # (the header read, its spaces aside)
+                 # blank lines before the header are none: the line named is the file's own
+                 "\n\ntime_s,rate\n0,1\n10\n": "line 5: 1 cell where the header has 2 columns"}
+        with tempfile.TemporaryDirectory() as tmp:
+            # Every CSV servesim reads reads the same way: a header in any case, blank lines before it, a
+            # space after a comma (a trace's reader did; a rate profile's and a replica schedule's refused)
+            plain = main.run(main.RunSpec(rate_profile=main.read_rate_profile(write(tmp, "a.csv", "time_s,rate\n0,4\n5,1\n")),
+                                          requests=30))
+            loose = main.run(main.RunSpec(rate_profile=main.read_rate_profile(
+                write(tmp, "b.csv", "\n \nTime_S, Rate\n0, 4\n5, 1\n")), requests=30))
+            self.assertEqual(loose["completed"], 30)
+            self.assertEqual(loose["median_ttft_ms"], plain["median_ttft_ms"])
+            self.assertEqual(main.read_replica_schedule(write(tmp, "r.csv", "\nTIME_S, Replicas\n0, 2\n60, 3\n")).steps,
+                             ((0.0, 2), (60.0, 3)))
         with tempfile.TemporaryDirectory() as tmp:
             for text, said in cases.items():
                 with self.subTest(text=text):

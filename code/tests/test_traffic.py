@@ -222,7 +222,7 @@ class TraceFormats(unittest.TestCase):
                  ('{"timestamp": 1, "input_length": 600, "output_length": 2}\n', "'hash_ids'", "line 1"),
                  ('{"timestamp": -5, "input_length": 6, "output_length": 2, "hash_ids": [1]}\n', "'timestamp'", "line 1"),
                  ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,5,1\nyesterday,5,1\n", "TIMESTAMP", "line 3"),
-                 ("TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n", "'GeneratedTokens'", "trace"),
+                 ("TIMESTAMP,ContextTokens\n2023-11-16 18:17:03.97,5\n", "has no GeneratedTokens column", "trace"),
                  ("Timestamp,Model,Request tokens,Response tokens\n5,x,many,3\n", "'Request tokens'", "line 2")]
         for text, field, where in cases:
             path = self.write("t.jsonl" if text.startswith("{") else "t.csv", text)
