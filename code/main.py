@@ -6402,8 +6402,16 @@ def gpu_split_points(gpus: int, given: dict, axes: list[str]) -> tuple[list[str]
                         f"{' and '.join(flag_of(a) for a in rest)} both have several values")
     loads = {a: given.get(a) or DEFAULT_SWEEP for a in rest}
     check_points([given[by], *loads.values()])
-    points = [{by: v, other: gpus // v, **dict(zip(rest, combination))}
-              for v in given[by] for combination in itertools.product(*loads.values())]
+    points = []
+    for v in given[by]:
+        for combination in itertools.product(*loads.values()):
+            point = {by: v, **dict(zip(rest, combination))}
+            # A pipeline's stages are GPUs too: a replica is tp x pp of them.
+            stages = point.get("pipeline_parallel_size") or (given.get("pipeline_parallel_size") or [1])[0]
+            if gpus % (v * stages):
+                raise UserError(f"--gpus {gpus}: {flag_of(by)} {v} x --pipeline-parallel-size {stages} does not "
+                                f"divide {gpus} GPUs evenly")
+            points.append({by: v, other: gpus // (v * stages), **dict(zip(rest, combination))})
     return [by, other, *rest], points
 
 
@@ -12707,14 +12715,21 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool =
             add_setting(g, f, lists and f.metadata["axis"] > 0, overrides, exclusive, lists)
 
 
-def not_a_list(kind: Callable) -> Callable:
+def not_a_list(kind: Callable, flag: str) -> Callable:
     """`kind`, for a flag a sweep or search takes one value of: a value it refuses whose
     comma-separated parts it takes each is a list, refused as such (its values would otherwise be
-    named as one bad value: 'vllm,sglang' is not one of vllm, sglang, ...)."""
+    named as one bad value: 'vllm,sglang' is not one of vllm, sglang, ...). One it reads as a
+    number with its thousands grouped (100,200) is said, as the user of a command that takes lists
+    may have meant one."""
     @functools.wraps(kind)
     def read(text: str):
         try:
-            return kind(text)
+            value = kind(text)
+            if "," in text and THOUSANDS.fullmatch(text) and zero_item(text.split(",")) is None:
+                sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, "
+                                 f"{text.strip().replace(',', '')} (a comma groups thousands here: this command "
+                                 f"does not vary {flag}; run once for each value)\n")
+            return value
         except (argparse.ArgumentTypeError, ValueError):
             parts = text.split(",")
             if len(parts) > 1 and all(readable(kind, part.strip()) for part in parts):
@@ -12752,7 +12767,7 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
     m = f.metadata
     flags, kind = (m["flag"], *m["aliases"]), m["kind"]
     if kind is not None and lists and not several and not m["nargs"]:      # (--goodput takes several, spaced)
-        kind = not_a_list(kind)
+        kind = not_a_list(kind, m["flag"])
     elif kind is not None and not lists and m["axis"]:
         kind = thousands_noted(kind, m["flag"])
     if m["switch"]:
@@ -13079,6 +13094,10 @@ def cmd_sweep(args) -> int:
     if args.compare and fixed:
         raise UserError(f"--compare sets each row's batching and KV layout itself (static, slots, paged), so "
                         f"{flag_of(fixed[0])} would change nothing: drop it")
+    if args.gpus and args.disaggregate:
+        raise UserError(f"--gpus {args.gpus} splits the GPUs into TP groups and replicas; --disaggregate runs one "
+                        f"prefill and one decode engine (each sized by -tp and its --prefill-hardware or "
+                        f"--decode-hardware): drop --gpus")
     axes, points = sweep_grid(listed(args), args.gpus, args.trace)
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
     points = distinct(spec, applicable(spec, points, "point"), "point")

@@ -495,6 +495,18 @@ class Sweep(unittest.TestCase):
         code, _, err = call_cli("sweep", "-tp", "1,3", "--gpus", "4")
         self.assertEqual(code, 2)
         self.assertIn("does not divide", err)
+        # helper-66: a pipeline's stages are GPUs too; -pp 2 ran 4 replicas of tp 2 x pp 2 as "8 GPUs" (16)
+        code, out, err = call_cli("sweep", "--gpus", "8", "-tp", "2", "-pp", "1,2", "--concurrency", "8", "--requests",
+                                  "20", "--json", "--jobs", "1")
+        self.assertEqual(code, 0, err)
+        self.assertEqual([(r["config"]["pipeline_parallel_size"], r["config"]["data_parallel_size"], r["config"]["gpus"])
+                          for r in json.loads(out)], [(1, 4, 8), (2, 2, 8)])
+        code, _, err = call_cli("sweep", "--gpus", "4", "-tp", "1,2", "-pp", "3")
+        self.assertEqual(code, 2)
+        self.assertIn("--tensor-parallel-size 1 x --pipeline-parallel-size 3 does not divide 4 GPUs", err)
+        code, _, err = call_cli("sweep", "--gpus", "4", "-tp", "1,2", "--disaggregate")
+        self.assertEqual(code, 2)
+        self.assertIn("--disaggregate runs one prefill and one decode engine", err)
 
     def test_a_list_given_to_a_one_value_flag_is_refused_not_read_as_thousands(self):
         for args in (("simulate", "-dp", "1,2"), ("simulate", "--max-num-seqs", "1,6"),
@@ -504,6 +516,11 @@ class Sweep(unittest.TestCase):
             self.assertIn("is a list, and this flag takes one value", err)
         code, out, err = call_cli("simulate", "--requests", "1,000", "--json")
         self.assertEqual((code, json.loads(out)["completed"]), (0, 1000))
+        # helper-66: a sweep read --prompt-tokens 100,200 as 100200 tokens without a word
+        code, out, err = call_cli("sweep", "--prompt-tokens", "100,200", "--concurrency", "2", "--requests", "4",
+                                  "--max-model-len", "200000", "--hardware", "h200-141gb", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertIn("--prompt-tokens 100,200 is read as one value, 100200 (a comma groups thousands here", err)
 
     def test_gpus_with_a_hardware_list(self):
         code, out, err = call_cli("sweep", "--requests", "20", "--gpus", "2", "-tp", "1,2", "--hardware",
