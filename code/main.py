@@ -4060,6 +4060,9 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                         f"--data-parallel-size itself: drop --data-parallel-size {spec.data_parallel_size}")
     if spec.replica_schedule and spec.disaggregate:
         raise UserError("--replica-schedule with --disaggregate is not modelled: one prefill and one decode engine")
+    if spec.replica_schedule and spec.enable_expert_parallel:
+        raise UserError("--enable-expert-parallel spreads the experts over one server's data-parallel ranks; a "
+                        "--replica-schedule's replicas are separate servers, each holding the whole model: drop one")
     if spec.scale_up_delay is not None and not spec.replica_schedule:
         raise UserError("--scale-up-delay is how long a replica added by a --replica-schedule takes: give the schedule")
     if spec.disaggregate and spec.data_parallel_size > 1:
@@ -4229,6 +4232,8 @@ def expert_ranks(spec: RunSpec) -> int:
     MoE layer and reduce-scattering after it, as its expert-parallel default does; the same
     memory, expert read and traffic, so it is priced as expert parallelism, each expert split
     evenly rather than the experts dealt out."""
+    if spec.replica_schedule:     # separate servers an autoscaler starts, each with the whole model
+        return 1
     if spec.enable_expert_parallel:
         return spec.data_parallel_size
     return spec.data_parallel_size if lockstep(spec.data_parallel_size, spec.model, engine_profile(spec)) else 1
@@ -6051,7 +6056,10 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
 
     def passes(n: int) -> Optional[dict]:
         if (n, load) not in cache:
-            found = search_point(spec, {"data_parallel_size": n}, probing=replace(probing, target=load, by="rate"))
+            # n separate servers, as the plan's schedule runs them (not one data-parallel server of n
+            # ranks: a mixture of experts' would step in lockstep and shard its experts over them)
+            found = search_point(spec, {"replica_schedule": ReplicaSchedule(f"{n} replicas", ((0.0, n),))},
+                                 probing=replace(probing, target=load, by="rate"))
             probe = (found.get("probes") or [None])[-1]
             if probe and probe.get("alone"):     # no replica count makes a lone request faster
                 # (A bound missed with every request alone is no count's noise, whatever else missed.)

@@ -474,6 +474,14 @@ class Lockstep(unittest.TestCase):
         first = {r.id: r.first_token_s for r in done}
         # Apart: the short prompt on the other replica does not wait for the long one's step.
         self.assertLess(first[1], first[0])
+        # ... and each holds the whole model, as one server does: its experts were sharded over the
+        # replicas as a data-parallel group's are, a quarter of the weights on each (helper-66)
+        one = main.device_plan(main.replace(spec, replica_schedule=None), spec.hardware)[0]
+        self.assertEqual(main.expert_ranks(main.replace(spec, data_parallel_size=2)), 1)
+        self.assertEqual(main.device_plan(main.replace(spec, data_parallel_size=2), spec.hardware)[0].num_blocks,
+                         one.num_blocks)
+        with self.assertRaisesRegex(main.UserError, "a --replica-schedule's replicas are separate servers"):
+            main.run(main.replace(spec, enable_expert_parallel=True))
 
     def test_dense_models_and_other_engines_step_apart(self):
         moe, vllm = main.MODELS["qwen3-30b-a3b"], main.ENGINES["vllm"]

@@ -438,8 +438,11 @@ class Plans(unittest.TestCase):
             profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
             flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
                      "--output-tokens", "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100")
-            for when, planned, rows in ((lambda spec: spec.replica_schedule is not None, "all 3 windows", 3),
-                                        (lambda spec: spec.data_parallel_size > 1, "1 of 3 windows", 1)):
+            # (the whole period's run has no --requests; a window's probe of n replicas runs them as a schedule too)
+            whole = lambda spec: spec.replica_schedule is not None and spec.requests is None
+            for when, planned, rows in ((whole, "all 3 windows", 3),
+                                        (lambda spec: not whole(spec) and spec.replica_schedule is not None
+                                         and spec.replica_schedule.most > 1, "1 of 3 windows", 1)):
                 with self.subTest(planned=planned), mock.patch.object(main, "run", stopping_run(when)):
                     code, out, err = call_cli(*flags)
                     self.assertEqual(code, 130, err)
@@ -601,3 +604,21 @@ class NoReplicaCountHelps(unittest.TestCase):
             with self.assertRaises(main.CapacityError) as caught:
                 main.replicas_needed(spec, 4.4, probing, main.Scaling(), {}, 9)
         self.assertIn("raise --steady-requests (now 200)", str(caught.exception))
+
+
+class WindowProbes(unittest.TestCase):
+    def test_a_windows_replicas_are_probed_as_the_separate_servers_the_plan_runs(self):
+        # helper-66: a window's n replicas were probed as one server of n data-parallel ranks, which
+        # for a mixture of experts step in lockstep and shard the experts (a quarter of the weights on
+        # each of 4), while the period's schedule ran them as separate servers with the whole model.
+        spec = main.RunSpec(model=main.MODELS["qwen3-30b-a3b"])
+        asked = []
+
+        def probe(spec_, settings, probing=None):
+            asked.append(main.sweep_point(spec_, settings))
+            return {"probes": [{"misses": [], "load": 1.0}], "best": {"load": 1.0}, "highest_load": 1.0}
+        with mock.patch.object(main, "search_point", probe):
+            main.replicas_needed(spec, 3.0, main.Probing(main.parse_slo("ttft_p95:1000")), main.Scaling(), {}, 4)
+        self.assertEqual([s.replica_schedule.most for s in asked], [4])
+        self.assertEqual(main.expert_ranks(main.replace(asked[0], data_parallel_size=4)), 1)
+        self.assertEqual(main.expert_ranks(main.replace(spec, data_parallel_size=4)), 4)    # (as one server: lockstep)
