@@ -487,9 +487,10 @@ class Roofline:
         """Bytes of weights a step of `tokens` streams: all of them (see Mixtures of experts)."""
         return self.weight_bytes
 
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0,
+                     largest: float = 0) -> float:
         """`pairs` (attention's query-key pairs) is what a finer model prices; the roofline leaves
-        attention's arithmetic out."""
+        attention's arithmetic out. `largest` (one request's most tokens) is a pipeline's."""
         return self.overhead_seconds(seqs) + max(self.times(tokens, context_tokens))
 
     def overhead_seconds(self, seqs: float) -> float:
@@ -833,10 +834,13 @@ class Batch:
     decodes: int = 0         # rows of requests already generating, one token each
     rows: int = 0            # decode rows computed; more than decodes only when padding is computed
     pairs: int = 0           # (query, key) pairs attention computes: a chunk attends to all before it
+    largest: int = 0         # the most tokens one request computes in the step (a pipeline cannot split them)
 
     def add(self, request: Request, tokens: int) -> None:
         self.items.append((request, tokens))
         self.tokens += tokens
+        if tokens > self.largest:
+            self.largest = tokens
         self.context += request.computed + tokens
         self.seqs += 1
         self.pairs += tokens * request.computed + tokens * (tokens + 1) // 2
@@ -1228,7 +1232,7 @@ class Engine:
             scheduler.fail(head, f"cannot be scheduled: it does not fit this engine even when idle "
                                  f"(prompt {head.prompt_tokens:,} + output {head.output_tokens:,} tokens)")
             return batch, None
-        return batch, self.cost.step_seconds(*self.scheduler.work(batch)) + scheduler.extra_seconds(batch)
+        return batch, self.cost.step_seconds(*self.scheduler.work(batch), batch.largest) + scheduler.extra_seconds(batch)
 
     def end_step(self, batch: Batch, duration: float) -> None:
         self.stats.record(batch, self.clock, duration, self.scheduler)
@@ -1877,7 +1881,8 @@ class KernelCost(Roofline):
         memory = (self.weights_read(tokens) + context_tokens * self.kv_bytes_per_token) / self.stream_bytes_per_second
         return compute, memory
 
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0,
+                     largest: float = 0) -> float:
         return self.priced(self.fixed_seconds(tokens, seqs), pairs, context_tokens)
 
     def fixed_seconds(self, tokens: float, seqs: float) -> tuple[float, float, float]:
@@ -2283,7 +2288,8 @@ class GroupStep:
     def communication_seconds(self, tokens: float) -> float:
         raise NotImplementedError
 
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0,
+                     largest: float = 0) -> float:
         return self.inner.step_seconds(tokens, context_tokens, seqs, pairs) + self.communication_seconds(tokens)
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
@@ -2603,10 +2609,15 @@ class Pipeline:
     def handoff_seconds(self, tokens: float) -> float:
         return sum(latency + tokens * self.activation_bytes / gbs for gbs, latency in self.hops)
 
-    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0) -> float:
+    def step_seconds(self, tokens: float, context_tokens: float, seqs: float = 1, pairs: float = 0,
+                     largest: float = 0) -> float:
+        # Micro-batches are made of whole requests: the one holding the step's largest chunk holds
+        # at least that (a prompt is not split over micro-batches, so a pipeline makes it no
+        # faster), and its share of the batch passes every stage. (0: not known, an even split.)
         m = self.micro_batches(seqs)
-        share = self.stage.step_seconds(tokens / m, context_tokens / m, seqs / m, pairs / m)
-        return self.pp * share + self.handoff_seconds(tokens / m)
+        f = max(1 / m, largest / tokens if tokens else 0.0)
+        share = self.stage.step_seconds(tokens * f, context_tokens * f, seqs * f, pairs * f)
+        return self.pp * share + self.handoff_seconds(tokens * f)
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
         return priced_by_rule(self, seqs)

@@ -589,6 +589,18 @@ class PipelineParallel(unittest.TestCase):
         # Beyond N sequences the micro-batches grow instead.
         self.assertAlmostEqual(cost.step_seconds(64, 64000, 64, 64000),
                                2 * stage.step_seconds(32, 32000, 32, 32000) + hop(32))
+        # A micro-batch holds whole requests: a 4,000-token prompt beside one decode is not split in
+        # two (helper-66: it was, and a pipeline halved a prompt's prefill).
+        prompt = cost.step_seconds(4001, 5000, 2, 4000 * 4001 // 2 + 1000, 4000)
+        self.assertGreater(prompt, 0.95 * cost.step_seconds(4000, 4000, 1, 4000 * 4001 // 2))
+        self.assertLess(cost.step_seconds(4001, 5000, 2, 4000 * 4001 // 2 + 1000), 0.6 * prompt)   # (split evenly)
+
+    def test_a_pipeline_makes_a_prompt_no_faster_beside_other_requests(self):
+        def ttft(pp):
+            spec = main.RunSpec(requests=20, concurrency=2, prompt_tokens=main.TokenRange(4000, 4000),
+                                output_tokens=main.TokenRange(200, 400), max_model_len=16384, pipeline_parallel_size=pp)
+            return main.run(spec)["median_ttft_ms"]
+        self.assertGreater(ttft(2), 0.95 * ttft(1))
 
     def test_hand_offs_cross_nvlink_inside_a_node_and_the_network_between_nodes(self):
         _, inside = self.plan(tensor_parallel_size=4, pipeline_parallel_size=2)
