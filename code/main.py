@@ -2308,12 +2308,21 @@ class Parallel(GroupStep):
     two all-reduces a layer (after attention and after the MLP), each of one step's activations,
     by the engine's own kernel where it runs one (`engine`: a profile's rules), else NCCL's ring."""
 
-    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, engine: str = "vllm"):
+    def __init__(self, inner: Roofline, hardware: Hardware, model: ModelSpec, tp: int, engine: str = "vllm",
+                 network: Optional[tuple[float, float]] = None):
         super().__init__(inner, hardware, model, tp)
         self.tp = tp
         self.latency = (ALLREDUCE_BASE_US + 2 * (tp - 1) * hardware.interconnect_latency_us) / 1e6
         # llama.cpp has no such kernel: its ring is the one priced.
         self.own_kernel = engine != "llamacpp" and tp <= 8 and (hardware.nvlink or (tp == 2 and hardware.peer_to_peer))
+        self.network = network
+        if network:
+            # A group larger than a node: (bytes/s, seconds a send) of the network between nodes. The
+            # engines' own kernels need every GPU in one node (vLLM turns its custom all-reduce off
+            # for a group that spans nodes), and NCCL's ring moves at its slowest link, every step.
+            self.link, hop = network
+            self.latency = ALLREDUCE_BASE_US / 1e6 + 2 * (tp - 1) * hop
+            self.own_kernel = False
 
     def kernel(self, message: float) -> str:
         """Which all-reduce a message of this many bytes takes: one-shot, two-shot or ring (NCCL's)."""
@@ -3684,14 +3693,14 @@ class RunSpec:
         "stage hands its activations to the next over NVLink inside a node or the network between nodes", "plan",
         metavar="N", axis=2.5, short="pp", aliases=("-pp",), recorded=True)
     gpus_per_node: int = setting(
-        8, "--gpus-per-node", whole(1, 1024), "GPUs in one node: pipeline stages beyond it cross the network", "plan",
-        metavar="N")
+        8, "--gpus-per-node", whole(1, 1024), "GPUs in one node: a tensor-parallel group larger than it all-reduces, "
+        "and pipeline stages beyond it hand off, over the network", "plan", metavar="N", needs="gpus_per_replica")
     inter_node_gbs: float = setting(
         50.0, "--inter-node-gbs", LINK_GBS, "GB/s per GPU between nodes: InfiniBand NDR 400 Gb/s is 50, HDR 200 Gb/s "
-        "and RoCE 200 GbE are 25", "plan", metavar="GBS", needs="pipeline_parallel_size")
+        "and RoCE 200 GbE are 25", "plan", metavar="GBS", needs="nodes")
     inter_node_latency_us: float = setting(
         5.0, "--inter-node-latency-us", real(0, 10_000), "microseconds of one send between nodes (assumed, not "
-        "measured here)", "plan", metavar="US", needs="pipeline_parallel_size")
+        "measured here)", "plan", metavar="US", needs="nodes")
     data_parallel_size: int = setting(
         1, "--data-parallel-size", whole(1, 1024), "N engines, each with its own cache, behind a router on one clock, "
         "as vLLM's flag", "replicas", metavar="N", axis=3, short="dp", aliases=("-dp", "--replicas"), recorded=True)
@@ -3855,6 +3864,12 @@ class RunSpec:
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def nodes(self) -> int:
+        """The nodes one replica spans, its GPUs placed in order: more than one, and something
+        crosses the network (a pipeline's hand-off, or a tensor-parallel group's all-reduce)."""
+        return -(-self.gpus_per_replica // self.gpus_per_node)
+
     def model_len(self) -> int:
         """--max-model-len, or vLLM's default: the model's own length, else DEFAULT_MODEL_LEN."""
         return self.max_model_len or self.model.max_position_embeddings or DEFAULT_MODEL_LEN
@@ -4002,6 +4017,11 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                         "devices; drop one of them")
     for name in set(given) & SETTINGS.keys():
         needs = SETTINGS[name].metadata["needs"]
+        if needs in DERIVED_NEEDS:         # (a figure worked out of several settings, not one of them)
+            without, inputs = DERIVED_NEEDS[needs]
+            if getattr(spec, needs) == getattr(default, needs) and not inputs & set(swept):
+                raise UserError(f"{SETTINGS[name].metadata['flag']} changes nothing with {without}: drop it")
+            continue
         off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
         if needs and getattr(spec, needs) == off and (needs not in given or given[needs] == off) and needs not in swept:
             flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
@@ -4124,6 +4144,16 @@ def flag_words(f, value) -> list[str]:
 PROGRAM = "code/main.py"
 
 
+# A `needs` that is a RunSpec property, not a setting: what it is when off, and the settings it is
+# worked out from (swept, it may be on at another point).
+DERIVED_NEEDS = {
+    "gpus_per_replica": ("one GPU a replica (no --tensor-parallel-size or --pipeline-parallel-size)",
+                         {"tensor_parallel_size", "pipeline_parallel_size"}),
+    "nodes": ("a replica inside one node (--tensor-parallel-size x --pipeline-parallel-size within --gpus-per-node)",
+              {"tensor_parallel_size", "pipeline_parallel_size", "gpus_per_node"}),
+}
+
+
 def inert(spec: RunSpec) -> set[str]:
     """The settings that change nothing in this deployment: those whose `needs` is off (a link
     between pipeline stages without stages), a router with one replica, and --hardware where both
@@ -4234,6 +4264,14 @@ def device_kv_bytes(spec: RunSpec) -> int:
     return tensor_shard(stage, spec.tensor_parallel_size).kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
 
 
+def tp_network(spec: RunSpec) -> Optional[tuple[float, float]]:
+    """The network a tensor-parallel group larger than a node all-reduces over: (bytes/s per GPU,
+    seconds a send), or None inside one node."""
+    if spec.tensor_parallel_size <= spec.gpus_per_node:
+        return None
+    return spec.inter_node_gbs * 1e9, spec.inter_node_latency_us / 1e6
+
+
 def expert_ranks(spec: RunSpec) -> int:
     """The data-parallel ranks a mixture of experts' expert layers are spread over (1: each rank
     holds them all). With --enable-expert-parallel each rank holds its own experts. Without it,
@@ -4264,7 +4302,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
                       engine_profile(spec), spec.max_num_seqs)
     if tp > 1:
-        cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules)
+        cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules, tp_network(spec))
     if ep > 1:
         cost = ExpertParallel(cost, hardware, model, ep)
     if pp > 1:
@@ -4315,7 +4353,7 @@ def build_engines(spec: RunSpec) -> tuple[list[Engine], Optional[KvLink]]:
             draft_cost = cost_model(spec.cost_model, hardware, draft, None, engine_profile(spec))
             if spec.tensor_parallel_size > 1:
                 draft_cost = Parallel(draft_cost, hardware, spec.draft_model, spec.tensor_parallel_size,
-                                      engine_profile(spec).rules)
+                                      engine_profile(spec).rules, tp_network(spec))
         scheduler = make_scheduler(spec, plan, draft_cost)
         engine = (EventEngine if isinstance(scheduler, EventScheduler) else Engine)(hardware, spec.model, scheduler, cost)
         if isinstance(scheduler, Offloaded):
@@ -12284,12 +12322,16 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     parallel = cost.inner if isinstance(cost, ExpertParallel) else cost
     if isinstance(parallel, Parallel):
         share = parallel.communication_seconds(1) * 1000 * pp       # every stage's group all-reduces its layers
+        hop_us = parallel.network[1] * 1e6 if parallel.network else h.interconnect_latency_us
         how = {"one-shot": f"the engine's own one-shot kernel, {ONE_SHOT_US:g} us",
                "two-shot": f"the engine's own two-shot kernel, {TWO_SHOT_US:g} us",
-               "ring": f"NCCL's ring, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x {h.interconnect_latency_us:g} us "
+               "ring": f"NCCL's ring, {ALLREDUCE_BASE_US:g} us + {2 * (tp - 1)} steps x {hop_us:g} us "
                        f"each"}[parallel.kernel(parallel.activation_bytes)]
+        link = f"the network between nodes, {parallel.network[0] / 1e9:g} GB/s a GPU (the group is larger than " \
+               f"a node)" if parallel.network else \
+               f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved)"
         out.write(f"{'all-reduce':<17}{share:.2f} ms of it ({share / step:.0%}): 2 per layer x {m.layers * pp} layers over "
-                  f"{h.interconnect_gbs:g} GB/s ({h.link_efficiency:.0%} achieved), {how}\n")
+                  f"{link}, {how}\n")
     if isinstance(cost, ExpertParallel):
         share = cost.communication_seconds(1) * 1000
         held = round(m.expert_share * m.experts)

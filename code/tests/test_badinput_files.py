@@ -742,7 +742,8 @@ class ThirdPass(Checks):
     def test_a_setting_that_changes_nothing_alone_is_refused(self):
         cases = {("--acceptance-rate", "0.5"): "--speculative-tokens", ("--draft-model", "smollm2-135m-q8_0"): "--speculative-tokens",
                  ("--kv-offloading-backend", "lmcache"):
-                 "--kv-offloading-size", ("--inter-node-gbs", "25"): "--pipeline-parallel-size"}
+                 "--kv-offloading-size", ("--inter-node-gbs", "25"): "a replica inside one node",
+                 ("--gpus-per-node", "4"): "one GPU a replica"}
         for given, needs in cases.items():
             with self.subTest(given=given):
                 self.assert_one_line(run("simulate", *given, "--requests", 5), mentions=[given[0], needs])

@@ -281,7 +281,8 @@ class MixtureOfExperts(unittest.TestCase):
         self.assertEqual([(d["settings"]["data_parallel_size"], d["settings"]["router"]) for d in found],
                          [(1, "round-robin"), (2, "round-robin"), (2, "least-loaded")])
         code, out, err = call_cli("search", "--steady-requests", "50", "--recheck", "1", "--slo", "ttft_p95:2000",
-                                  "-pp", "1,2", "--inter-node-gbs", "25", "--rate", "5", "--json", "--jobs", "1")
+                                  "-pp", "1,2", "--gpus-per-node", "1", "--inter-node-gbs", "25", "--rate", "5", "--json",
+                                  "--jobs", "1")
         self.assertEqual(code, 0, err)
         for deployment in json.loads(out)["deployments"]:
             for probe in deployment["probes"]:
