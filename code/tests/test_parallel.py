@@ -603,6 +603,22 @@ class PipelineParallel(unittest.TestCase):
             return main.run(spec)["median_ttft_ms"]
         self.assertGreater(ttft(2), 0.95 * ttft(1))
 
+    def test_a_tensor_parallel_group_larger_than_a_node_all_reduces_over_the_network(self):
+        # helpers 65, 66: -tp 16 on nodes of 8 was priced as one NVLink domain
+        def group(**settings):
+            return main.device_plan(
+                main.RunSpec(model=main.MODELS["llama-3.3-70b"], max_model_len=8192, tensor_parallel_size=16, **settings),
+                main.HARDWARE["h100-sxm-80gb"])[1]
+        inside, across = group(gpus_per_node=16), group()
+        self.assertIsNone(inside.network)
+        self.assertEqual(across.network, (50e9, 5e-6))
+        message = 8 * 8192 * 2            # 8 tokens' activations
+        self.assertEqual(across.kernel(message), "ring")
+        self.assertAlmostEqual(across.all_reduce_seconds(message), 6.6e-6 + 30 * 5e-6 + 2 * 15 / 16 * message / 50e9)
+        slower = group(inter_node_gbs=25, inter_node_latency_us=10)
+        self.assertGreater(slower.communication_seconds(8), across.communication_seconds(8))
+        self.assertGreater(across.communication_seconds(8), 5 * inside.communication_seconds(8))
+
     def test_hand_offs_cross_nvlink_inside_a_node_and_the_network_between_nodes(self):
         _, inside = self.plan(tensor_parallel_size=4, pipeline_parallel_size=2)
         _, across = self.plan(tensor_parallel_size=8, pipeline_parallel_size=2)
