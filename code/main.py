@@ -6133,11 +6133,12 @@ def replicas_needed(spec: RunSpec, load: float, probing: Probing, scaling: Scali
             cache[(n, load)] = found["best"] if not found.get("does_not_fit") else None
         return cache[(n, load)]
 
-    n = min(max(guess, scaling.min_replicas), scaling.max_replicas)
-    if passes(n):
-        return n, passes(n)
-    while n < scaling.max_replicas:
-        n += 1
+    # The need, whatever --min-replicas asks for (autoscaled() raises it there): from the guess up,
+    # and past --max-replicas when the guess is (a probe of the cap could pass where the load,
+    # held for a window, outgrows it).
+    if guess > scaling.max_replicas:
+        return scaling.max_replicas + 1, None
+    for n in range(max(1, guess), scaling.max_replicas + 1):
         if passes(n):
             return n, passes(n)
     return scaling.max_replicas + 1, None
@@ -6188,7 +6189,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     deployment = replace(spec, rate_profile=None, data_parallel_size=1, replica_schedule=None, scale_up_delay=None,
                          time_scale=1.0 if spec.rate_profile else spec.time_scale)
     try:
-        one = search_point(deployment, {}, probing=replace(probing, target=None, by="rate"))
+        one = search_point(deployment, {}, (lambda text: progress(f"one replica: {text}")) if progress else None,
+                           probing=replace(probing, target=None, by="rate"))
     except (KeyboardInterrupt, Terminated) as e:
         e.partial = None          # (its probes, which search_point kept): no window is planned yet
         raise
@@ -6209,11 +6211,13 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
             # requests sent at one moment arrive together at any rate): climb from the fewest.
             guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.min_replicas
             need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
-            rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0,
+            rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0, "simulated": None,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
                          if probe else None, "median_tpot_ms": probe["median_tpot_ms"] if probe else None})
             if progress:
-                progress(f"window {i + 1}/{len(windows)}: {load:.3g} {spec.rate_unit()} needs {need} replica{'s' * (need != 1)}")
+                progress(f"window {i + 1}/{len(windows)}: {load:.3g} {spec.rate_unit()} needs " +
+                         (f"more than --max-replicas {scaling.max_replicas}" if need > scaling.max_replicas else
+                          f"{need} replica{'s' * (need != 1)}"))
     except (KeyboardInterrupt, Terminated) as e:
         if not rows:            # nothing planned yet: nothing to keep
             e.partial = None
@@ -6226,7 +6230,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
               "one_replica_sustains": per_replica, "rate_unit": spec.rate_unit(), "scale_up_delay_s": delay, "ahead": scaling.ahead,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
-              "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica}
+              "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica,
+              "period_windows": len(windows), "verified": None, "interrupted": None}
     for attempt in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
         if not verify or stop:
@@ -11934,8 +11939,10 @@ def print_plan(report: dict, title: str, w) -> None:
     if verified:
         missed = verified["windows_missing_the_slo"]
         scaling = len(verified["of_them_scaling_up"])
-        w(f"simulated   the whole period with this schedule: {verified['requests']:,} requests, "
-          f"{verified['failed']:,} failed; {len(missed)} of {len(report['windows'])} windows miss the slo"
+        count = len(report['windows'])
+        w(f"simulated   the whole period with this schedule: {verified['requests']:,} request"
+          f"{'s' * (verified['requests'] != 1)}, {verified['failed']:,} failed; {len(missed)} of {count} "
+          f"window{'s miss' if count != 1 else ' misses'} the slo"
           + (f" ({', '.join(clock(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
           + (f", {scaling} of them while added replicas start" if missed else "")
           + "\n")
@@ -13247,6 +13254,8 @@ def cmd_plan(args) -> int:
         raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
     if not (spec.rate_profile or spec.trace):
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
+    if spec.rate_profile and not any(rate for _, rate in spec.rate_profile.windows):   # (with or without --no-verify)
+        raise UserError(f"rate profile {spec.rate_profile.name} sends no requests: its rates are all 0")
     if spec.rate_profile and not args.no_verify:     # (said here: the reader's own offers a --requests plan has not)
         expected = spec.rate_profile.expected_requests()
         if expected > MAX_REQUESTS:
@@ -13277,7 +13286,8 @@ def cmd_plan(args) -> int:
     rows = report["windows"]
     # One window of a period shorter than --window is as long as the period.
     length = rows[0]["end_s"] - rows[0]["start_s"] if len(rows) == 1 else args.window
-    title = (f"plan {spec.model.name} on {where}  {load} in {len(rows):,} window{'s' * (len(rows) != 1)} of "
+    count = report["period_windows"]       # (an interrupted plan's rows are fewer: the title is the period's)
+    title = (f"plan {spec.model.name} on {where}  {load} in {count:,} window{'s' * (count != 1)} of "
              + (f"{length / 60:g} min" if length % 60 == 0 else f"{length:,.4g} s") + f"  slo {slo.text()}")
     if args.json:
         write_json(report)

@@ -404,6 +404,9 @@ class Plans(unittest.TestCase):
         self.assertEqual(code, 1, err)
         self.assertIn("the whole-period simulation met the slo in 1 of them: it plays their load once, where a "
                       "window's probe asks for it sustained", out)
+        self.assertIn("0 of 1 window misses the slo", out)
+        # helper-64: the progress line said "needs 17 replicas" where the table says >16
+        self.assertIn("needs more than --max-replicas 16", err)
 
     def test_a_plan_of_conversations_counts_them_in_conversations(self):
         # helper-57: plan --turns 3 said "2.81 req/s" where search says 2.81 conversations/s
@@ -453,7 +456,7 @@ class Plans(unittest.TestCase):
                     self.assertEqual(code, 130, err)
                     report = __import__("json").loads(out)
                     self.assertEqual(len(report["windows"]), rows)
-                    self.assertNotIn("verified", report)
+                    self.assertIsNone(report["verified"])
                     self.assertIn(planned, report["interrupted"])
             # Stopped before any window was planned (finding what one replica sustains): nothing to print.
             with mock.patch.object(main, "run", stopping_run(lambda spec: True)):
@@ -622,3 +625,41 @@ class WindowProbes(unittest.TestCase):
         self.assertEqual([s.replica_schedule.most for s in asked], [4])
         self.assertEqual(main.expert_ranks(main.replace(asked[0], data_parallel_size=4)), 1)
         self.assertEqual(main.expert_ranks(main.replace(spec, data_parallel_size=4)), 4)    # (as one server: lockstep)
+
+
+class Needs(unittest.TestCase):
+    def test_a_windows_need_is_the_loads_whatever_min_and_max_replicas_ask(self):
+        # helper-64: with --max-replicas 2, windows whose load needs 3 were probed at 2, passed a short
+        # probe and read "needs 2"; with --min-replicas 3, every window read "needs 3"
+        spec, probing = main.RunSpec(), main.Probing(main.parse_slo("ttft_p95:1000"))
+        tried = []
+
+        def probe(spec_, settings, probing=None):
+            tried.append(settings["replica_schedule"].most)
+            return {"probes": [{"misses": [], "load": 1.0}], "best": {"load": 1.0}}
+        with mock.patch.object(main, "search_point", probe):
+            self.assertEqual(main.replicas_needed(spec, 2.5, probing, main.Scaling(max_replicas=2), {}, 3)[0], 3)
+            self.assertEqual(tried, [])            # past the most allowed: not probed at the cap
+            self.assertEqual(main.replicas_needed(spec, 1.5, probing, main.Scaling(min_replicas=3), {}, 2)[0], 2)
+            self.assertEqual(tried, [2])
+
+    def test_an_interrupted_plan_is_titled_with_the_whole_period_and_keys_stay(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n600,8\n1200,2\n")
+            flags = ("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
+                     "--output-tokens", "100", "--slo", "ttft_p95:1000", "--window", "600", "--steady-requests", "100")
+            with mock.patch.object(main, "run", stopping_run(lambda spec: spec.replica_schedule is not None
+                                                             and spec.requests is not None and spec.replica_schedule.most > 1)):
+                code, out, err = call_cli(*flags)
+            self.assertEqual(code, 130, err)
+            self.assertIn("in 3 windows of 10 min", out.splitlines()[0])     # (it said "in 1 window")
+            code, out, err = call_cli(*flags, "--no-verify", "--json")
+            self.assertEqual(code, 0, err)
+            report = __import__("json").loads(out)
+            self.assertEqual((report["verified"], report["interrupted"]), (None, None))   # there, as null
+            self.assertTrue(all("simulated" in w for w in report["windows"]))
+            zeros = write(tmp, "zeros.csv", "time_s,rate\n0,0\n3600,0\n")
+            for more in ((), ("--no-verify",)):      # one verdict, verified or not
+                code, _, err = call_cli("plan", "--rate-profile", zeros, "--slo", "ttft_p95:1000", *more)
+                self.assertEqual(code, 2, err)
+                self.assertIn("sends no requests", err)
