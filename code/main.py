@@ -5450,11 +5450,18 @@ class Slo:
 
 def parse_slo(text: str) -> Slo:
     bounds = []
+    grouped = re.search(r":\d{1,3}(,\d{3})+(?![\d.])", text)
+    if grouped:                  # 2,000: a comma separates the bounds here, so it reads as two items
+        raise UserError(f"--slo {text!r}: {grouped.group()[1:]!r} reads as two items here (a comma separates the "
+                        f"bounds): write {grouped.group()[1:].replace(',', '')}")
     for item in text.split(","):
         if not item.strip():
             raise UserError(f"--slo {text!r}: " + ("an empty item" if text.strip() else "no bound") +
                             "; write the bounds comma-separated, like ttft_p95:500,tpot_p95:50")
         name, colon, value = item.strip().partition(":")
+        if re.fullmatch(r"\s*[\d.]+\s*m?s\s*", value):
+            raise UserError(f"--slo {item.strip()!r}: a bound is a number of milliseconds, without a unit: write "
+                            f"{name}:{float(value.strip().rstrip('ms')) * (1000 if not value.strip().endswith('ms') else 1):g}")
         metric, _, stat = name.partition("_")
         try:
             bound = float(value)
@@ -5468,6 +5475,9 @@ def parse_slo(text: str) -> Slo:
                             f"STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p95:500,tpot_p95:50")
         if any(name == seen for seen, _, _ in bounds):
             raise UserError(f"--slo gives {name} twice; give each bound once")
+        if bound < 1:            # no server answers in under a millisecond: seconds written for milliseconds?
+            sys.stderr.write(f"servesim: --slo {name}:{value.strip()} is {bound:g} ms (bounds are milliseconds): "
+                             f"{bound * 1000:g} ms was meant?\n")
         bounds.append((name, f"{SLO_STATS[stat]}_{metric}_ms", bound))
     return Slo(tuple(bounds))
 
@@ -7786,6 +7796,9 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
 
 def read_rate_profile(path: str) -> RateProfile:
     """A CSV of time_s,rate (requests per second) rows, times ascending from 0."""
+    if read_text(path, "rate profile").lstrip().startswith(("{", "[")):
+        raise UserError(f"rate profile {path}: is JSON, which looks like a trace (give it as --trace); a rate "
+                        f"profile is a CSV of time_s,rate rows")
     windows = []
     for number, row in csv_rows(io.StringIO(read_text(path, "rate profile")), f"rate profile {path}",
                                 ("time_s", "rate")):
@@ -10462,6 +10475,9 @@ def confirm_check(url: str, spec: RunSpec) -> None:
         raise UserError("--confirm sends one shared prefix: drop --num-prefixes")
 
 
+CONFIRM_REQUESTS, CONFIRM_TIMEOUT_S = 64, 120.0    # search --confirm's run: requests, and the wait for an event
+
+
 def confirm(url: str, deployment: RunSpec, load: float, by: str, requests: int, timeout_s: float,
             progress: Optional[Callable[[str], None]] = None) -> tuple[dict, Optional[Stopped]]:
     """One short loadgen at the load a search chose, with the search's arrivals (gamma gaps of its
@@ -12234,6 +12250,11 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
                      f"${number(cost.get('usd_per_million_output_tokens'), 3)} per million output tokens"
                      if cost else " (no price: give --price-per-hour)")
             among = f" among the {tried} deployments tried before the stop" if tried else ""
+            unpriced = [item for item in best[1:] if not (item["best"]["cost"] or {}).get("usd_per_hour")]
+            if cost and unpriced:       # (cheapest_first puts those with no price last: none is known cheaper)
+                first = "  ".join(f"{flag_of(a)[2:]} {value_label(a, unpriced[0]['settings'][a])}" for a in axes)
+                among += (f" with a price ({len(unpriced)} more meet{'s' * (len(unpriced) == 1)} it with none, "
+                          f"{first}{' and more' if len(unpriced) > 1 else ''}: give its price_per_hour)")
             lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
         else:
@@ -13247,7 +13268,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    slo = parse_slo(args.slo)
+    slo = parse_slo(",".join(args.slo))      # (given twice: both's bounds)
     delay, args.scale_up_delay = args.scale_up_delay, None     # the plan's own, not a schedule's
     spec = spec_from_args(args, varies={"data_parallel_size"})
     if spec.data_parallel_size != 1 or spec.replica_schedule:
@@ -13322,7 +13343,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_search(args) -> int:
-    slo = parse_slo(args.slo)
+    slo = parse_slo(",".join(args.slo))      # (given twice: both's bounds)
     given = listed(args, exclude=("rate", "concurrency"))
     axes, points = search_grid(given)
     if args.target_rate and args.target_concurrency:
@@ -13339,6 +13360,9 @@ def cmd_search(args) -> int:
         ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load or "rate", None)
     if args.rate_profile:
         raise UserError("search finds one load a deployment sustains; a --rate-profile's changing load is for plan")
+    if args.replica_schedule:
+        raise UserError("search finds the load one deployment sustains; a --replica-schedule's replicas change over "
+                        "time (plan chooses them): give --data-parallel-size N for N replicas all the time")
     if args.trace and (by == "concurrency" or args.time_scale is not None):
         raise UserError("search scales a --trace's arrivals itself: give --rate R (or nothing, to find the highest "
                         "rate), not --concurrency, --load concurrency or --time-scale")
@@ -13365,6 +13389,11 @@ def cmd_search(args) -> int:
             build_engines(probing.probe(sweep_point(spec, point), 1))
     if args.confirm:
         confirm_check(args.confirm, spec)
+    else:
+        idle = [flag for flag, value in (("--confirm-requests", args.confirm_requests), ("--timeout", args.timeout))
+                if value is not None]
+        if idle:
+            raise UserError(f"{idle[0]} is for the --confirm run: add --confirm URL, or drop {idle[0]}")
     if args.plot:
         check_writable(args.plot, "--plot", args)
     fingerprint = search_fingerprint(spec, points, probing)
@@ -13427,7 +13456,9 @@ def cmd_search(args) -> int:
         deployment = sweep_point(spec, searched[found.index(chosen)])
         try:
             report["confirm"], confirmed = confirm(args.confirm, deployment, chosen["best"]["load"], by,
-                                                   args.confirm_requests, args.timeout, Progress("confirm"))
+                                                   args.confirm_requests or CONFIRM_REQUESTS,
+                                                   CONFIRM_TIMEOUT_S if args.timeout is None else args.timeout,
+                                                   Progress("confirm"))
         except CapacityError as e:        # unreachable, or not an LLM server: the search's answer stands
             report["confirm"] = {"url": redact_url(args.confirm), "problem": str(e)}
             confirmed = Stopped(1, f"--confirm: {e} (the search's answer stands)")
@@ -14003,10 +14034,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: find each one's highest rate)")
     g.add_argument("--concurrency", type=CLIENTS, metavar="N", dest="target_concurrency",
                    help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
-    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
+    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...", action="append",
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "
                         "queue or ttfa (time to the first answer token); STAT is mean, p50, p90, p95 or p99; "
-                        "e.g. ttft_p95:500,tpot_p95:50 (required)")
+                        "e.g. ttft_p95:500,tpot_p95:50; given twice, both's bounds (required)")
     g.add_argument("--load", choices=("rate", "concurrency"),
                    help="what the highest-load search varies (default: rate)")
     g.add_argument("--tolerance", type=real(1e-4, 1), metavar="F",
@@ -14021,11 +14052,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--confirm", metavar="URL",
                    help="then send one short loadgen run at the chosen load to this OpenAI-compatible server and "
                         "print measured against servesim on the same send times (default: off)")
-    g.add_argument("--confirm-requests", type=whole(1, MAX_REQUESTS), default=64, metavar="N",
-                   help="requests in the --confirm run (default: %(default)s)")
-    g.add_argument("--timeout", type=real(0, 86400), default=120.0, metavar="SECONDS",
-                   help="in the --confirm run, the longest wait for a stream's next event before the request "
-                        "counts as failed (default: %(default)s)")
+    g.add_argument("--confirm-requests", type=whole(1, MAX_REQUESTS), metavar="N",
+                   help=f"requests in the --confirm run (default: {CONFIRM_REQUESTS})")
+    g.add_argument("--timeout", type=real(0, 86400), metavar="SECONDS",
+                   help=f"in the --confirm run, the longest wait for a stream's next event before the request "
+                        f"counts as failed (default: {CONFIRM_TIMEOUT_S:g})")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.svg",
                      help="draw the probes (load against the first SLO metric) or the deployments (cost against it, "
@@ -14060,8 +14091,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "enable_expert_parallel", "goodput",
                                                                "hours_per_month")])
     g = p.add_argument_group("plan")
-    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...",
-                   help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50")
+    g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...", action="append",
+                   help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50 "
+                        "(required)")
     g.add_argument("--window", type=real(10, 86_400), default=900.0, metavar="S",
                    help="seconds a window lasts, each planned at its mean load (default: %(default)g, 15 minutes)")
     g.add_argument("--min-replicas", type=whole(1, 1024), default=1, metavar="N", help="never fewer (default: 1)")

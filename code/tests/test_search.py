@@ -645,3 +645,49 @@ class PicturesOfOddRuns(unittest.TestCase):
                 found, _, _ = series(f.read())
         self.assertEqual(len(found[("TTFT against throughput", "concurrency p95")]), 2)
         self.assertFalse([key for key in found if key[0] == "TPOT against throughput"])
+
+
+class CarelessSearches(unittest.TestCase):
+    """helper-64's and helper-65's: what a hurried user types, read as meant or refused in one line."""
+
+    def test_slo_bounds_as_a_user_writes_them(self):
+        for slo, said in (("ttft_p95:2,000", "'2,000' reads as two items here (a comma separates the bounds): write 2000"),
+                          ("ttft_p95:2000ms", "without a unit: write ttft_p95:2000"),
+                          ("ttft_p95:2s", "without a unit: write ttft_p95:2000")):
+            with self.subTest(slo=slo):
+                code, _, err = call_cli("search", "--slo", slo)
+                self.assertEqual(code, 2)
+                self.assertIn(said, err)
+        self.assertEqual(main.parse_slo("ttft_p95:500,tpot_p95:50").bounds[1][2], 50.0)
+        # --slo twice: both's bounds (the first was dropped); a sub-millisecond bound is said
+        code, out, err = call_cli("search", "--slo", "ttft_p95:2000", "--slo", "tpot_p95:0.05", "--rate", "5",
+                                  "--steady-requests", "50", "--recheck", "1")
+        self.assertEqual(code, 1, err)
+        self.assertIn("slo ttft_p95 <= 2000 ms, tpot_p95 <= 0.05 ms", out)
+        self.assertIn("--slo tpot_p95:0.05 is 0.05 ms (bounds are milliseconds): 50 ms was meant?", err)
+
+    def test_flags_that_would_change_nothing_are_refused(self):
+        for flags, said in ((("--confirm-requests", "10"), "--confirm-requests is for the --confirm run: add --confirm"),
+                            (("--timeout", "5"), "--timeout is for the --confirm run")):
+            with self.subTest(flags=flags):
+                code, _, err = call_cli("search", "--slo", "ttft_p95:2000", *flags)
+                self.assertEqual(code, 2)
+                self.assertIn(said, err)
+        code, _, err = call_cli("plan", "--slo", "ttft_p95:2000", "--rate-profile", os.path.join(FIXTURES, "burst.jsonl"))
+        self.assertEqual(code, 2)
+        self.assertIn("is JSON, which looks like a trace (give it as --trace)", err)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.csv")
+            with open(path, "w") as f:
+                f.write("time_s,replicas\n0,2\n")
+            code, _, err = call_cli("search", "--slo", "ttft_p95:2000", "--replica-schedule", path)
+        self.assertEqual(code, 2)
+        self.assertIn("a --replica-schedule's replicas change over time", err)
+
+    def test_the_cheapest_names_those_that_meet_the_slo_with_no_price(self):
+        code, out, err = call_cli("search", "--slo", "ttft_p95:5000", "--model", "smollm2-135m-q8_0", "--hardware",
+                                  "cpu-4vcpu,l4-24gb", "--rate", "0.5", "--steady-requests", "100", "--recheck", "1",
+                                  "--prompt-tokens", "200", "--output-tokens", "50")
+        self.assertEqual(code, 0, err)
+        self.assertIn("with a price (1 more meets it with none, hardware cpu-4vcpu: give its price_per_hour): "
+                      "hardware l4-24gb", out)
