@@ -5381,7 +5381,8 @@ class PointRunner:
             return
         if self.progress:      # (the pool hands a worker its next point early: at most one a worker runs)
             busy = min(len(running), self.workers)
-            self.progress(f"stopping: keeping what the {busy} running {self.noun}{'s' * (busy != 1)} ended")
+            # (what they keep, if anything, the last line says)
+            self.progress(f"stopping the {busy} running {self.noun}{'s' * (busy != 1)}")
         signal_workers(self.executor, STOP_SIGNAL)
         concurrent.futures.wait(running, timeout=STOP_WAIT_S)
 
@@ -11400,6 +11401,12 @@ def same_file(a: str, b: str) -> bool:
                                                           and os.path.samefile(a, b))
 
 
+# What each output flag writes, by how such a file starts: an existing file that does not is not
+# replaced.
+WRITTEN_STARTS = {"--plot": ("an SVG picture", (b"<svg", b"<?xml")), "--timeline": ("a timeline CSV", (b"t,",)),
+                  "--out": ("a JSON file", (b"{",))}
+
+
 def check_writable(path: str, flag: str, args=None) -> None:
     """Before the work: a file we are asked to write must have a directory to go in, and must not
     be a file the command reads (writing it would destroy the input)."""
@@ -11446,6 +11453,18 @@ def check_writable(path: str, flag: str, args=None) -> None:
                 if os.path.exists(read) and same_file(read, path):
                     raise UserError(f"{flag} {path}: that is {what} this command reads; writing it would destroy "
                                     f"the input, so give {flag} another file")
+    if os.path.isfile(path) and flag in WRITTEN_STARTS and not written_in_place(path):
+        # Replaced whole: only a file of what the flag writes (an earlier run's), never another
+        # (--plot code/main.py replaced the program with a picture).
+        try:
+            with open(path, "rb") as f:
+                head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+        except OSError:          # (unreadable: what it holds is not known, and it is not ours to replace)
+            head = b"?"
+        kind, starts = WRITTEN_STARTS[flag]
+        if head and not head.startswith(starts):
+            raise UserError(f"{flag} {path}: exists and is not {kind}, which {flag} would replace it with; give "
+                            f"another name (or remove it first)")
     for name, other in OUTPUT_ARGS.items():
         given = getattr(args, name, None)
         if other != flag and isinstance(given, str) and same_file(given, path):
@@ -12656,6 +12675,7 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
     slo = probing.slo
     name, key, bound = slo.bounds[0]
     label = name.replace("_", " ") + " (ms)"
+    stopped = f" (interrupted: {report['tried']} deployments finished)" if report.get("tried") else ""
     named = lambda item: "  ".join(f"{short_label(a)} {value_label(a, item['settings'][a])}" for a in axes)
     if report["target"] is None:
         panel = Panel(f"{name.replace('_', ' ')} against load", unit, label)
@@ -12678,7 +12698,8 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
                 if best:
                     panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g}"))
         panel.levels.append((bound, f"slo {bound:g} ms"))
-        return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}", [panel], columns=1, width=760, height=420)
+        return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}{stopped}", [panel], columns=1,
+                          width=760, height=420)
     panel = Panel(f"{name.replace('_', ' ')} against cost", "USD an hour", label)
     priced = [(item, (item["best"] or item["probes"][-1])) for item in report["deployments"] if item["probes"]]
     priced = [(item, p) for item, p in priced if p.get("cost")]
@@ -12695,7 +12716,7 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
     if cheapest:
         panel.marks.append((cheapest[1]["cost"]["usd_per_hour"], cheapest[1][key], "cheapest: " + (named(cheapest[0]) or "it")))
     panel.levels.append((bound, f"slo {bound:g} ms"))
-    return svg_figure(f"search: deployments at {report['target']:g} {unit}, {slo.text().replace('_', ' ')}", [panel], columns=1,
+    return svg_figure(f"search: deployments at {report['target']:g} {unit}, {slo.text().replace('_', ' ')}{stopped}", [panel], columns=1,
                       width=760, height=420)
 
 
@@ -13254,7 +13275,9 @@ def cmd_sweep(args) -> int:
     if args.plot and results:        # after the report, so a failed write loses nothing
         where = "" if "hardware" in axes else f" on {spec.hardware.name}"
         write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
-                                        + " x ".join(flag_of(a)[2:] for a in axes), axes, results))
+                                        + " x ".join(flag_of(a)[2:] for a in axes)
+                                        + (f" (interrupted: {len(results)} of {len(points)} points)" if stopped else ""),
+                                        axes, results))
     if stopped:
         raise stopped
     too_small = [r for r in results if r.get("does_not_fit")]
@@ -13477,7 +13500,9 @@ def cmd_search(args) -> int:
             write_text(out.getvalue())
     elif not confirming:
         write_text("\n".join(search_text(spec, args.trace, axes, ranked, probing, report["tried"])))
-    if args.plot and ranked:           # after the report, so a failed write loses nothing
+    # After the report, so a failed write loses nothing; an interrupted search's picture is titled so,
+    # and none is drawn (over an earlier run's) when no deployment finished.
+    if args.plot and ranked and not (stopped and not any(not item.get("interrupted") for item in ranked)):
         write_file(args.plot, search_svg(report, axes, probing,
                                          spec.rate_unit() if probing.by == "rate" else "clients"))
     if stopped:

@@ -697,7 +697,7 @@ class ThirdPass(Checks):
         # could not be written cost the --plot beside it.
         with tempfile.TemporaryDirectory() as tmp:
             target, link = os.path.join(tmp, "run-7.csv"), os.path.join(tmp, "latest.csv")
-            write(target, "old\n")
+            write(target, "t,running\n1,2\n")        # an earlier run's
             os.symlink("run-7.csv", link)
             self.assertEqual(run("simulate", "--requests", 5, "--timeline", link).code, 0)
             self.assertTrue(os.path.islink(link), "the link was replaced by a file")
@@ -710,6 +710,12 @@ class ThirdPass(Checks):
             os.chmod(target, 0o444)
             if not os.access(target, os.W_OK):         # root may write it anyway
                 self.assert_one_line(run("simulate", "--requests", 5, "--timeline", target), mentions=["read-only"])
+            # helper-65: --plot code/main.py replaced the program with a picture: only a file of what the
+            # flag writes is replaced
+            program = write(os.path.join(tmp, "main.py"), "import sys\n")
+            for flag in ("--plot", "--timeline"):
+                self.assert_one_line(run("simulate", "--requests", 5, flag, program),
+                                     mentions=[flag, "exists and is not", "give another name"])
             picture = os.path.join(tmp, "s.svg")
             r = run("simulate", "--requests", 5, "--timeline", "/dev/full", "--plot", picture)
             self.assertEqual(r.code, 1, r.seen())

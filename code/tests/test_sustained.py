@@ -785,6 +785,24 @@ class SustainedSearch(unittest.TestCase):
         self.assertIn("interrupted before a probe ended", out)
         self.assertIn("interrupted after 1 of 2 deployments", err)
 
+    def test_an_interrupted_searchs_or_sweeps_picture_says_so_and_none_replaces_a_whole_one(self):
+        # helper-65: Ctrl-C replaced a whole run's --plot with "no data", or with 1 of 5 points, unmarked
+        with tempfile.TemporaryDirectory() as tmp:
+            plot = os.path.join(tmp, "p.svg")
+            with open(plot, "w") as f:
+                f.write("<svg>an earlier run's</svg>")
+            with mock.patch.object(main, "run", stopping_run(lambda spec: True)):
+                code, _, err = call_cli("search", "--slo", "ttft_p95:1000", "--hardware", "l4-24gb,h100-sxm-80gb",
+                                        "--jobs", "1", "--rate", "1", "--plot", plot)
+            self.assertEqual(code, 130, err)
+            with open(plot) as f:
+                self.assertEqual(f.read(), "<svg>an earlier run's</svg>")
+            with mock.patch.object(main, "run", stopping_run(lambda spec: spec.concurrency == 8)):
+                code, _, err = call_cli("sweep", "--requests", "20", "--concurrency", "1,8", "--jobs", "1", "--plot", plot)
+            self.assertEqual(code, 130, err)
+            with open(plot) as f:
+                self.assertIn("(interrupted: 1 of 2 points)", f.read())
+
     def test_a_search_that_never_passes_stops_above_a_year_of_arrivals(self):
         # 70,000 requests at the lowest rates would span years; a probe's size is the search's own.
         code, out, err = call_cli("search", "--slo", "ttft_p95:0.001", "--requests", "70000",
