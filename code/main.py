@@ -2121,6 +2121,7 @@ class HostTier:
         self.rate = gbs * 1e9 * HOST_LINK_EFFICIENCY
         self.keys: OrderedDict = OrderedDict()
         self.stored = self.evicted = self.loaded = self.loads = self.hit_tokens = 0
+        self.reloads = 0         # loads of a preempted request's own KV, which no prompt lookup counts
         self.load_free_at = self.load_wait_s = 0.0
 
     def store(self, key) -> None:
@@ -2198,6 +2199,8 @@ class Offloaded:
             request.computed = (len(hits) + more) * size
             if request.queue_s is None:       # counted once a request, as the pool counts its lookups
                 self.host.hit_tokens += more * size
+            else:
+                self.host.reloads += 1
             self.deliver(self.host.load(more, now), request)
         super().admit(now, budget, batch)
         self.looked_up = None
@@ -2218,7 +2221,8 @@ def host_tier_report(tiers: list[HostTier], span: float, block_size: int, querie
     return {"blocks": sum(t.capacity for t in tiers), "tokens": sum(t.capacity for t in tiers) * block_size,
             "host_hit_rate": hits / queries if queries else 0.0, "host_hit_tokens": hits,
             "stored_gb_per_gpu": gb(sum(t.stored for t in tiers)), "loaded_gb_per_gpu": gb(sum(t.loaded for t in tiers)),
-            "loads": loads, "mean_load_wait_ms": sum(t.load_wait_s for t in tiers) / loads * 1000 if loads else None,
+            "loads": loads, "reloads": sum(t.reloads for t in tiers),
+            "mean_load_wait_ms": sum(t.load_wait_s for t in tiers) / loads * 1000 if loads else None,
             "evicted_blocks": sum(t.evicted for t in tiers),
             "store_link_busy": gb(sum(t.stored for t in tiers)) * 1e9 / tiers[0].rate / span if span > 0 else 0.0,
             "load_link_busy": gb(sum(t.loaded for t in tiers)) * 1e9 / tiers[0].rate / span if span > 0 else 0.0}
@@ -3353,6 +3357,7 @@ def real(low: float, high: float, above_low: bool = True, what: str = "") -> Cal
 
 
 fraction = real(0, 1, what="a fraction in (0, 1]")
+SEED = whole(-2**63, 2**63 - 1)       # random.Random takes any; a 64-bit one is more than enough
 TOKENS = whole(1, 10**8)             # more than any model's context
 CLIENTS = whole(1, 10**6)
 RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
@@ -3397,9 +3402,13 @@ def list_of(kind: Callable) -> Callable:
             sys.stderr.write(f"servesim: {text.strip()} is read as {len(parts)} values, "
                              f"{', '.join(p.strip() for p in parts)} (a list: write {text.strip().replace(',', '')} "
                              f"for one value)\n")
-        twice = next((part.strip() for i, part in enumerate(parts) if values[i] in values[:i]), None)
-        if twice is not None:        # a sweep or search would run the same point twice, and print it twice
-            raise argparse.ArgumentTypeError(f"{twice} is given twice in {text!r}; give each value once")
+        # Compared as tables print them (5 and 5.0000001 are both "5"): a sweep or search would run the
+        # same point twice, or two points no row tells apart.
+        shown = [f"{v:g}" if isinstance(v, float) else v for v in values]
+        twice = next((part.strip() for i, part in enumerate(parts) if shown[i] in shown[:i]), None)
+        if twice is not None:
+            raise argparse.ArgumentTypeError(f"{twice} is given twice in {text!r} (as a table shows it); give each "
+                                             f"value once")
         return values
     parse.__name__ = f"comma-separated {kind.__name__}s"
     return parse
@@ -3446,9 +3455,20 @@ def kv_dtype(text: str) -> str:
     return "fp8" if text in ("fp8_e4m3", "fp8_e5m2") else choice("auto", *KV_BYTES)(text)
 
 
+# vLLM's --quantization names of 4-bit weight formats, all priced as int4.
+INT4_METHODS = ("awq", "gptq", "awq_marlin", "gptq_marlin")
+
+
 def quantization_flag(text: str) -> Optional[str]:
-    """fp8, int4, or none: the model's own dtype (a sweep compares it with the others)."""
-    return None if text == "none" else choice(*WEIGHT_BYTES)(text)
+    """fp8, int4 (or vLLM's awq, gptq and their marlin kernels), or none: the model's own dtype
+    (a sweep compares it with the others)."""
+    if text.strip().lower() in INT4_METHODS:
+        return "int4"
+    try:
+        return None if text == "none" else choice(*WEIGHT_BYTES)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of none, {', '.join(WEIGHT_BYTES)} "
+                                         f"(or {', '.join(INT4_METHODS)}, read as int4)") from None
 
 
 def tokens_or_none(text: str) -> Optional[int]:
@@ -3630,11 +3650,13 @@ class RunSpec:
         "as llama.cpp's --ctx-size does", "plan", metavar="TOKENS", axis=11, default_text="from the memory budget",
         recorded=True, exclusive="kv size")
     num_gpu_blocks: Optional[int] = setting(
-        None, "--num-gpu-blocks", whole(1, 10**11), "fix the number of KV blocks, as copied from a vLLM startup log",
-        "plan", metavar="BLOCKS", axis=12, default_text="from the memory budget", recorded=True, exclusive="kv size")
+        None, "--num-gpu-blocks", whole(1, 10**11), "fix the number of KV blocks, as copied from a vLLM startup log "
+        "(vLLM's --num-gpu-blocks-override)", "plan", metavar="BLOCKS", axis=12, default_text="from the memory budget",
+        recorded=True, exclusive="kv size", aliases=("--num-gpu-blocks-override",))
     quantization: Optional[str] = setting(
         None, "--quantization", quantization_flag, "fp8: 1 byte per weight, on FP8 tensor cores where the device has "
-        "them; int4: AWQ/GPTQ 4-bit weights (0.53 bytes with scales), BF16 compute; none: the model's own", "plan",
+        "them; int4 (vLLM's awq, gptq, awq_marlin, gptq_marlin): 4-bit weights (0.53 bytes with scales), BF16 "
+        "compute; none: the model's own", "plan",
         metavar="none|fp8|int4",
         axis=5, default_text="the model's own dtype")
     kv_cache_dtype: str = setting(
@@ -3782,7 +3804,7 @@ class RunSpec:
         None, "--concurrency", CLIENTS, "closed loop: N clients, each sending its next request when the last ends",
         "workload", metavar="N", axis=25, default_text=f"closed loop with {DEFAULT_CLIENTS} clients",
         exclusive="arrivals")
-    seed: int = setting(7, "--seed", int, "random seed for lengths and arrivals", "workload")
+    seed: int = setting(7, "--seed", SEED, "random seed for lengths and arrivals", "workload")
     time_scale: float = setting(
         1.0, "--time-scale", real(1e-6, 1e6), "multiply a trace's arrival times by X: 0.5 replays it at twice its rate",
         "workload", metavar="X")
@@ -3808,8 +3830,8 @@ class RunSpec:
         0.0, "--think-time", real(0, 86_400, above_low=False), "seconds between a turn's last token and the next "
         "turn's request", "workload", metavar="S")
     warmup: int = setting(
-        0, "--warmup", whole(0, MAX_REQUESTS), "send N requests first and leave them out of the metrics", "workload",
-        metavar="N")
+        0, "--warmup", whole(0, MAX_REQUESTS), "the first N requests sent are left out of the metrics (they are among "
+        "the requests asked for, not sent on top of them)", "workload", metavar="N")
     # Output, engine and cost model.
     detailed: bool = False               # keep every token's time, for --detailed arrays
     profile: Optional[EngineProfile] = None     # a fit's engine constants, in place of --engine's own
@@ -3841,7 +3863,8 @@ class RunSpec:
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
         default_text="the preset's on-demand price, see main.py presets")
     hours_per_month: float = setting(
-        730.0, "--hours-per-month", real(1, 744), "hours a month of service, for $ a month", "slo", metavar="H",
+        730.0, "--hours-per-month", real(1, 744), "hours a month of service, for $ a month (above 1, at most 744)",
+        "slo", metavar="H",
         default_text="730, a year's hours over 12")
     steady_skip: float = setting(
         0.2, "--steady-skip", real(0, 0.9, above_low=False, what="a fraction from 0 to 0.9"), "the share of the "
@@ -3991,6 +4014,13 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                         f"step, so it must be a smaller model than the one it proposes for (--model and --draft-model "
                         f"swapped?)")
     engine = engine_profile(spec) if spec.engine or spec.profile else None
+    if engine and engine.rules == "llamacpp":
+        # vLLM's features llama-server has no counterpart of (its replicas are separate servers: -dp is fine)
+        vllm_only = [flag for flag, on in (("--kv-offloading-size", spec.kv_offloading_size),
+                                           ("--enable-expert-parallel", spec.enable_expert_parallel)) if on]
+        if vllm_only:
+            raise UserError(f"--engine {spec.engine or engine.name}: llama.cpp's server has no {vllm_only[0]} (a vLLM "
+                            f"feature); drop it, or simulate --engine vllm")
     if engine and engine.rules == "trtllm" and not spec.hardware.kernel_floor_us:
         raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "
                         f"kernel_floor_us); use --engine llamacpp, or a GPU preset")
@@ -4023,10 +4053,12 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                 raise UserError(f"{SETTINGS[name].metadata['flag']} changes nothing with {without}: drop it")
             continue
         off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
-        if needs and getattr(spec, needs) == off and (needs not in given or given[needs] == off) and needs not in swept:
+        is_off = lambda value: value == off or value in (0, None)       # (--kv-offloading-size 0 is off too)
+        if needs and is_off(getattr(spec, needs)) and (needs not in given or is_off(given[needs])) and needs not in swept:
             flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
             if needs in given:        # given as its own "off"
-                raise UserError(f"{flag} changes nothing with {other} {given[needs]}, which is off: give {other} "
+                value = f"{given[needs]:g}" if isinstance(given[needs], float) else given[needs]
+                raise UserError(f"{flag} changes nothing with {other} {value}, which is off: give {other} "
                                 f"a value that turns it on, or drop {flag}")
             raise UserError(f"{flag} changes nothing without {other}: add {other}, or drop {flag}")
     if spec.trace and not spec.requests and len(spec.trace.rows) * spec.trace_repeats > MAX_REQUESTS:
@@ -4037,9 +4069,10 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError("--turns builds synthetic conversations; a --trace brings its own requests")
     if spec.think_time and spec.turns == 1:
         raise UserError("--think-time is the pause between a conversation's turns: add --turns N")
-    if (spec.turns - 1) * spec.think_time > MAX_ARRIVAL_S:
-        raise UserError(f"--turns {spec.turns} with --think-time {spec.think_time:g} s is "
-                        f"{(spec.turns - 1) * spec.think_time / 86400:,.0f} days of thinking in one conversation; "
+    turns = min(spec.turns, spec.requests) if spec.requests else spec.turns     # (a conversation ends with the requests)
+    if (turns - 1) * spec.think_time > MAX_ARRIVAL_S:
+        raise UserError(f"--turns {turns} with --think-time {spec.think_time:g} s is "
+                        f"{(turns - 1) * spec.think_time / 86400:,.0f} days of thinking in one conversation; "
                         f"servesim simulates up to a year")
     if spec.num_prefixes > 1 and not spec.prefix_tokens:
         raise UserError("--num-prefixes needs --prefix-tokens: how long each shared system prompt is")
@@ -4161,7 +4194,7 @@ def inert(spec: RunSpec) -> set[str]:
     hold them (-pp 1,2 with --inter-node-gbs); its rerun command and the grid leave them out."""
     default = RunSpec()
     idle = {name for name, f in SETTINGS.items()
-            if f.metadata["needs"] and getattr(spec, f.metadata["needs"]) == getattr(default, f.metadata["needs"])}
+            if f.metadata["needs"] and getattr(spec, f.metadata["needs"]) in (getattr(default, f.metadata["needs"]), 0, None)}
     if spec.data_parallel_size == 1 and (not spec.replica_schedule or spec.replica_schedule.most == 1):
         idle.add("router")
     if spec.disaggregate and spec.prefill_hardware and spec.decode_hardware:
@@ -4629,7 +4662,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
     if link:
         result["prefill_engine"] = engines[0].report(served)
         result["link"] = link.report(served)
-        where = f"prefill on {engines[0].hardware.name}, decode on {decode.hardware.name}, {link.gbs:g} GB/s link"
+        tp = f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else ""
+        where = f"prefill on {engines[0].hardware.name}{tp}, decode on {decode.hardware.name}{tp}, {link.gbs:g} GB/s link"
     config = decode.scheduler.config
     result["config"] = {
         "title": f"servesim {spec.model.name} {where}  {len(requests):,} requests  {spec.arrivals()}",
@@ -4649,6 +4683,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
         "pipeline_parallel_size": spec.pipeline_parallel_size, "router": spec.router if router else None,
+        # where a replica spans nodes (a pipeline's hand-offs, a TP group's all-reduces), what it crosses
+        "gpus_per_node": spec.gpus_per_node, "inter_node_gbs": spec.inter_node_gbs,
+        "inter_node_latency_us": spec.inter_node_latency_us,
         "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
         "engine_base": engine_profile(spec).base or None, "async_scheduling": engine_profile(spec).overlap,
@@ -7475,6 +7512,11 @@ def got(value) -> str:
     return printable(str(value)[:40])
 
 
+def signed(x: float, digits: int) -> str:
+    """x with its sign, to `digits` decimals; one that rounds to zero is +0 (not -0.000)."""
+    return f"{round(x, digits) + 0.0:+.{digits}f}"
+
+
 def printable(text: str) -> str:
     """Text from a server, safe to print, store and draw: whitespace controls become spaces, the
     other characters above their escapes (\\x1b, \\ud800)."""
@@ -8252,7 +8294,7 @@ class LoadConfig:
     prompts: Optional[list] = setting(
         None, "--prompts", None, "your own prompts, JSONL with {\"prompt\": ...} or {\"messages\": [...]} per line, "
         "used in turn", "load", metavar="FILE", default_text="generated prompts")
-    seed: int = setting(7, "--seed", int, "seed for prompts and arrivals", "load")
+    seed: int = setting(7, "--seed", SEED, "seed for prompts and arrivals", "load")
     slos: Optional[dict] = setting(
         None, "--goodput", goodput_bound, GOODPUT_HELP, "slo", metavar="KEY:MS", default_text="off", nargs="+")
     timeline: bool = False               # per-second rows for --timeline and --plot
@@ -11553,15 +11595,15 @@ def steady_lines(steady: Optional[dict]) -> list[str]:
         seeds = f"in {steady['seeds_sustained']} of {steady['seeds_count']} seeds{too_short}; their mean, " \
             if too_short else ""
         verdict = (f"{'sustained':<12}{seeds}{where}: offered {steady['offered_rate']:,.2f} req/s, served "
-                   f"{steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
+                   f"{steady['served_rate']:,.2f} req/s, wait {signed(steady['wait_growth_s_per_s'], 3)} s per s")
     elif 0 < steady.get("seeds_sustained", 0) < steady.get("seeds_count", 0):
         over = steady["seeds_count"] - steady["seeds_sustained"] - steady.get("seeds_too_short", 0)
         verdict = (f"{'mixed':<12}sustained in {steady['seeds_sustained']} of {steady['seeds_count']} seeds, "
                    f"overloaded in {over}{too_short}; their mean, {where}: offered {steady['offered_rate']:,.2f} "
-                   f"req/s, served {steady['served_rate']:,.2f} req/s, wait {steady['wait_growth_s_per_s']:+.3f} s per s")
+                   f"req/s, served {steady['served_rate']:,.2f} req/s, wait {signed(steady['wait_growth_s_per_s'], 3)} s per s")
     else:
         verdict = (f"{'overloaded':<12}offered {steady['offered_rate']:,.2f} req/s, served {steady['served_rate']:,.2f} "
-                   f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {steady['wait_growth_s_per_s']:+.3f} "
+                   f"req/s, queue grows {steady['queue_growth_rps']:,.2f} req/s (wait {signed(steady['wait_growth_s_per_s'], 3)} "
                    f"s per s) in {where}: the server does not keep up ({overload_reason(steady)}{unjudged}), and its "
                    f"latencies grow with the run's length")
     figures = (f"{'':<12}in it: ttft p50 {number(steady.get('median_ttft_ms'))} "
@@ -11651,12 +11693,14 @@ def print_run(result: dict, out=None) -> None:
           f"peak {engine['kv_peak']:.1%}  mean {engine['kv_mean']:.1%}\n")
         w(f"{'steps':<12}{engine['steps']:,.0f}  mean batch {engine['mean_batch']:.1f} seqs  "
           f"preemptions {engine['preemptions']:,.0f}  evictions {engine['evictions']:,.0f}  "
-          f"prefix hits {engine['prefix_hit_rate']:.1%}\n")
+          + (f"prefix hits {engine['prefix_hit_rate']:.1%}\n" if "prefill_engine" not in result else
+             "prefix hits: the prefill engine's (below)\n"))
         host = result.get("host_tier")
         if host:
             w(f"{'host tier':<12}{host['tokens']:,.0f} tokens: {host['host_hit_rate']:.1%} of prompt tokens found only "
-              f"there (so {engine['prefix_hit_rate'] - host['host_hit_rate']:.1%} in HBM); {host['loads']:,} loads, "
-              f"{host['loaded_gb_per_gpu']:,.1f} GB a GPU, mean wait {number(host['mean_load_wait_ms'])} ms; stores "
+              f"there (so {engine['prefix_hit_rate'] - host['host_hit_rate']:.1%} in HBM); {host['loads']:,.0f} loads"
+              + (f" ({host['reloads']:,.0f} of them a preempted request's own KV, back)" if host.get("reloads") else "")
+              + f", {host['loaded_gb_per_gpu']:,.1f} GB a GPU, mean wait {number(host['mean_load_wait_ms'])} ms; stores "
               f"{host['stored_gb_per_gpu']:,.1f} GB a GPU, keeping its link {host['store_link_busy']:.1%} busy\n")
         if engine["evictions"]:
             w(f"{'':<12}an eviction is a freed block's cached prefix overwritten when the block is reused (least "
@@ -11678,7 +11722,8 @@ def print_run(result: dict, out=None) -> None:
     if result.get("link"):
         prefill, link = result["prefill_engine"], result["link"]
         w(f"{'prefill':<12}{prefill['hardware']}: {prefill['steps']:,.0f} steps  mean batch {prefill['mean_batch']:.1f}  "
-          f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,.0f}\n")
+          f"kv peak {prefill['kv_peak']:.1%}  preemptions {prefill['preemptions']:,.0f}  "
+          f"prefix hits {prefill['prefix_hit_rate']:.1%}\n")
         w(f"{'link':<12}{link['gbs']:g} GB/s: {link['transfers']:,} transfers  mean wait {number(link['mean_wait_ms'])} ms "
           f"(queue + transfer)  busy {link['busy']:.1%}\n")
     rows = [(label, [number(result[f"{stat}_{name}_ms"]) for stat in ("mean", "median", "p90", "p95", "p99")])
@@ -11800,8 +11845,8 @@ def print_server(result: dict, w) -> None:
     if result["config"].get("start_at") is not None:
         clock = client.get("server_clock") or {}
         w(f"{'':<12}started {result['config']['start_lag_ms']:,.1f} ms after --start-at; "
-          + (f"the server's clock is {clock['offset_s']:+.2f} s from this one (between {clock['low_s']:+.2f} and "
-             f"{clock['high_s']:+.2f} s, by {clock['answers']:,} Date headers)" if clock.get("offset_s") is not None
+          + (f"the server's clock is {signed(clock['offset_s'], 2)} s from this one (between {signed(clock['low_s'], 2)} and "
+             f"{signed(clock['high_s'], 2)} s, by {clock['answers']:,} Date headers)" if clock.get("offset_s") is not None
              else f"clock against the server's not known: {clock.get('why', 'no answers')}") + "\n")
     if client.get("dispatch_lag_ms"):
         lag = client["dispatch_lag_ms"]
@@ -12129,7 +12174,9 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
     if "burstiness" in axes:       # bursts show in the tail of TTFT
         columns = columns[:2] + (("ttft p99", lambda r: number(r["p99_ttft_ms"])),) + columns[2:]
     if spec.prefix_caching or "prefix_caching" in axes:
-        columns = columns[:-1] + (("prefix hit", lambda r: f"{r['engine']['prefix_hit_rate']:.1%}"), columns[-1])
+        # (disaggregated, the prompts are looked up where they are computed: on the prefill engine)
+        columns = columns[:-1] + (("prefix hit", lambda r: f"{(r.get('prefill_engine') or r['engine'])['prefix_hit_rate']:.1%}"),
+                                  columns[-1])
     if spec.rate or spec.trace or spec.ramp_up or "rate" in axes:      # open loop: did the server keep up?
         columns += (("load", load_verdict),)
     return columns
@@ -12356,7 +12403,7 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
     w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens"
       + (" (a block spans the group)" if tp > 1 else ""))
-    w("max concurrency", f"{plan.max_concurrency:.2f}x", f"at {plan.max_model_len:,} tokens per request")
+    w("max concurrency", f"{plan.max_concurrency:,.2f}x", f"at {plan.max_model_len:,} tokens per request")
     step = cost.step_seconds(1, 0, 1, 1) * 1000
     out.write(f"{'decode step':<17}{step:.2f} ms at batch 1; compute catches up with the weight read "
               f"at ~{knee_text(cost.critical_batch())} tokens per step\n")
@@ -12892,6 +12939,8 @@ def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bo
         if m["nargs"]:      # given twice, a flag of several words takes both's (the last alone would drop some)
             options["action"] = "extend"
     shown = m['default_text'] or value_label(f.name, f.default)
+    if lists and f.name == "concurrency":       # (a sweep's load axis when none is given: sweep_grid)
+        shown = f"{','.join(map(str, DEFAULT_SWEEP))} clients, without --rate"
     shown = f" (default: {'the value the run recorded, else ' if overrides else ''}{shown})"
     own = g       # the flags that go with this one (--trace-format) are not exclusive with it
     if m["exclusive"]:
@@ -13110,7 +13159,7 @@ def cmd_capacity(args) -> int:
         print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused)
         if host:
             tokens = host.capacity * plan.block_size
-            out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:g} GiB':<19} {host.capacity:,} blocks = "
+            out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:,g} GiB':<19} {host.capacity:,} blocks = "
                       f"{tokens:,} tokens ({tokens / plan.kv_tokens:,.1f}x the HBM cache); a block loads in "
                       f"{host.block_bytes / host.rate * 1e6:,.1f} us over {spec.hardware.host_link_gbs:g} GB/s x "
                       f"{HOST_LINK_EFFICIENCY:g}\n")
@@ -14051,7 +14100,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "run every deployment of the grid the list flags describe (--hardware, -tp, -dp, "
                                    "--max-num-seqs, --quantization, ...) at that load and rank the ones that meet "
                                    "the SLO by cost; a deployment that does not fit is listed with the reason. Exit "
-                                   "1 if no deployment fits or a --confirm request failed.")
+                                   "1 if no deployment fits, none meets the SLO, or a --confirm request failed.")
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency")], lists=True)
     g = p.add_argument_group("search")
     g.add_argument("--rate", type=RATE, metavar="R", dest="target_rate",
