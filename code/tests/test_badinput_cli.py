@@ -314,3 +314,65 @@ class NamesAsGiven(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertNotIn("\x1b", out)
         self.assertIn("name\\x1b[31m.jsonl", out.splitlines()[0])
+
+
+class HelperSixtyFiveAndSix(unittest.TestCase):
+    """What helpers 65 and 66 typed, each read as the servers' own flags read it, or refused in one line."""
+
+    def json_of(self, *args):
+        code, out, err = call_cli("simulate", "--json", *args)
+        self.assertEqual(code, 0, err)
+        return json.loads(out), err
+
+    def test_vllms_spellings_and_grouped_numbers(self):
+        report, _ = self.json_of("--requests", "8", "--num-gpu-blocks-override", "20000", "--max-model-len", "8192")
+        self.assertEqual(report["engine"]["num_blocks"], 20000)
+        for method in ("awq", "gptq", "gptq_marlin"):
+            self.assertEqual(self.json_of("--requests", "8", "--quantization", method)[0]["config"]["quantization"], "int4")
+        code, _, err = call_cli("simulate", "--quantization", "squeezellm")
+        self.assertEqual(code, 2)
+        self.assertIn("is not one of none, fp8, int4 (or awq, gptq", err)
+        self.assertEqual(self.json_of("--requests", "8", "--seed", "1,000")[0]["config"]["seed"], 1000)
+        sweep = run("sweep", "--help").out
+        self.assertIn("(default: 1,8,32,128,256 clients, without --rate)", " ".join(sweep.split()))
+        code, _, err = call_cli("sweep", "--requests", "8", "--rate", "5,5.0000001")
+        self.assertEqual(code, 2)
+        self.assertIn("5.0000001 is given twice in '5,5.0000001' (as a table shows it)", err)
+        # 20 requests of 400-turn conversations are one conversation of 20 turns: 19 days, not 399
+        self.assertEqual(self.json_of("--requests", "20", "--turns", "400", "--think-time", "86400")[0]["completed"], 20)
+
+    def test_settings_that_change_nothing_or_that_the_engine_lacks(self):
+        code, _, err = call_cli("simulate", "--kv-offloading-size", "0", "--kv-offloading-backend", "lmcache")
+        self.assertEqual(code, 2)
+        self.assertIn("--kv-offloading-backend changes nothing with --kv-offloading-size 0, which is off", err)
+        for flags, said in ((("--prefix-caching", "--kv-offloading-size", "4"), "no --kv-offloading-size"),
+                            (("--model", "qwen3-30b-a3b", "-dp", "2", "--enable-expert-parallel"),
+                             "no --enable-expert-parallel")):
+            with self.subTest(flags=flags):
+                code, _, err = call_cli("simulate", "--engine", "llamacpp", *flags)
+                self.assertEqual(code, 2)
+                self.assertIn(f"llama.cpp's server has {said} (a vLLM feature)", err)
+
+    def test_what_a_report_says_of_its_own_run(self):
+        code, out, err = call_cli("simulate", "--requests", "200", "--rate", "20", "--seed", "3")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("-0.000", out)
+        run, _ = self.json_of("--disaggregate", "--requests", "100", "--rate", "5", "--prefix-tokens", "2000",
+                              "--num-prefixes", "1", "--prompt-tokens", "100", "--output-tokens", "50", "--prefix-caching")
+        self.assertGreater(run["prefill_engine"]["prefix_hit_rate"], 0.9)
+        code, out, err = call_cli("simulate", "--disaggregate", "-tp", "2", "--requests", "100", "--rate", "5",
+                                  "--prefix-tokens", "2000", "--num-prefixes", "1", "--prompt-tokens", "100",
+                                  "--output-tokens", "50", "--prefix-caching")
+        self.assertEqual(code, 0, err)
+        self.assertIn("prefill on h100-sxm-80gb x 2 (tensor parallel), decode on h100-sxm-80gb x 2", out)
+        self.assertRegex(out, r"prefill .*prefix hits 9\d\.\d%")
+        self.assertIn("prefix hits: the prefill engine's (below)", out)
+        run, _ = self.json_of("-pp", "2", "-tp", "8", "--model", "llama-3.1-70b", "--inter-node-gbs", "25",
+                              "--requests", "10")
+        self.assertEqual((run["config"]["gpus_per_node"], run["config"]["inter_node_gbs"]), (8, 25.0))
+        # a preempted request's KV loaded back from the host tier is said as such, not as a prefix hit
+        code, out, err = call_cli("simulate", "--hardware", "l4-24gb", "--turns", "4", "--think-time", "5", "--rate",
+                                  "0.3", "--requests", "800", "--prefix-caching", "--prompt-tokens", "200-400",
+                                  "--output-tokens", "100-300", "--kv-offloading-size", "1", "--max-model-len", "8192")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"\d+ loads \(\d+ of them a preempted request's own KV, back\)")
