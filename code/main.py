@@ -358,6 +358,7 @@ class CapacityPlan:
     replicas: int = 1                  # data-parallel engines of this plan, each with its own cache
     expert_parallel: bool = False      # ... sharing out the experts between them
     of_free: bool = False              # the fraction is of what the weights and activations leave (TensorRT-LLM)
+    draft: Optional[ModelSpec] = None  # one GPU's share of a speculative draft model beside it
 
     @property
     def kv_tokens(self) -> int:
@@ -4341,7 +4342,7 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     if pp > 1:
         cost = Pipeline(cost, hardware, model, spec)
     plan.tensor_parallel_size, plan.group_model = tp, model
-    plan.pipeline_parallel_size = pp
+    plan.pipeline_parallel_size, plan.draft = pp, draft_of(spec)
     plan.replicas, plan.expert_parallel = spec.data_parallel_size, spec.enable_expert_parallel
     return plan, cost
 
@@ -12163,10 +12164,11 @@ def sweep_columns(spec: RunSpec, axes: list[str]) -> tuple:
     if "kv_link_gbs" in axes:
         return SWEEP_TABLES["kv_link_gbs"]
     columns = SWEEP_COLUMNS
-    if {"tensor_parallel_size", "data_parallel_size"} & set(axes):      # so rows compare per GPU
+    gpu_counts = {"tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"}    # the axes that change the GPUs
+    if gpu_counts & set(axes):      # so rows compare per GPU
         columns = (("gpus", lambda r: f"{r['config']['gpus']}"), columns[0],
                    ("per gpu", lambda r: number(r["output_throughput"] / r["config"]["gpus"]))) + columns[1:]
-    if {"hardware", "tensor_parallel_size", "data_parallel_size", "quantization"} & set(axes):
+    if {"hardware", "quantization", *gpu_counts} & set(axes):
         columns = columns[:-1] + (("$/M tok", lambda r: number((r["cost"] or {}).get("usd_per_million_output_tokens"), 3)),
                                   columns[-1])
     if spec.goodput:
@@ -12383,8 +12385,11 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     if tp * pp > 1:
         count += f" / {tp * pp} GPUs"
     if m.experts:
+        # (over data-parallel ranks, each GPU holds its share of the experts and all of the rest)
+        spread = f" x {m.expert_share:.3g} (its share of them over {plan.replicas} ranks)" if m.expert_share < 1 else ""
         count += (f" ({m.compute_params * tp / 1e9:.2f} B active: {m.experts_per_token} of {m.experts} experts); "
-                  f"experts x {m.expert_dtype_bytes or m.weight_dtype_bytes:.3g} bytes, the rest x {m.weight_dtype_bytes:g}")
+                  f"experts x {m.expert_dtype_bytes or m.weight_dtype_bytes:.3g} bytes{spread}, the rest x "
+                  f"{m.weight_dtype_bytes:g}")
     else:
         count += f" x {m.weight_dtype_bytes:g} bytes"
     w("weights", f"{weights / 1e9:.2f} GB" if weights >= 1e9 else f"{weights / 1e6:.1f} MB", count)
@@ -12395,7 +12400,11 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
       f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and activations leave"
       if plan.of_free else
       f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
-    note = {"budget": f"budget - weights - {h.reserve_gib:g} GiB reserve",
+    d = plan.draft
+    if d:
+        w("draft model", f"{d.weight_bytes / 1e9:.2f} GB", f"{d.name}'s weights, and {d.kv_bytes_per_token / KIB:.1f} KiB of "
+          f"its KV a token in every block beside the model's" + (" (each GPU's share)" if tp > 1 else ""))
+    note = {"budget": f"budget - weights{' - the draft' if d else ''} - {h.reserve_gib:g} GiB reserve",
             "--kv-tokens": "fixed by --kv-tokens (TensorRT-LLM's max_tokens)" if plan.of_free
             else "fixed by --kv-tokens (llama.cpp --ctx-size)",
             "--num-gpu-blocks": "fixed by --num-gpu-blocks" if plan.of_free
@@ -12473,6 +12482,8 @@ def capacity_json(plan: CapacityPlan, cost: Roofline, engine: Optional[str] = No
         "all_reduce_ms": (cost.inner if isinstance(cost, ExpertParallel) else cost).communication_seconds(1) * 1000
         if isinstance(cost.inner if isinstance(cost, ExpertParallel) else cost, Parallel) else 0.0,
         "expert_parallel_ms": cost.communication_seconds(1) * 1000 if isinstance(cost, ExpertParallel) else 0.0,
+        "draft_model": {"name": plan.draft.name, "weight_bytes": plan.draft.weight_bytes,
+                        "kv_bytes_per_token": plan.draft.kv_bytes_per_token} if plan.draft else None,
     }
 
 
@@ -14044,7 +14055,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "catches up with the weight read, plus vLLM's startup line for the same plan "
                                    "(with --engine vllm or none).")
     add_settings(p, [name for name, f in SETTINGS.items() if f.metadata["group"] == "plan"]
-                 + ["data_parallel_size", "enable_expert_parallel", "engine"])
+                 + ["data_parallel_size", "enable_expert_parallel", "engine", "speculative_tokens", "draft_model"])
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=cmd_capacity)
 

@@ -212,3 +212,37 @@ class FixedSizes(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class WhatEachGpuHolds(unittest.TestCase):
+    """helper-66: capacity could not show a draft model's share (so its blocks were twice simulate's),
+    and a data-parallel mixture of experts' weights line did not add up."""
+
+    def test_a_draft_model_is_in_the_plan_capacity_prints(self):
+        flags = ("capacity", "--model", "qwen3-32b", "-tp", "2", "--max-model-len", "8192")
+        code, out, err = run_cli(*flags, "--speculative-tokens", "4", "--draft-model", "qwen3-8b", "--json")
+        self.assertEqual(code, 0, err)
+        drafted = json.loads(out)
+        code, out, err = run_cli("simulate", "--model", "qwen3-32b", "-tp", "2", "--max-model-len", "8192",
+                                 "--speculative-tokens", "4", "--draft-model", "qwen3-8b", "--requests", "4", "--json")
+        self.assertEqual(drafted["num_blocks"], json.loads(out)["engine"]["num_blocks"])
+        self.assertEqual(drafted["draft_model"]["name"], "qwen3-8b")
+        code, out, _ = run_cli(*flags, "--json")
+        self.assertLess(drafted["num_blocks"], json.loads(out)["num_blocks"])
+        code, out, _ = run_cli(*flags, "--speculative-tokens", "4", "--draft-model", "qwen3-8b")
+        self.assertIn("budget - weights - the draft - 2 GiB reserve", out)
+
+    def test_a_data_parallel_mixture_of_experts_weights_line_adds_up(self):
+        code, out, err = run_cli("capacity", "--model", "qwen3-30b-a3b", "-dp", "2")
+        self.assertEqual(code, 0, err)
+        line = next(l for l in out.splitlines() if l.startswith("weights"))
+        self.assertIn("experts x 2 bytes x 0.5 (its share of them over 2 ranks), the rest x 2", line)
+        m = main.MODELS["qwen3-30b-a3b"]
+        self.assertAlmostEqual(float(line.split()[1]), (m.shared_params * 2 + m.expert_params * 2 / 2) / 1e9, places=2)
+
+    def test_a_pipeline_sweep_compares_per_gpu(self):
+        code, out, err = run_cli("sweep", "-pp", "1,2", "--concurrency", "4", "--requests", "20")
+        self.assertEqual(code, 0, err)
+        header = out.splitlines()[1].split()
+        self.assertIn("gpus", header)
+        self.assertIn("$/M", header)
