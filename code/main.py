@@ -2596,12 +2596,19 @@ def check_pipeline(spec: RunSpec) -> None:
 
 
 def pipeline_shard(model: ModelSpec, pp: int) -> ModelSpec:
-    """What one stage holds and computes: 1/pp of the layers (and of the weights)."""
+    """What the fullest stage holds and computes: 1/pp of the layers, and one vocabulary-sized
+    matrix: the first stage's embedding table or the last stage's output projection (vLLM loads
+    each on its own stage, a tied one on both). The fullest stage sets the pace of the pipeline,
+    and vLLM sizes every stage's KV cache by the worker with the least memory free. Modelled as
+    the last stage: its layers and the projection, streamed each step (as a tied table is)."""
     if pp == 1:
         return model
-    return replace(model, params=model.params / pp, active_params=model.active_params / pp,
+    matrix = model.embedding_params               # (0 when the vocabulary is not known: an even split)
+    ends = matrix * (1 if model.tie_word_embeddings else 2)
+    stage = lambda params: (params - ends) / pp + matrix if params else 0.0
+    return replace(model, params=stage(model.params), active_params=stage(model.active_params),
                    layers=model.layers // pp, sliding_layers=model.sliding_layers // pp,
-                   vocab_size=-(-model.vocab_size // pp))
+                   tie_word_embeddings=bool(matrix) or model.tie_word_embeddings)
 
 
 class Pipeline:
@@ -12380,10 +12387,12 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     share = "kv_cache_free_gpu_mem_fraction" if plan.of_free else "gpu-memory-utilization"
     named = f", engine {label}" if label else ""
     out.write(f"{'capacity':<17}{m.name} on {h.name}{group}{named}  {share} {plan.gpu_memory_utilization:.2f}\n")
-    params = m.params * tp * pp
+    params = (plan.group_model or m).params
     count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
-    if tp * pp > 1:
-        count += f" / {tp * pp} GPUs"
+    if pp > 1:        # (pipeline_shard: the stage that also holds a vocabulary-sized matrix)
+        count += f", the fullest stage's {m.params * tp / 1e9:.3g} B" + (f" / {tp} GPUs" if tp > 1 else "")
+    elif tp > 1:
+        count += f" / {tp} GPUs"
     if m.experts:
         # (over data-parallel ranks, each GPU holds its share of the experts and all of the rest)
         spread = f" x {m.expert_share:.3g} (its share of them over {plan.replicas} ranks)" if m.expert_share < 1 else ""

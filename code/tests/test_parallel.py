@@ -638,6 +638,16 @@ class PipelineParallel(unittest.TestCase):
         self.assertAlmostEqual(plan.model.weight_bytes, 405.85e9 * 2 / 16)
         # Each GPU holds its 63 layers' KV of each token, over 8 heads split 8 ways.
         self.assertEqual(plan.model.kv_bytes_per_token, 2 * 63 * 1 * 128 * 2)
+        # With more stages, the fullest holds a vocabulary-sized matrix beside its layers (the first
+        # stage's embedding, the last's output projection): helper-66 found 24 stages of gpt-oss-20b
+        # given 573 MB each, where the embedding alone is 1.16 GB.
+        oss = main.MODELS["gpt-oss-20b"]
+        stage, _ = main.device_plan(main.RunSpec(model=oss, pipeline_parallel_size=24), main.HARDWARE["h100-sxm-80gb"])
+        matrix = oss.vocab_size * oss.hidden_size
+        self.assertAlmostEqual(stage.model.params, (oss.params - 2 * matrix) / 24 + matrix)
+        self.assertGreater(stage.model.weight_bytes, matrix * 2)
+        even, _ = main.device_plan(main.RunSpec(model=oss, pipeline_parallel_size=2), main.HARDWARE["h100-sxm-80gb"])
+        self.assertAlmostEqual(even.model.params, oss.params / 2)       # two stages: one end each
         code, out, err = call_cli("simulate", "--model", "llama-3.1-405b", "-tp", "8", "-pp", "2", "--max-model-len",
                                   "16384", "--requests", "40", "--rate", "1", "--json")
         self.assertEqual(code, 0, err)
