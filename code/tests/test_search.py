@@ -583,7 +583,7 @@ class Shards(unittest.TestCase):
             paths = self.shards(tmp, 2)
             other = os.path.join(tmp, "other.json")
             with open(other, "w") as f:
-                f.write(call_cli(*self.SEARCH, "--slo", "ttft_p95:1000", "--shard", "2/2")[1])
+                f.write(call_cli(*self.SEARCH, "--slo", "tpot_p95:1000", "--shard", "2/2")[1])     # (both bounds)
             with open(paths[1]) as f:
                 report = json.load(f)
             report["found"][0]["settings"]["hardware"] = "evil\x1b[2J"    # a name not in the grid, drawn raw
