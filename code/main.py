@@ -4102,10 +4102,13 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         strategy, start, end = spec.ramp_up
         if start > end:
             raise UserError("--ramp-up-start-rps must not exceed --ramp-up-end-rps")
-        if spec.rate or spec.concurrency or spec.trace:
-            raise UserError("a ramp sets the arrival rate itself: drop --rate, --concurrency and --trace")
-    if spec.rate_profile and (spec.ramp_up or spec.rate or spec.concurrency or spec.trace):
-        raise UserError("--rate-profile sets the arrivals: drop --rate, --concurrency, --trace and the ramp")
+    # (each message names only the flags given: plan, which takes neither --rate nor --concurrency, was told to drop them)
+    given_arrivals = [flag for flag, on in (("--rate", spec.rate), ("--concurrency", spec.concurrency),
+                                            ("--trace", spec.trace), ("the ramp", spec.ramp_up)) if on]
+    if spec.ramp_up and len(given_arrivals) > 1:
+        raise UserError(f"a ramp sets the arrival rate itself: drop {' and '.join(given_arrivals[:-1])}")
+    if spec.rate_profile and given_arrivals:
+        raise UserError(f"--rate-profile sets the arrivals: drop {' and '.join(given_arrivals)}")
     if spec.burstiness != 1 and not (spec.ramp_up or spec.rate or spec.rate_profile):
         raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
     if spec.warmup:
@@ -13082,7 +13085,7 @@ def add_report_args(p: argparse.ArgumentParser, json_help: str) -> None:
                           "About 28 bytes per output token: 10,000 requests of 160 tokens make ~45 MB")
 
 
-def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
+def add_probe_args(g, what: str = "the highest sustained rate found", search: bool = True) -> None:
     """How long a probe runs (search's, and plan's for its one-replica capacity)."""
     g.add_argument("--steady-requests", type=whole(MIN_WINDOW_REQUESTS, MAX_REQUESTS // 2),
                    default=Probing.steady_requests, metavar="N",
@@ -13100,8 +13103,8 @@ def add_probe_args(g, what: str = "the highest sustained rate found") -> None:
                         "stepping down (by --tolerance twice, then by more while it keeps missing) until one holds: "
                         "near capacity a queue settles more slowly than one probe shows, and a rate a probe passes "
                         "can fall behind over a longer run; a long probe stops once a percentile bound is missed "
-                        "for certain; a search's --rate target is probed at that length from "
-                        f"the start; 1: no recheck (default: {Probing.recheck})")
+                        "for certain" + ("; a search's --rate target is probed at that length from the start" if search
+                                         else "") + f"; 1: no recheck (default: {Probing.recheck})")
 
 
 def add_seed_args(g, search: bool = False) -> None:
@@ -13380,6 +13383,8 @@ def cmd_plan(args) -> int:
     problem = undefined_slo(spec, slo)
     if problem:
         raise UserError(problem)
+    if spec.trace:
+        trace_rate(spec)      # a trace sent all at once has no rate to plan: said before what a probe needs
     if args.plot:
         check_writable(args.plot, "--plot", args)
     probing = Probing(slo, "rate", None, args.tolerance, True, args.steady_requests, args.seeds, args.confidence,
@@ -13413,7 +13418,7 @@ def cmd_plan(args) -> int:
         for r in report["windows"]:
             row = {"time_s": r["start_s"], "replicas": asked_at(steps, r["start_s"]), "end_s": r["end_s"],
                    # (needs more than --max-replicas: the text's >N, not a count of replicas that would do)
-                   "load_rps": r["load"], "needs": r["needs"] if r["needs"] <= scaling.max_replicas else
+                   "load_rps": float(f"{r['load']:.6g}"), "needs": r["needs"] if r["needs"] <= scaling.max_replicas else
                    f">{scaling.max_replicas}", "short_s": r["short_s"], "usd": r["usd"],
                    **(r["figures"] or {name: None for name, _, _ in slo.bounds}), "median_tpot_ms": r["median_tpot_ms"]}
             rows += [row] + [{**dict.fromkeys(row), "time_s": at, "replicas": n} for at, n in steps
@@ -14189,7 +14194,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50 "
                         "(required)")
     g.add_argument("--window", type=real(10, 86_400), default=900.0, metavar="S",
-                   help="seconds a window lasts, each planned at its mean load (default: %(default)g, 15 minutes)")
+                   help="seconds a window lasts, each planned at its mean load; more than 10, at most 86,400 (a "
+                        "day) (default: %(default)g, 15 minutes)")
     g.add_argument("--min-replicas", type=whole(1, 1024), default=1, metavar="N", help="never fewer (default: 1)")
     g.add_argument("--max-replicas", type=whole(1, 1024), default=16, metavar="N", help="never more (default: 16)")
     g.add_argument("--scale-down-after", type=real(0, 86_400, above_low=False), default=300.0, metavar="S",
@@ -14203,7 +14209,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip simulating the whole period with the schedule (default: simulate it)")
     g.add_argument("--tolerance", type=real(1e-4, 1), default=0.05, metavar="F",
                    help="how close the one-replica capacity the first guesses start from is found (default: %(default)s)")
-    add_probe_args(g, "the one-replica capacity")
+    add_probe_args(g, "the one-replica capacity", search=False)
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="FILE.svg",
                      help="draw the load over the period and the replicas needed, asked for and serving (default: off)")
@@ -14345,6 +14351,8 @@ def build_parser() -> argparse.ArgumentParser:
     reword(sub.choices["plan"], "--steady-requests", plan["--steady-requests"].help
            .replace(", whatever --requests says,", ",").replace("so the answer does not move with --requests; ", ""))
     reword(sub.choices["plan"], "--turns", plan["--turns"].help.replace("; --requests counts requests", ""))
+    reword(sub.choices["validate"], "--cost-model", sub.choices["validate"]._option_string_actions["--cost-model"].help
+           .replace("; kernels with an --engine profile file, whose costs it prices", ""))   # (it takes no --engine)
     said_in_full(sub)
     return parser
 

@@ -1,6 +1,8 @@
 """Load that changes over time and replicas that come and go: a rate profile's arrivals, a
 replica schedule's spans, the router that sends work only to replicas that are ready and not let
 go, and what a schedule costs. Each checked on a case small enough to work out by hand."""
+import contextlib
+import io
 import os
 import random
 import tempfile
@@ -663,3 +665,30 @@ class Needs(unittest.TestCase):
                 code, _, err = call_cli("plan", "--rate-profile", zeros, "--slo", "ttft_p95:1000", *more)
                 self.assertEqual(code, 2, err)
                 self.assertIn("sends no requests", err)
+
+
+class SaidFirst(unittest.TestCase):
+    def test_a_trace_sent_at_once_and_flags_plan_lacks(self):
+        # helper-64: a trace sent all at once was told to raise --steady-requests, and after that, that it
+        # has no rate; plan's ramp message named --rate and --concurrency, which plan does not take
+        with tempfile.TemporaryDirectory() as tmp:
+            at_once = write(tmp, "t.jsonl", '{"arrival": 5, "prompt_tokens": 100, "output_tokens": 20}\n' * 50)
+            code, _, err = call_cli("plan", "--trace", at_once, "--slo", "ttft_p95:2000", "--steady-requests", "100")
+            self.assertEqual(code, 2)
+            self.assertIn("its requests all arrive at once, so it has no rate to scale", err)
+            profile = write(tmp, "day.csv", "time_s,rate\n0,1\n60,2\n")
+            code, _, err = call_cli("plan", "--rate-profile", profile, "--slo", "ttft_p95:2000", "--ramp-up-strategy",
+                                    "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2")
+            self.assertEqual(code, 2)
+            self.assertIn("--rate-profile sets the arrivals: drop the ramp", err)
+            self.assertNotIn("--concurrency", err)
+        text = main_help("plan")
+        self.assertNotIn("a search's --rate target", text)
+        self.assertIn("more than 10, at most 86,400", text)
+
+
+def main_help(command):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main.main([command, "--help"])
+    return " ".join(out.getvalue().split())
