@@ -12515,7 +12515,7 @@ class Panel:
     x_label: str
     y_label: str
     series: list = field(default_factory=list)     # (name, [(x, y[, label])], style, color): style is
-                                                   # "line", "dashed" or "points"
+                                                   # "line", "dashed", "points" or "hollow" (open points)
     marks: list = field(default_factory=list)      # (x, y, label): a ringed point with its label
     levels: list = field(default_factory=list)     # (y, label): a horizontal line across the chart
     whiskers: list = field(default_factory=list)   # (x, low, high, color): a spread across seeds
@@ -12628,16 +12628,19 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
         color = PALETTE[color % len(PALETTE)]
         dash = ' stroke-dasharray="5 4"' if style == "dashed" else ""
         out.append(f'<g class="series" data-name="{escape(name)}" stroke="{color}" fill="{color}">')
-        if style != "points" and len(points) > 1:
+        marks = style in ("points", "hollow")        # points alone; hollow: a probe stopped, its figure over this
+        hollow = ' fill="white" stroke-width="1.5"' if style == "hollow" else ""
+        if not marks and len(points) > 1:
             path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, *_ in points)
             out.append(f'<polyline points="{path}" fill="none" stroke-width="2"{dash}/>')
         for x, y, *label in points:
             tip = f"<title>{escape(label[0])}</title>" if label else ""
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{2.5 if style != "points" else 4}" '
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{4 if marks else 2.5}"{hollow} '
                        f'data-x="{x:.6g}" data-y="{y:.6g}">{tip}</circle>')
         out.append("</g>")
         ly, lx = y0 + 10 + 15 * i, x1 + 10
-        sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{color}"/>' if style == "points" else
+        sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{"white" if hollow else color}" stroke="{color}"/>'
+                  if marks else
                   f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
         out.append(f'{sample}<text x="{lx + 24}" y="{ly}">{escape(name)}</text>')
     for x, low, high, color in panel.whiskers:
@@ -12763,10 +12766,10 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
                     for points, words in ((ran, ""), (over, ", stopped: over the slo")):
                         if points:
                             panel.add((named(item) or "probes") + suffix + (" rechecked" if rechecked else "") +
-                                      words, points, "points" if rechecked or words else style, color)
+                                      words, points, "hollow" if words else "points" if rechecked else style, color)
                 best = searched.get("best")
                 if best:
-                    panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g}"))
+                    panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g} {unit}"))
         panel.levels.append((bound, f"slo {bound:g} ms"))
         return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}{stopped}", [panel], columns=1,
                           width=760, height=420)

@@ -691,3 +691,25 @@ class CarelessSearches(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("with a price (1 more meets it with none, hardware cpu-4vcpu: give its price_per_hour): "
                       "hardware l4-24gb", out)
+
+
+class SearchPicture(unittest.TestCase):
+    def test_a_stopped_probe_is_drawn_open_and_the_answer_has_its_unit(self):
+        # helper-64: "probes rechecked" and "... stopped: over the slo" had one marker; "highest: 0.867" no unit
+        with tempfile.TemporaryDirectory() as tmp:
+            plot = os.path.join(tmp, "s.svg")
+            code, _, err = call_cli("search", "--slo", "ttft_p95:2000", "--hardware", "l4-24gb", "--prompt-tokens",
+                                    "1000", "--output-tokens", "200", "--steady-requests", "100", "--recheck", "2",
+                                    "--plot", plot)
+            self.assertEqual(code, 0, err)
+            with open(plot) as f:
+                text = f.read()
+        root = ET.fromstring(text)
+        fills = {g.get("data-name"): {c.get("fill") for c in g.iter(f"{SVG}circle")}
+                 for g in root.iter(f"{SVG}g") if g.get("class") == "series"}
+        stopped = [name for name in fills if name.endswith("stopped: over the slo")]
+        self.assertTrue(stopped, fills)
+        self.assertEqual(fills[stopped[0]], {"white"})
+        self.assertEqual(fills["probes rechecked"], {None})          # (filled by the series' colour)
+        _, marks, _ = series(text)
+        self.assertTrue(all(name.endswith(" req/s") for name, _, _ in marks), marks)
