@@ -1709,11 +1709,30 @@ def vllm_defaults(hardware: Hardware) -> dict:
     # others 256 / 2,048. 16-token blocks, 0.9 of memory (vllm/config/cache.py at v0.19.0). V1 turns
     # automatic prefix caching on unless told --no-enable-prefix-caching (CacheConfig's
     # enable_prefix_caching; tests/v1/engine/test_engine_args.py, test_prefix_caching_from_cli).
+    # On a CPU, 128 sequences and 2,048 tokens for the API server, times the world size (the same
+    # function's CPU branch; vllm_batch_defaults multiplies).
     memory = hardware.memory_gib
-    seqs, tokens = (1024, 16384) if memory >= 160 else (1024, 8192) if memory >= 70 and "a100" not in hardware.name \
-        else (256, 2048)
+    seqs, tokens = (128, 2048) if not hardware.kernel_floor_us else (1024, 16384) if memory >= 160 else \
+        (1024, 8192) if memory >= 70 and "a100" not in hardware.name else (256, 2048)
     return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "block_size": 16, "gpu_memory_utilization": 0.9,
             "prefix_caching": True}
+
+
+def vllm_batch_defaults(spec: "RunSpec", given: set) -> dict:
+    """What vLLM then makes of its batch defaults, for the knobs not given (EngineArgs.
+    _set_default_max_num_seqs_and_batched_tokens_args, vllm/engine/arg_utils.py): on a CPU both
+    scale with the world size (TP x PP); without chunked prefill the token budget is at least
+    --max-model-len, so any prompt fits a step; it is at most max_num_seqs x --max-model-len; and
+    max_num_seqs at most the budget."""
+    seqs, tokens, length = spec.max_num_seqs, spec.max_num_batched_tokens, spec.model_len()
+    if not spec.hardware.kernel_floor_us:
+        seqs, tokens = seqs * spec.gpus_per_replica if "max_num_seqs" not in given else seqs, \
+            tokens * spec.gpus_per_replica if "max_num_batched_tokens" not in given else tokens
+    if "max_num_batched_tokens" not in given:
+        tokens = min(seqs * length, max(length, tokens) if not spec.chunked_prefill else tokens)
+    if "max_num_seqs" not in given:
+        seqs = min(seqs, tokens)
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
 
 
 def sglang_defaults(hardware: Hardware) -> dict:
@@ -3965,8 +3984,9 @@ def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
     lesson's knobs as they are)."""
     if not spec.engine:
         return spec
-    defaults = (spec.profile or ENGINES[spec.engine]).defaults(spec.hardware)
-    return replace(spec, **{k: v for k, v in defaults.items() if k not in set(given)})
+    engine = spec.profile or ENGINES[spec.engine]
+    spec = replace(spec, **{k: v for k, v in engine.defaults(spec.hardware).items() if k not in set(given)})
+    return replace(spec, **vllm_batch_defaults(spec, set(given))) if engine.rules == "vllm" else spec
 
 
 def flag_of(name: str) -> str:
