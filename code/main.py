@@ -2630,9 +2630,23 @@ def pipeline_shard(model: ModelSpec, pp: int) -> ModelSpec:
                    tie_word_embeddings=bool(matrix) or model.tie_word_embeddings)
 
 
+def pipeline_layers(model: ModelSpec, pp: int) -> ModelSpec:
+    """Each of the other pp - 1 stages, for a step's time: the model less the fullest stage
+    (pipeline_shard), spread evenly, so the stages add up to the whole model (the first stage's
+    embedding table among them, priced as an ordinary weight: the roofline prices it so in one
+    piece too; the kernel model, which does not stream it there, is a little slow here)."""
+    last = pipeline_shard(model, pp)
+    rest = lambda whole, fullest: (whole - fullest) / (pp - 1) if whole else 0.0
+    return replace(model, params=rest(model.params, last.params), active_params=rest(model.active_params, last.active_params),
+                   layers=model.layers // pp, sliding_layers=model.sliding_layers // pp, vocab_size=0,
+                   tie_word_embeddings=False)
+
+
 class Pipeline:
-    def __init__(self, stage, hardware: Hardware, model: ModelSpec, spec: "RunSpec"):
-        self.stage, self.pp = stage, spec.pipeline_parallel_size
+    """`stage`: the fullest stage's step (the last: its layers and the output projection);
+    `layers`: a stage of layers alone. A micro-batch passes pp - 1 of the one and one of the other."""
+    def __init__(self, stage, layers, hardware: Hardware, model: ModelSpec, spec: "RunSpec"):
+        self.stage, self.layers, self.pp = stage, layers, spec.pipeline_parallel_size
         self.activation_bytes = 2 * (model.hidden_size or model.query_heads * model.head_dim)   # BF16
         tp, per_node = spec.tensor_parallel_size, spec.gpus_per_node
         # Hand-off i goes from the stage on GPUs [i*tp, (i+1)*tp) to the next: across the network
@@ -2656,15 +2670,16 @@ class Pipeline:
         # faster), and its share of the batch passes every stage. (0: not known, an even split.)
         m = self.micro_batches(seqs)
         f = max(1 / m, largest / tokens if tokens else 0.0)
-        share = self.stage.step_seconds(tokens * f, context_tokens * f, seqs * f, pairs * f)
-        return self.pp * share + self.handoff_seconds(tokens * f)
+        work = (tokens * f, context_tokens * f, seqs * f, pairs * f)
+        return (self.pp - 1) * self.layers.step_seconds(*work) + self.stage.step_seconds(*work) \
+            + self.handoff_seconds(tokens * f)
 
     def decode_pricing(self, seqs: int) -> Callable[[float], float]:
         return priced_by_rule(self, seqs)
 
     def times(self, tokens: float, context_tokens: float) -> tuple[float, float]:
-        compute, memory = self.stage.times(tokens, context_tokens)
-        return compute * self.pp, memory * self.pp
+        (compute, memory), (c, m) = self.stage.times(tokens, context_tokens), self.layers.times(tokens, context_tokens)
+        return compute + (self.pp - 1) * c, memory + (self.pp - 1) * m
 
     def critical_batch(self) -> float:
         return self.stage.critical_batch() * self.pp      # each of the pp micro-batches reaches the knee
@@ -4357,20 +4372,26 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     included): what capacity prints and what each engine of run() is built from."""
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
     tp, ep, pp = spec.tensor_parallel_size, expert_ranks(spec), spec.pipeline_parallel_size
-    stage = pipeline_shard(model, pp)
-    device = tensor_shard(stage, tp)      # what each GPU holds and computes
-    if ep > 1:
-        device = expert_shard(device, ep) if spec.enable_expert_parallel else replace(device, expert_share=1 / ep)
+    def on_each_gpu(stage: ModelSpec) -> ModelSpec:      # what each GPU of a stage holds and computes
+        device = tensor_shard(stage, tp)
+        if ep > 1:
+            device = expert_shard(device, ep) if spec.enable_expert_parallel else replace(device, expert_share=1 / ep)
+        return device
+
+    def priced(stage: ModelSpec) -> Roofline:            # a step of a stage, its group's communication included
+        cost = cost_model(spec.cost_model, hardware, on_each_gpu(stage), gemm_tflops(hardware, spec.quantization),
+                          engine_profile(spec), spec.max_num_seqs)
+        if tp > 1:
+            cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules, tp_network(spec))
+        return ExpertParallel(cost, hardware, model, ep) if ep > 1 else cost
+
+    stage = pipeline_shard(model, pp)       # (the fullest stage: the whole model without a pipeline)
+    device = on_each_gpu(stage)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free)
-    cost = cost_model(spec.cost_model, hardware, device, gemm_tflops(hardware, spec.quantization),
-                      engine_profile(spec), spec.max_num_seqs)
-    if tp > 1:
-        cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules, tp_network(spec))
-    if ep > 1:
-        cost = ExpertParallel(cost, hardware, model, ep)
+    cost = priced(stage)
     if pp > 1:
-        cost = Pipeline(cost, hardware, model, spec)
+        cost = Pipeline(cost, priced(pipeline_layers(model, pp)), hardware, model, spec)
     plan.tensor_parallel_size, plan.group_model = tp, model
     plan.pipeline_parallel_size, plan.draft = pp, draft_of(spec)
     plan.replicas, plan.expert_parallel = spec.data_parallel_size, spec.enable_expert_parallel

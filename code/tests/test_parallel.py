@@ -596,6 +596,16 @@ class PipelineParallel(unittest.TestCase):
         self.assertGreater(prompt, 0.95 * cost.step_seconds(4000, 4000, 1, 4000 * 4001 // 2))
         self.assertLess(cost.step_seconds(4001, 5000, 2, 4000 * 4001 // 2 + 1000), 0.6 * prompt)   # (split evenly)
 
+    def test_the_stages_of_a_step_add_up_to_the_whole_model(self):
+        # helper-67: every stage was priced as the fullest (with a vocabulary-sized matrix), so -pp 8
+        # read 7 matrices a step too many; the stages hold the model once, plus each stage's overhead
+        spec = main.RunSpec(model=main.MODELS["llama-3.1-8b"])
+        whole = main.device_plan(spec, spec.hardware)[1]
+        for pp in (2, 4, 8):
+            cost = main.device_plan(main.replace(spec, pipeline_parallel_size=pp), spec.hardware)[1]
+            apart = cost.step_seconds(1, 1000, 1, 1000) - cost.handoff_seconds(1) - pp * whole.overhead_seconds(1)
+            self.assertAlmostEqual(apart, whole.step_seconds(1, 1000, 1, 1000) - whole.overhead_seconds(1), places=9)
+
     def test_a_pipeline_makes_a_prompt_no_faster_beside_other_requests(self):
         def ttft(pp):
             spec = main.RunSpec(requests=20, concurrency=2, prompt_tokens=main.TokenRange(4000, 4000),
