@@ -5549,9 +5549,11 @@ def parse_slo(text: str) -> Slo:
             raise UserError(f"--slo {text!r}: " + ("an empty item" if text.strip() else "no bound") +
                             "; write the bounds comma-separated, like ttft_p95:500,tpot_p95:50")
         name, colon, value = item.strip().partition(":")
-        if re.fullmatch(r"\s*[\d.]+\s*m?s\s*", value):
+        unit = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(m?s)\s*", value)
+        if unit and float(unit.group(1)) > 0:
+            meant = float(unit.group(1)) * (1 if unit.group(2) == "ms" else 1000)
             raise UserError(f"--slo {item.strip()!r}: a bound is a number of milliseconds, without a unit: write "
-                            f"{name}:{float(value.strip().rstrip('ms')) * (1000 if not value.strip().endswith('ms') else 1):g}")
+                            f"{name}:{meant:g}")
         metric, _, stat = name.partition("_")
         try:
             bound = float(value)
@@ -6309,7 +6311,7 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
             key = float(f"{load:.3g}")           # loads a few per mille apart share their probes
             # One replica that meets the slo at no rate gives no lower bound (a trace's bunches of
             # requests sent at one moment arrive together at any rate): climb from the fewest.
-            guess = max(1, math.ceil(key / per_replica)) if per_replica else scaling.min_replicas
+            guess = max(1, math.ceil(key / per_replica)) if per_replica else 1      # (autoscaled() applies the least)
             need, probe = replicas_needed(deployment, key, probing, scaling, cache, guess)
             rows.append({"start_s": start, "end_s": end, "load": load, "needs": need, "raised": 0, "simulated": None,
                          "figures": {name: probing.figures(probe)[k] for name, k, _ in probing.slo.bounds}
@@ -7537,7 +7539,7 @@ def csv_rows(lines: Iterable[str], where: str, columns: tuple = ()) -> Iterator[
             raise UserError(f"{where} line {number()}: the header {shown if len(shown) <= 120 else shown[:120] + ' ...'!r} "
                             f"has no {' or '.join(missing)} column; the first line names the columns, {','.join(columns)}")
         for row in reader:
-            if None in row.values():
+            if any(row.get(name) is None for name in columns):      # (one it does not read may be missing)
                 cells = len([v for v in row.values() if v is not None])
                 raise UserError(f"{where} line {number()}: {cells} cell{'s' * (cells != 1)} where the header has "
                                 f"{len(header)} columns")
@@ -13414,6 +13416,9 @@ def cmd_plan(args) -> int:
         raise UserError("plan chooses the replicas itself: drop --data-parallel-size and --replica-schedule")
     if not (spec.rate_profile or spec.trace):
         raise UserError("plan follows load that changes: give --rate-profile FILE or --trace FILE")
+    if spec.disaggregate:
+        raise UserError("plan adds and removes replicas, and --disaggregate runs one prefill and one decode engine "
+                        "(replicas of such a pair are not modelled): plan without it")
     if spec.rate_profile and not any(rate for _, rate in spec.rate_profile.windows):   # (with or without --no-verify)
         raise UserError(f"rate profile {spec.rate_profile.name} sends no requests: its rates are all 0")
     if spec.rate_profile and not args.no_verify:     # (said here: the reader's own offers a --requests plan has not)

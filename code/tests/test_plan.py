@@ -73,6 +73,10 @@ class RateProfiles(unittest.TestCase):
             self.assertEqual(loose["median_ttft_ms"], plain["median_ttft_ms"])
             self.assertEqual(main.read_replica_schedule(write(tmp, "r.csv", "\nTIME_S, Replicas\n0, 2\n60, 3\n")).steps,
                              ((0.0, 2), (60.0, 3)))
+            # a trace row short of a column servesim does not read is read (helper-67: it was refused)
+            azure = write(tmp, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,note\n2023-11-16 18:17:03.97,100,20,a\n"
+                                        "2023-11-16 18:17:04.0,120,30\n")
+            self.assertEqual(main.run(main.RunSpec(trace=main.read_trace(azure)))["completed"], 2)
         with tempfile.TemporaryDirectory() as tmp:
             for text, said in cases.items():
                 with self.subTest(text=text):
@@ -677,6 +681,10 @@ class SaidFirst(unittest.TestCase):
             self.assertEqual(code, 2)
             self.assertIn("its requests all arrive at once, so it has no rate to scale", err)
             profile = write(tmp, "day.csv", "time_s,rate\n0,1\n60,2\n")
+            # helper-67: a plan of a disaggregated pair failed naming --replica-schedule, which was not given
+            code, _, err = call_cli("plan", "--rate-profile", profile, "--slo", "ttft_p95:2000", "--disaggregate")
+            self.assertEqual(code, 2)
+            self.assertIn("plan adds and removes replicas, and --disaggregate runs one prefill and one decode", err)
             code, _, err = call_cli("plan", "--rate-profile", profile, "--slo", "ttft_p95:2000", "--ramp-up-strategy",
                                     "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2")
             self.assertEqual(code, 2)

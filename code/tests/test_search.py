@@ -659,6 +659,9 @@ class CarelessSearches(unittest.TestCase):
                 self.assertEqual(code, 2)
                 self.assertIn(said, err)
         self.assertEqual(main.parse_slo("ttft_p95:500,tpot_p95:50").bounds[1][2], 50.0)
+        for slo in ("ttft_p95:.s", "ttft_p95:1.2.3ms", "ttft_p95:0s"):      # helper-67: tracebacks, or "write :0"
+            with self.assertRaisesRegex(main.UserError, "expected METRIC_STAT:MS"):
+                main.parse_slo(slo)
         # --slo twice: both's bounds (the first was dropped); a sub-millisecond bound is said
         code, out, err = call_cli("search", "--slo", "ttft_p95:2000", "--slo", "tpot_p95:0.05", "--rate", "5",
                                   "--steady-requests", "50", "--recheck", "1")
