@@ -7189,6 +7189,14 @@ def failed_end(report: dict, i: int, n: int, where: str) -> Optional[float]:
 STATED_RATES = ("duration", "request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 
 
+# What a servesim report's config says of the deployment that prices a step (the rest is the
+# workload's), and of its scheduler: explain prices the first, compare replays both.
+REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
+                     "quantization", "kv_cache_dtype", "cost_model", "async_scheduling", "block_size",
+                     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+REPORT_SCHEDULING = ("prefix_caching", "chunked_prefill", "reserve_full_isl", "max_model_len", "router")
+
+
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     """loadgen --detailed and vllm bench serve --save-detailed share these arrays (seconds)."""
     keys = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -7307,8 +7315,18 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     if streamed and not any(len(r.token_times or ()) > 1 for r in streamed):
         notes.append("itls holds no gap for any request of two tokens or more: its tokens came in one piece, so its "
                      "measured E2E is its TTFT and it has no measured TPOT")
+    # A servesim report (its config names an engine, or null for the lesson's) records its whole
+    # deployment; a loadgen or vllm bench report at most its server's batch limits.
+    simulated = "engine" in config and "cost_model" in config
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
-                for k in ("max_num_seqs", "max_num_batched_tokens") if config.get(k) is not None}
+                for k in (REPORT_DEPLOYMENT + REPORT_SCHEDULING if simulated else ("max_num_seqs", "max_num_batched_tokens"))
+                if config.get(k) is not None and k in SETTINGS}
+    engine = config.get("engine") if simulated else None
+    if engine in ENGINES:
+        settings["engine"] = engine
+    elif engine is not None:
+        notes.append(f"the run's engine profile {printable(str(engine)[:60])!r} is a file the report does not hold: "
+                     f"its rules and costs are vLLM's unless --engine names the file")
     # What ran: servesim's and loadgen's config name a preset, vllm bench serve its model_id.
     for key, said in (("model_name", config.get("model") or report.get("model_id")),
                       ("named_device", config.get("hardware"))):
@@ -10213,7 +10231,9 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
     which was that deployment's. `how`: how the caller's user gives a model or device the run
     does not record."""
     found = measured.settings
-    settings = {k: v for k, v in found.items() if k in SETTINGS and SETTINGS[k].metadata["recorded"]}
+    # (a servesim report records more of its deployment than a measured run can: REPORT_DEPLOYMENT)
+    settings = {k: v for k, v in found.items() if k in SETTINGS and (SETTINGS[k].metadata["recorded"] or
+                                                                       k in REPORT_DEPLOYMENT + ("engine", "chunked_prefill"))}
     for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
                                            ("hardware", KNOWN_DEVICES, HARDWARE, ("device_name", "named_device"))):
         if kind in given:
@@ -11201,12 +11221,6 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
         sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
     return in_order(sig, name)
-
-
-# What a report's config says of the deployment that prices a step (the rest is the workload's).
-REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
-                     "quantization", "kv_cache_dtype", "cost_model", "async_scheduling", "block_size",
-                     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
 
 
 def report_deployment(config: dict, name: str) -> Optional[RunSpec]:

@@ -215,6 +215,24 @@ class SpeculativeDecoding(unittest.TestCase):
         self.assertEqual(main.host_tier(drafted, main.device_plan(drafted, spec.hardware)[0]).capacity, alone // 2)
 
 
+class CompareASimulation(unittest.TestCase):
+    def test_a_simulate_report_compared_with_itself_agrees(self):
+        # helper-68: its engine, parallelism, cost model and memory share were dropped (ttft +109% at -tp 2)
+        for flags in (("--engine", "sglang"), ("-tp", "2"), ("--cost-model", "kernels", "--gpu-memory-utilization",
+                                                               "0.5", "--block-size", "32", "--prefix-caching")):
+            with self.subTest(flags=flags), tempfile.TemporaryDirectory() as tmp:
+                code, out, err = call_cli("simulate", *flags, "--requests", "48", "--rate", "8", "--detailed", "--json")
+                self.assertEqual(code, 0, err)
+                path = os.path.join(tmp, "run.json")
+                with open(path, "w") as f:
+                    f.write(out)
+                code, out, err = call_cli("compare", path, "--json")
+                self.assertEqual(code, 0, err)
+                rows = json.loads(out)["rows"]
+                for key in ("out tok/s", "ttft mean ms", "tpot mean ms"):
+                    self.assertAlmostEqual(rows[key]["error"], 0.0, places=6, msg=key)
+
+
 class Compare(unittest.TestCase):
     """The published LLMServingSim runs, one at a time (validate scores the whole corpus)."""
 
