@@ -4160,6 +4160,13 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
             if spec.prefix_caching and engine_turned_caching_on(spec, given) else ""
         raise UserError(f"--batching static runs its own padded batch, with no prefix cache and no slots{engine}: "
                         f"add {' and '.join(on)}")
+    if spec.batching == "static" and "batching" in given:
+        # A padded batch of --max-num-seqs runs whole, with no token budget to spend or save.
+        idle = [flag_of(name) for name in ("max_num_batched_tokens", "chunked_prefill", "reserve_full_isl",
+                                           "max_tokens_in_flight") if name in given]
+        if idle:
+            raise UserError(f"--batching static takes --max-num-seqs requests and runs them whole, with no token "
+                            f"budget a step: {idle[0]} changes nothing there; drop it")
     if spec.kv_layout == "slots" and spec.prefix_caching:
         engine = f" (--engine {spec.engine} turns prefix caching on)" \
             if engine_turned_caching_on(spec, given) else ""
@@ -4716,6 +4723,8 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         result["link"] = link.report(served)
         tp = f" x {spec.tensor_parallel_size} (tensor parallel)" if spec.tensor_parallel_size > 1 else ""
         where = f"prefill on {engines[0].hardware.name}{tp}, decode on {decode.hardware.name}{tp}, {link.gbs:g} GB/s link"
+    if engine_label(spec):         # (named only where given: without one, vLLM's rules with the lesson's knobs)
+        where += f", engine {engine_label(spec)}"
     config = decode.scheduler.config
     result["config"] = {
         "title": f"servesim {spec.model.name} {where}  {len(requests):,} requests  {spec.arrivals()}",

@@ -376,3 +376,28 @@ class HelperSixtyFiveAndSix(unittest.TestCase):
                                   "--output-tokens", "100-300", "--kv-offloading-size", "1", "--max-model-len", "8192")
         self.assertEqual(code, 0, err)
         self.assertRegex(out, r"\d+ loads \(\d+ of them a preempted request's own KV, back\)")
+
+
+class HelperSixtyEight(unittest.TestCase):
+    def test_engines_defaults_and_flags_a_mode_ignores(self):
+        # vLLM's own batch rules for knobs not given: no chunked prefill, a budget of at least --max-model-len
+        code, out, err = call_cli("simulate", "--engine", "vllm", "--no-chunked-prefill", "--requests", "8",
+                                  "--prompt-tokens", "9000", "--output-tokens", "10", "--json")
+        self.assertEqual(code, 0, err)
+        report = json.loads(out)
+        self.assertEqual(report["completed"], 8)
+        self.assertEqual(report["config"]["max_num_batched_tokens"], 131072)
+        # ... and on a CPU 128 sequences and 2,048 tokens
+        code, out, err = call_cli("simulate", "--engine", "vllm", "--hardware", "cpu-4vcpu", "--model",
+                                  "smollm2-135m-q8_0", "--requests", "4", "--json")
+        self.assertEqual((json.loads(out)["config"]["max_num_seqs"], json.loads(out)["config"]["max_num_batched_tokens"]),
+                         (128, 2048))
+        code, out, err = call_cli("simulate", "--engine", "trtllm", "--requests", "8")
+        self.assertIn("on h100-sxm-80gb, engine trtllm  8 requests", out.splitlines()[0])
+        for flag in (("--no-chunked-prefill",), ("--max-num-batched-tokens", "512"), ("--max-tokens-in-flight", "3000"),
+                     ("--scheduler-reserve-full-isl",)):
+            with self.subTest(flag=flag):
+                code, _, err = call_cli("simulate", "--batching", "static", "--requests", "8", *flag)
+                self.assertEqual(code, 2)
+                self.assertIn(f"--batching static takes --max-num-seqs requests and runs them whole, with no token "
+                              f"budget a step: {flag[0]} changes nothing there", err)
