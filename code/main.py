@@ -4958,14 +4958,24 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
     t0 = sent[0].sent_s
     start = max(sent[min(len(sent) - 1, math.ceil(skip * len(sent)))].sent_s, min(r.last_token_s for r in ended))
     end = sent[-1].sent_s
+    conversations = 0
+    if any(getattr(r, "turn", 0) > 1 for r in sent) and not closed_loop:
+        # Conversations (turns count from 1): their rate is offered while they start; after the
+        # last one starts only their later turns drain, at a rate of their own. Until the first
+        # one ends, the turns in flight are all early ones, with short histories. The window is
+        # between the two.
+        start = max(start, min((r.last_token_s for r in ended if getattr(r, "next_turn", None) is None
+                                and getattr(r, "turn", 0) > 1), default=start))
+        end = max(r.sent_s for r in sent if getattr(r, "turn", 0) <= 1)
+        conversations = sum(getattr(r, "turn", 0) <= 1 for r in sent)
     window = [r for r in sent if start <= r.sent_s <= end]
     bunched = 1.0 if closed_loop else bunching(r.sent_s for r in window)
     floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served, bunched)
     if end < start:         # no request ended while load was offered: the run is one burst
         # (An empty window at the first end: one that ended at the last send would end before it began.)
         return {"start_s": start - t0, "end_s": start - t0, "requests": 0, "sustained": None, "one_burst": True,
-                "sent": len(sent), "last_sent_s": end - t0, "closed_loop": closed_loop,
-                "note": f"{burst_words(len(sent), start - t0)}: one burst, with no steady window to tell whether the "
+                "sent": len(sent), "last_sent_s": end - t0, "closed_loop": closed_loop, "conversations": conversations,
+                "note": f"{burst_words(len(sent), start - t0, conversations)}: one burst, with no steady window to tell whether the "
                 "server keeps up; " + ("send more requests than there are clients for a verdict" if closed_loop else
                                        "send more requests (or repeat the trace), or at a lower rate, for a verdict")}
     # (A window whose sends all fall at its last moment offers nothing in it: one moment too.)
@@ -5088,8 +5098,11 @@ def shares_apart(*shares: float) -> list[str]:
     return texts
 
 
-def burst_words(sent: int, first_end_s: float) -> str:
-    """A run sent whole before its first request ended: the start of its note, and of a probe's miss."""
+def burst_words(sent: int, first_end_s: float, conversations: int = 0) -> str:
+    """A run sent whole before its first request ended (or, of conversations, begun before the
+    first one ended): the start of its note, and of a probe's miss."""
+    if conversations:
+        return f"all {conversations:,} conversations started before the first one ended ({first_end_s:,.1f} s in)"
     return f"all {sent:,} requests were sent before the first one ended ({first_end_s:,.1f} s in)"
 
 
@@ -5920,7 +5933,8 @@ class Probing:
                 missed.append("too short a run to tell whether the server keeps up")
             else:            # (seeds merged say so in their own note)
                 missed.append("one burst: " + (steady["note"] if "seeds_count" in steady else
-                                               burst_words(steady["sent"], steady["start_s"])))
+                                               burst_words(steady["sent"], steady["start_s"],
+                                                           steady.get("conversations", 0))))
         elif self.sustained and not steady["sustained"]:
             missed.append(f"overloaded: {overload_reason(steady)}: offered {steady['offered_rate']:,.3g} req/s, served "
                           f"{steady['served_rate']:,.3g}, queue grows {steady['queue_growth_rps']:,.3g} req/s")

@@ -1024,3 +1024,27 @@ class TraceRepeats(unittest.TestCase):
             code, out, err = call_cli(*command, "--trace", BURST, "--hardware", "l4-24gb", "--seeds", "2")
             self.assertEqual(code, 0, err)
             self.assertIn("the 2 runs are one run 2 times, and their spread is 0 by construction", err)
+
+
+class ConversationWindow(unittest.TestCase):
+    def test_a_conversations_window_is_while_they_start_and_after_the_first_ends(self):
+        # helper-64: 105 conversations at 13.3 a second all started in 8 s; the window (to the last send)
+        # saw 60 s of their later turns draining at 4.4 req/s and called the probe sustained
+        spec = main.RunSpec(hardware=main.HARDWARE["l40s-48gb"], requests=314, rate=13.3, turns=3, think_time=2.0,
+                            detailed=True)
+        done = []
+        result = main.run(spec, requests_out=done)
+        steady = result["steady_state"]
+        self.assertIsNone(steady["sustained"])
+        self.assertIn("all 105 conversations started before the first one ended", steady["note"])
+        # long enough, the window runs from the first conversation's end to the last one's start
+        spec = main.replace(spec, requests=2400, rate=1.5)
+        done = []
+        steady = main.run(spec, requests_out=done)["steady_state"]
+        t0 = min(r.sent_s for r in done)
+        first_end = min(r.last_token_s for r in done if r.turn > 1 and r.next_turn is None)
+        last_start = max(r.sent_s for r in done if r.turn == 1)
+        self.assertAlmostEqual(steady["end_s"], last_start - t0, places=6)
+        self.assertGreaterEqual(steady["start_s"], first_end - t0 - 1e-9)
+        self.assertTrue(steady["sustained"])
+        self.assertAlmostEqual(steady["offered_rate"], 3 * 1.5, delta=0.5)      # three turns a conversation
