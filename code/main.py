@@ -359,6 +359,7 @@ class CapacityPlan:
     expert_parallel: bool = False      # ... sharing out the experts between them
     of_free: bool = False              # the fraction is of what the weights and activations leave (TensorRT-LLM)
     draft: Optional[ModelSpec] = None  # one GPU's share of a speculative draft model beside it
+    static_share: bool = False         # the fraction holds the weights and cache alone (SGLang): no reserve inside it
 
     @property
     def kv_tokens(self) -> int:
@@ -373,15 +374,17 @@ class CapacityPlan:
 def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, max_model_len: int = 4096, kv_tokens: Optional[int] = None,
                   num_gpu_blocks: Optional[int] = None, draft: Optional[ModelSpec] = None,
-                  of_free: bool = False) -> CapacityPlan:
+                  of_free: bool = False, reserve: bool = True) -> CapacityPlan:
     """draft: a speculative draft model sharing the device, its weights and its own KV for every
     sequence, its layers' share of each block (vLLM allocates the drafter's attention layers beside
     the target's). of_free:
     the fraction is TensorRT-LLM's kv_cache_free_gpu_mem_fraction, the share of the memory the
-    weights and activations leave that the KV cache takes, not vLLM's share of the whole device."""
+    weights and activations leave that the KV cache takes, not vLLM's share of the whole device.
+    reserve False: the fraction is SGLang's mem_fraction_static, of the weights and the cache alone,
+    so what it leaves is the activations' and graphs' reserve, and servesim's is not taken again."""
     # A size given explicitly (copied from vLLM's log, or llama.cpp's --ctx-size) is a measurement:
     # it replaces servesim's fixed reserve, so only the weights and the fraction limit it.
-    reserve_bytes = 0.0 if kv_tokens or num_gpu_blocks else hardware.reserve_gib * GIB
+    reserve_bytes = 0.0 if kv_tokens or num_gpu_blocks or not reserve else hardware.reserve_gib * GIB
     memory = hardware.memory_gib * GIB
     weights = model.weight_bytes + (draft.weight_bytes if draft else 0.0)
     if of_free:
@@ -423,8 +426,8 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
             f"weights at --gpu-memory-utilization {gpu_memory_utilization:g}; ask for fewer tokens, raise the "
             f"fraction, quantize, shard with tensor parallelism, or use a bigger device")
     plan = CapacityPlan(hardware, model, gpu_memory_utilization, block_size, max_model_len,
-                        budget, kv_bytes, num_blocks, source, of_free=of_free)
-    if num_gpu_blocks is not None and not of_free:
+                        budget, kv_bytes, num_blocks, source, of_free=of_free, static_share=not reserve)
+    if num_gpu_blocks is not None and not of_free and reserve:
         plan.note = (f"--num-gpu-blocks {num_gpu_blocks:,} leaves {(after_weights - kv_bytes) / GIB:.2f} GiB of the "
                      f"{budget / GIB:.2f} GiB budget for activations and CUDA graphs (servesim's own reserve for "
                      f"{hardware.name} is {hardware.reserve_gib:g} GiB)")
@@ -1671,6 +1674,7 @@ class EngineProfile:
     defaults: Callable        # Hardware -> the knobs as the engine sets them when not given
     kernel_scale: float = KERNEL_SCALE   # a real step's kernel time over the kernel model's
     kv_of_free: bool = False  # --gpu-memory-utilization is a share of what the weights and activations leave
+    static_share: bool = False  # ... is of the weights and the KV cache alone: what it leaves is the reserve
     base: str = ""            # a profile file's: the engine whose rules, graphs and defaults it keeps
 
     # What a profile file (calibrate --fit engine writes one) sets; the rest is the base engine's.
@@ -1736,13 +1740,30 @@ def vllm_batch_defaults(spec: "RunSpec", given: set) -> dict:
 
 
 def sglang_defaults(hardware: Hardware) -> dict:
-    # chunked_prefill_size by memory (arg_groups/memory_hook.py): under 35 GiB 4,096, under 60 4,096,
-    # under 160 8,192, else 16,384; max_running_requests is bounded by memory (2,048 to 4,096), the
-    # radix cache is on; 0.88 of memory at TP 1 (sgl-project/sglang benchmark_vllm_060's launch).
+    # chunked_prefill_size by memory (python/sglang/srt/arg_groups/memory_hook.py at 031ed82d,
+    # handle_gpu_memory_settings): under 20 GiB 2,048, under 60 4,096, under 160 8,192, else 16,384;
+    # max_running_requests is bounded by memory (2,048 to 4,096), the radix cache is on. The memory
+    # share is worked out from the device (sglang_memory_share); 0.88 where it has none (a CPU).
     memory = hardware.memory_gib
-    chunk = 4096 if memory < 60 else 8192 if memory < 160 else 16384
+    chunk = 2048 if memory < 20 else 4096 if memory < 60 else 8192 if memory < 160 else 16384
     return {"max_num_seqs": 2048, "max_num_batched_tokens": chunk, "block_size": 16, "prefix_caching": True,
             "gpu_memory_utilization": 0.88}
+
+
+def sglang_memory_share(spec: "RunSpec") -> float:
+    """SGLang's mem_fraction_static when not given (the same function): what a GPU of `memory` MB
+    keeps once it reserves 512 MB, 1.5 MB a token of the prefill chunk (at least 2,048 tokens),
+    1 GiB per 8 GPUs of the TP x PP group, and 2 MB a batch size of its largest decode CUDA graph
+    (8 under 20 GiB, 48 under 35 and 32 under 60 below TP 4, else 160; 256 under 160 GiB below
+    TP 4, else 512), and at least 10 GiB on a GPU of more than 60. Left out: the prefill graphs'
+    8 MB each where that backend is on, and the sizing after graph capture some builds plan."""
+    memory, tp = spec.hardware.memory_gib * 1024, spec.tensor_parallel_size
+    graph = 8 if memory < 20 * 1024 else (48 if tp < 4 else 160) if memory < 35 * 1024 else \
+        (32 if tp < 4 else 160) if memory < 60 * 1024 else (256 if tp < 4 else 512) if memory < 160 * 1024 else 512
+    reserved = 512 + max(spec.max_num_batched_tokens, 2048) * 1.5 + spec.gpus_per_replica / 8 * 1024 + graph * 2
+    if memory > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((memory - reserved) / memory, 3)
 
 
 def trtllm_defaults(hardware: Hardware) -> dict:
@@ -1765,7 +1786,7 @@ ENGINES = {e.name: e for e in [
     EngineProfile("vllm", 0.4, 0.0011, True, vllm_graphs, True, False, False, vllm_defaults),
     # SGLang: no published per-step figure; the overlap scheduler is on (disable_overlap_schedule
     # False); a step runs a prefill batch when it has one, else decodes (managers/scheduler.py).
-    EngineProfile("sglang", 0.0, 0.0, True, sglang_graphs, True, True, False, sglang_defaults),
+    EngineProfile("sglang", 0.0, 0.0, True, sglang_graphs, True, True, False, sglang_defaults, static_share=True),
     # TensorRT-LLM 1.0's PyTorch backend: 45 ms of host time an iteration at batch 1,536 (NVIDIA/
     # TensorRT-LLM#10273), about 0.029 ms a sequence, hidden by the overlap scheduler (on by default);
     # decode-only CUDA graphs, not padded; admission by GUARANTEED_NO_EVICT, the default capacity
@@ -4001,6 +4022,8 @@ def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
         return spec
     engine = spec.profile or ENGINES[spec.engine]
     spec = replace(spec, **{k: v for k, v in engine.defaults(spec.hardware).items() if k not in set(given)})
+    if engine.rules == "sglang" and spec.hardware.kernel_floor_us and "gpu_memory_utilization" not in set(given):
+        spec = replace(spec, gpu_memory_utilization=sglang_memory_share(spec))
     return replace(spec, **vllm_batch_defaults(spec, set(given))) if engine.rules == "vllm" else spec
 
 
@@ -4395,7 +4418,8 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     stage = pipeline_shard(model, pp)       # (the fullest stage: the whole model without a pipeline)
     device = on_each_gpu(stage)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
-                         spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free)
+                         spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free,
+                         reserve=not engine_profile(spec).static_share)
     cost = priced(stage)
     if pp > 1:
         cost = Pipeline(cost, priced(pipeline_layers(model, pp)), hardware, model, spec)
@@ -12496,7 +12520,9 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     if d:
         w("draft model", f"{d.weight_bytes / 1e9:.2f} GB", f"{d.name}'s weights, and {d.kv_bytes_per_token / KIB:.1f} KiB of "
           f"its KV a token in every block beside the model's" + (" (each GPU's share)" if tp > 1 else ""))
-    note = {"budget": f"budget - weights{' - the draft' if d else ''} - {h.reserve_gib:g} GiB reserve",
+    note = {"budget": f"budget - weights{' - the draft' if d else ''}" + (
+                " (the share holds the weights and the cache alone, as SGLang's mem_fraction_static: its reserve "
+                "is outside)" if plan.static_share else f" - {h.reserve_gib:g} GiB reserve"),
             "--kv-tokens": "fixed by --kv-tokens (TensorRT-LLM's max_tokens)" if plan.of_free
             else "fixed by --kv-tokens (llama.cpp --ctx-size)",
             "--num-gpu-blocks": "fixed by --num-gpu-blocks" if plan.of_free

@@ -246,3 +246,23 @@ class WhatEachGpuHolds(unittest.TestCase):
         header = out.splitlines()[1].split()
         self.assertIn("gpus", header)
         self.assertIn("$/M", header)
+
+
+class SglangShare(unittest.TestCase):
+    def test_sglangs_share_is_worked_out_from_the_device_and_holds_no_reserve(self):
+        # helper-68: 0.88 of every device, with servesim's reserve taken inside it too
+        for hardware, share in (("h100-sxm-80gb", 0.835), ("l4-24gb", 0.701), ("l40s-48gb", 0.851)):
+            spec = main.engine_defaults(main.RunSpec(engine="sglang", hardware=main.HARDWARE[hardware]))
+            self.assertEqual(spec.gpu_memory_utilization, share, hardware)
+        h100 = main.HARDWARE["h100-sxm-80gb"]
+        reserved = 512 + 8192 * 1.5 + 1024 / 8 + 256 * 2          # MB (above the 10 GiB floor)
+        self.assertEqual(main.sglang_memory_share(main.RunSpec(hardware=h100)),
+                         round((h100.memory_gib * 1024 - reserved) / (h100.memory_gib * 1024), 3))
+        plan, _ = main.device_plan(main.engine_defaults(main.RunSpec(engine="sglang")), h100)
+        self.assertAlmostEqual(plan.kv_cache_bytes, plan.budget_bytes - plan.model.weight_bytes,
+                               delta=plan.block_size * plan.model.kv_bytes_per_token)
+        # a flag given is the user's; an 8B model still fits an L4 (it did not, the reserve taken twice)
+        given = main.engine_defaults(main.RunSpec(engine="sglang", gpu_memory_utilization=0.9), {"gpu_memory_utilization"})
+        self.assertEqual(given.gpu_memory_utilization, 0.9)
+        code, out, err = run_cli("simulate", "--engine", "sglang", "--hardware", "l4-24gb", "--requests", "4")
+        self.assertEqual(code, 0, err)
