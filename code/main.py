@@ -13166,6 +13166,10 @@ def with_engine_profile(values: dict) -> dict:
     elif values.get("async_scheduling") is not None and values.get("cost_model", DEFAULT_COST_MODEL) == "roofline":
         sys.stderr.write("servesim: --async-scheduling changes nothing under the roofline, which prices no engine CPU "
                          "work: add --cost-model kernels\n")
+    elif values.get("async_scheduling") is not None and values.get("engine") in ENGINES and \
+            not (ENGINES[values["engine"]].step_cpu_ms or ENGINES[values["engine"]].seq_cpu_ms):
+        sys.stderr.write(f"servesim: --async-scheduling changes nothing under --engine {values['engine']}, whose "
+                         f"profile has no CPU work to hide (calibrate --fit engine fits it)\n")
     return values
 
 

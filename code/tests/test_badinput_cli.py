@@ -394,6 +394,9 @@ class HelperSixtyEight(unittest.TestCase):
                          (128, 2048))
         code, out, err = call_cli("simulate", "--engine", "trtllm", "--requests", "8")
         self.assertIn("on h100-sxm-80gb, engine trtllm  8 requests", out.splitlines()[0])
+        code, _, err = call_cli("simulate", "--engine", "sglang", "--cost-model", "kernels", "--async-scheduling", "off",
+                                "--requests", "4")
+        self.assertIn("--async-scheduling changes nothing under --engine sglang, whose profile has no CPU work", err)
         for flag in (("--no-chunked-prefill",), ("--max-num-batched-tokens", "512"), ("--max-tokens-in-flight", "3000"),
                      ("--scheduler-reserve-full-isl",)):
             with self.subTest(flag=flag):
