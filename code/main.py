@@ -396,12 +396,12 @@ def plan_capacity(hardware: Hardware, model: ModelSpec, gpu_memory_utilization: 
     after_weights = free + reserve_bytes
     block_bytes = block_size * (model.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0))
     if free <= 0:
-        reserve = "" if kv_tokens or num_gpu_blocks else f" plus {hardware.reserve_gib} GiB reserve"
+        taken = "" if kv_tokens or num_gpu_blocks or not reserve else f" plus {hardware.reserve_gib} GiB reserve"
         drafted = f" plus a draft model's {draft.weight_bytes / 1e9:.2f} GB" if draft else ""
         room = f"{hardware.memory_gib:g} GiB" if of_free else \
             f"{budget / GIB:.2f} GiB ({hardware.memory_gib:g} GiB x {gpu_memory_utilization:.2f})"
         raise CapacityError(
-            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{drafted}{reserve} "
+            f"{model.name} does not fit on {hardware.name}: weights {model.weight_bytes / 1e9:.2f} GB{drafted}{taken} "
             f"exceed {room}; "
             f"quantize the weights, shard them with tensor parallelism, or use a bigger device")
     if num_gpu_blocks is not None:
@@ -1760,10 +1760,17 @@ def sglang_memory_share(spec: "RunSpec") -> float:
     memory, tp = spec.hardware.memory_gib * 1024, spec.tensor_parallel_size
     graph = 8 if memory < 20 * 1024 else (48 if tp < 4 else 160) if memory < 35 * 1024 else \
         (32 if tp < 4 else 160) if memory < 60 * 1024 else (256 if tp < 4 else 512) if memory < 160 * 1024 else 512
-    reserved = 512 + max(spec.max_num_batched_tokens, 2048) * 1.5 + spec.gpus_per_replica / 8 * 1024 + graph * 2
+    chunk = spec.max_num_batched_tokens if spec.chunked_prefill else 2048    # (SGLang's -1: its 2,048 floor)
+    reserved = 512 + max(chunk, 2048) * 1.5 + spec.gpus_per_replica / 8 * 1024 + graph * 2
     if memory > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    return round((memory - reserved) / memory, 3)
+    share = round((memory - reserved) / memory, 3)
+    if share <= 0:
+        raise UserError(f"--engine sglang on {spec.hardware.name}: a prefill chunk of {chunk:,} tokens "
+                        f"(--max-num-batched-tokens) and its CUDA graphs leave SGLang no memory share "
+                        f"({reserved / 1024:,.1f} GiB of {spec.hardware.memory_gib:g}); give a smaller chunk or "
+                        f"--gpu-memory-utilization")
+    return share
 
 
 def trtllm_defaults(hardware: Hardware) -> dict:
@@ -3898,6 +3905,7 @@ class RunSpec:
     # Output, engine and cost model.
     detailed: bool = False               # keep every token's time, for --detailed arrays
     profile: Optional[EngineProfile] = None     # a fit's engine constants, in place of --engine's own
+    given: tuple = ()                    # the knobs named (engine_defaults fills the rest, again at each sweep point)
     engine: Optional[str] = setting(
         None, "--engine", engine_name, "the serving engine whose CPU costs, async scheduling, CUDA graphs and "
         "scheduling rules the run takes: vllm, sglang, trtllm or llamacpp, or a profile JSON file (calibrate --fit "
@@ -4021,7 +4029,9 @@ def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
     if not spec.engine:
         return spec
     engine = spec.profile or ENGINES[spec.engine]
-    spec = replace(spec, **{k: v for k, v in engine.defaults(spec.hardware).items() if k not in set(given)})
+    given = set(given)
+    spec = replace(spec, given=tuple(sorted(given)),
+                   **{k: v for k, v in engine.defaults(spec.hardware).items() if k not in given})
     if engine.rules == "sglang" and spec.hardware.kernel_floor_us and "gpu_memory_utilization" not in set(given):
         spec = replace(spec, gpu_memory_utilization=sglang_memory_share(spec))
     return replace(spec, **vllm_batch_defaults(spec, set(given))) if engine.rules == "vllm" else spec
@@ -4988,10 +4998,12 @@ def steady_window(requests: list, skip: float, min_served: float, max_growth: fl
         # last one starts only their later turns drain, at a rate of their own. Until the first
         # one ends, the turns in flight are all early ones, with short histories. The window is
         # between the two.
-        start = max(start, min((r.last_token_s for r in ended if getattr(r, "next_turn", None) is None
-                                and getattr(r, "turn", 0) > 1), default=start))
+        # (A measured run's records do not link their turns: their window starts at the first end.)
+        if all(hasattr(r, "next_turn") for r in sent):
+            start = max(start, min((r.last_token_s for r in ended if r.next_turn is None and r.turn > 1),
+                                   default=start))
         end = max(r.sent_s for r in sent if getattr(r, "turn", 0) <= 1)
-        conversations = sum(getattr(r, "turn", 0) <= 1 for r in sent)
+        conversations = sum(getattr(r, "turn", 0) == 1 for r in sent)
     window = [r for r in sent if start <= r.sent_s <= end]
     bunched = 1.0 if closed_loop else bunching(r.sent_s for r in window)
     floor = MIN_WINDOW_REQUESTS if closed_loop else window_floor(min_served, bunched)
@@ -5272,6 +5284,8 @@ def sweep_point(spec: RunSpec, settings: dict) -> RunSpec:
             spec = replace(spec, max_tokens_in_flight=value or None)     # 0 is no cap
         elif name != "trace":
             spec = replace(spec, **{name: value})
+    if spec.engine and settings:      # an engine's defaults follow the point's device, length and group
+        spec = engine_defaults(spec, set(spec.given) | set(settings))
     return spec
 
 
@@ -7241,7 +7255,8 @@ STATED_RATES = ("duration", "request_throughput", "output_throughput", "total_to
 REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
                      "quantization", "kv_cache_dtype", "cost_model", "async_scheduling", "block_size",
                      "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
-REPORT_SCHEDULING = ("prefix_caching", "chunked_prefill", "reserve_full_isl", "max_model_len", "router")
+REPORT_SCHEDULING = ("prefix_caching", "chunked_prefill", "reserve_full_isl", "max_model_len", "router", "batching",
+                     "kv_layout", "max_tokens_in_flight", "gpus_per_node", "inter_node_gbs", "inter_node_latency_us")
 
 
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
@@ -7368,6 +7383,9 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
                 for k in (REPORT_DEPLOYMENT + REPORT_SCHEDULING if simulated else ("max_num_seqs", "max_num_batched_tokens"))
                 if config.get(k) is not None and k in SETTINGS}
+    if simulated and config.get("disaggregated"):     # (its prefill engine's device is not in the report)
+        notes.append("the run was disaggregated (--disaggregate): it is replayed on one engine unless --disaggregate "
+                     "and its devices are given")
     engine = config.get("engine") if simulated else None
     if engine in ENGINES:
         settings["engine"] = engine
@@ -7604,7 +7622,7 @@ def csv_rows(lines: Iterable[str], where: str, columns: tuple = ()) -> Iterator[
             raise UserError(f"{where} line {number()}: the header {shown if len(shown) <= 120 else shown[:120] + ' ...'!r} "
                             f"has no {' or '.join(missing)} column; the first line names the columns, {','.join(columns)}")
         for row in reader:
-            if any(row.get(name) is None for name in columns):      # (one it does not read may be missing)
+            if any(row.get(name) is None for name in columns or header):     # (one it does not read may be missing)
                 cells = len([v for v in row.values() if v is not None])
                 raise UserError(f"{where} line {number()}: {cells} cell{'s' * (cells != 1)} where the header has "
                                 f"{len(header)} columns")
@@ -10280,7 +10298,7 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
     found = measured.settings
     # (a servesim report records more of its deployment than a measured run can: REPORT_DEPLOYMENT)
     settings = {k: v for k, v in found.items() if k in SETTINGS and (SETTINGS[k].metadata["recorded"] or
-                                                                       k in REPORT_DEPLOYMENT + ("engine", "chunked_prefill"))}
+                                                                       k in REPORT_DEPLOYMENT + REPORT_SCHEDULING + ("engine",))}
     for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
                                            ("hardware", KNOWN_DEVICES, HARDWARE, ("device_name", "named_device"))):
         if kind in given:

@@ -261,8 +261,23 @@ class SglangShare(unittest.TestCase):
         plan, _ = main.device_plan(main.engine_defaults(main.RunSpec(engine="sglang")), h100)
         self.assertAlmostEqual(plan.kv_cache_bytes, plan.budget_bytes - plan.model.weight_bytes,
                                delta=plan.block_size * plan.model.kv_bytes_per_token)
-        # a flag given is the user's; an 8B model still fits an L4 (it did not, the reserve taken twice)
+        # a flag given is the user's
         given = main.engine_defaults(main.RunSpec(engine="sglang", gpu_memory_utilization=0.9), {"gpu_memory_utilization"})
         self.assertEqual(given.gpu_memory_utilization, 0.9)
-        code, out, err = run_cli("simulate", "--engine", "sglang", "--hardware", "l4-24gb", "--requests", "4")
+        # helper-69: each sweep point's device gets its own share (the first point's was kept); a chunk that
+        # leaves no share is one line; a model that does not fit is not said to need servesim's reserve
+        code, out, err = run_cli("sweep", "--engine", "sglang", "--hardware", "h100-sxm-80gb,l4-24gb", "--requests", "8",
+                                 "--concurrency", "4", "--json")
         self.assertEqual(code, 0, err)
+        self.assertEqual([(r["config"]["hardware"], r["config"]["gpu_memory_utilization"]) for r in json.loads(out)],
+                         [("h100-sxm-80gb", 0.835), ("l4-24gb", 0.701)])
+        code, _, err = run_cli("simulate", "--engine", "sglang", "--hardware", "l4-24gb", "--max-num-batched-tokens", "16384")
+        self.assertEqual(code, 2)
+        self.assertIn("leave SGLang no memory share", err)
+        code, _, err = run_cli("simulate", "--engine", "sglang", "--model", "llama-3.1-70b")
+        self.assertEqual(code, 1)
+        self.assertIn("weights 141.20 GB exceed 66.47 GiB", err)
+        # vLLM's no-chunked-prefill budget follows each point's --max-model-len
+        code, out, err = run_cli("sweep", "--engine", "vllm", "--no-chunked-prefill", "--max-model-len", "4096,16384",
+                                 "--requests", "4", "--json")
+        self.assertEqual([r["config"]["max_num_batched_tokens"] for r in json.loads(out)], [8192, 16384])

@@ -219,7 +219,9 @@ class CompareASimulation(unittest.TestCase):
     def test_a_simulate_report_compared_with_itself_agrees(self):
         # helper-68: its engine, parallelism, cost model and memory share were dropped (ttft +109% at -tp 2)
         for flags in (("--engine", "sglang"), ("-tp", "2"), ("--cost-model", "kernels", "--gpu-memory-utilization",
-                                                               "0.5", "--block-size", "32", "--prefix-caching")):
+                                                               "0.5", "--block-size", "32", "--prefix-caching"),
+                      ("--max-tokens-in-flight", "3000"), ("--batching", "static"),      # (helper-69)
+                      ("--gpus-per-node", "1", "-tp", "2")):
             with self.subTest(flags=flags), tempfile.TemporaryDirectory() as tmp:
                 code, out, err = call_cli("simulate", *flags, "--requests", "48", "--rate", "8", "--detailed", "--json")
                 self.assertEqual(code, 0, err)

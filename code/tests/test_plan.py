@@ -77,6 +77,9 @@ class RateProfiles(unittest.TestCase):
             azure = write(tmp, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,note\n2023-11-16 18:17:03.97,100,20,a\n"
                                         "2023-11-16 18:17:04.0,120,30\n")
             self.assertEqual(main.run(main.RunSpec(trace=main.read_trace(azure)))["completed"], 2)
+            # ... while a reader of every column (timeseries.csv) still names a short row (helper-69)
+            with self.assertRaisesRegex(main.UserError, "line 3: 2 cells where the header has 4 columns"):
+                main.read_timeline(write(tmp, "ts.csv", "t,running,waiting,kv_cache_pct\n0,1,2,3\n1,2\n"))
         with tempfile.TemporaryDirectory() as tmp:
             for text, said in cases.items():
                 with self.subTest(text=text):

@@ -1048,3 +1048,12 @@ class ConversationWindow(unittest.TestCase):
         self.assertGreaterEqual(steady["start_s"], first_end - t0 - 1e-9)
         self.assertTrue(steady["sustained"])
         self.assertAlmostEqual(steady["offered_rate"], 3 * 1.5, delta=0.5)      # three turns a conversation
+        # a measured run's records do not link their turns (helper-69): the window still ends at the last
+        # conversation's start, starts no later than for the linked turns, and counts conversations by turn 1
+        records = [main.StreamRecord(r.id, turn=r.turn, sent_s=r.sent_s) for r in done]
+        for record, r in zip(records, done):
+            record.first_token_s, record.last_token_s, record.error = r.first_token_s, r.last_token_s, r.error
+            record.queue_s = r.queue_s
+        measured = main.steady_window(records, spec.steady_skip, spec.min_served, spec.max_queue_growth, False)
+        self.assertAlmostEqual(measured["end_s"], steady["end_s"], places=6)
+        self.assertLessEqual(measured["start_s"], steady["start_s"])
