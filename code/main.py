@@ -350,7 +350,7 @@ class CapacityPlan:
     budget_bytes: float
     kv_cache_bytes: float
     num_blocks: int
-    source: str       # how the block count was decided: "budget", "--kv-tokens" or "--num-gpu-blocks"
+    source: str       # how the block count was decided: "budget", "--kv-tokens", "--num-gpu-blocks" or "context"
     note: str = ""    # what an explicit size implies, said once on stderr
     tensor_parallel_size: int = 1      # the plan is one GPU's of that many
     pipeline_parallel_size: int = 1    # ... in each of that many stages
@@ -4430,6 +4430,14 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
                          spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free,
                          reserve=not engine_profile(spec).static_share)
+    # llama-server's --ctx-size 0 (its default) takes the model's training context (llama.cpp
+    # common/common.h n_ctx = 0; llama-context.cpp: n_ctx_train), shared by its slots, not what
+    # memory would hold: where memory holds more, the cache is that context.
+    context = spec.model.max_position_embeddings or DEFAULT_MODEL_LEN
+    if engine_profile(spec).rules == "llamacpp" and plan.source == "budget" and plan.kv_tokens > context:
+        plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
+                             context, None, draft=draft_of(spec))
+        plan.source = "context"
     cost = priced(stage)
     if pp > 1:
         cost = Pipeline(cost, priced(pipeline_layers(model, pp)), hardware, model, spec)
@@ -12544,7 +12552,8 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
             "--kv-tokens": "fixed by --kv-tokens (TensorRT-LLM's max_tokens)" if plan.of_free
             else "fixed by --kv-tokens (llama.cpp --ctx-size)",
             "--num-gpu-blocks": "fixed by --num-gpu-blocks" if plan.of_free
-            else "fixed by --num-gpu-blocks (as a vLLM log reports it)"}[plan.source]
+            else "fixed by --num-gpu-blocks (as a vLLM log reports it)",
+            "context": "llama.cpp's default --ctx-size 0: the model's training context"}[plan.source]
     w("kv cache", f"{plan.kv_cache_bytes / GIB:.2f} GiB", note)
     w("blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens", f"= {plan.kv_tokens:,} tokens"
       + (" (a block spans the group)" if tp > 1 else ""))
@@ -12584,9 +12593,10 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
         out.write(f"{'replicas':<17}{plan.replicas} engines of {tp} GPU{'s' * (tp > 1)} each, each with its own "
                   f"{plan.kv_tokens:,}-token cache: {plan.replicas * plan.kv_tokens:,} KV tokens and "
                   f"{plan.replicas * plan.max_concurrency:.2f}x concurrency in all\n")
-    if rules == "llamacpp" and plan.source == "budget":
-        out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share: pass the server's "
-                  f"--ctx-size as --kv-tokens to plan what it holds\n")
+    if rules == "llamacpp" and plan.source in ("budget", "context"):
+        out.write(f"{'llama.cpp':<17}sizes its cache by --ctx-size, not by a memory share" +
+                  (" (0, its default, is the model's training context, planned above)" if plan.source == "context"
+                   else "") + ": pass the server's --ctx-size as --kv-tokens to plan what it holds\n")
     if refused:                        # every reason vLLM's startup checks give (vllm_refusal)
         out.write(f"{'vllm would stop':<17}{refused}\n")
     elif plan.max_concurrency < 1:     # (another engine's requests that long fail, one by one)

@@ -176,6 +176,18 @@ class EngineMemoryRule(unittest.TestCase):
         plain = json.loads(run_cli("capacity", "--json")[1])
         self.assertEqual((plain["gpu_memory_utilization_of"], plain["engine"]), ("device", None))
 
+    def test_llamacpps_default_context_is_the_models_training_context(self):
+        # helper-68: --engine llamacpp sized its cache from 90% of memory (641,584 tokens for SmolLM2 on
+        # the CPU preset); llama-server's default --ctx-size 0 takes the model's 8,192
+        spec = main.engine_defaults(main.RunSpec(engine="llamacpp", hardware=main.HARDWARE["cpu-4vcpu"],
+                                                 model=main.MODELS["smollm2-135m-q8_0"]))
+        plan, _ = main.device_plan(spec, spec.hardware)
+        self.assertEqual((plan.kv_tokens, plan.source), (8192, "context"))
+        plan, _ = main.device_plan(main.replace(spec, kv_tokens=4096), spec.hardware)     # -c 4096 given
+        self.assertEqual(plan.kv_tokens, 4096)
+        small = main.replace(spec, hardware=main.replace(spec.hardware, memory_gib=0.5))  # memory holds less
+        self.assertLess(main.device_plan(small, small.hardware)[0].kv_tokens, 8192)
+
     def test_llamacpp_is_told_its_cache_is_its_ctx_size(self):
         code, out, _ = run_cli("capacity", "--engine", "llamacpp", "--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0")
         self.assertEqual(code, 0)
