@@ -185,7 +185,7 @@ class EngineMemoryRule(unittest.TestCase):
         self.assertEqual((plan.kv_tokens, plan.source), (8192, "context"))
         plan, _ = main.device_plan(main.replace(spec, kv_tokens=4096), spec.hardware)     # -c 4096 given
         self.assertEqual(plan.kv_tokens, 4096)
-        small = main.replace(spec, hardware=main.replace(spec.hardware, memory_gib=0.5))  # memory holds less
+        small = main.replace(spec, hardware=main.replace(spec.hardware, memory_gib=0.75))  # memory holds less
         self.assertLess(main.device_plan(small, small.hardware)[0].kv_tokens, 8192)
 
     def test_llamacpp_is_told_its_cache_is_its_ctx_size(self):
