@@ -4032,9 +4032,9 @@ def engine_defaults(spec: RunSpec, given: Iterable[str] = ()) -> RunSpec:
     given = set(given)
     spec = replace(spec, given=tuple(sorted(given)),
                    **{k: v for k, v in engine.defaults(spec.hardware).items() if k not in given})
-    if engine.rules == "sglang" and spec.hardware.kernel_floor_us and "gpu_memory_utilization" not in set(given):
+    if engine.rules == "sglang" and spec.hardware.kernel_floor_us and "gpu_memory_utilization" not in given:
         spec = replace(spec, gpu_memory_utilization=sglang_memory_share(spec))
-    return replace(spec, **vllm_batch_defaults(spec, set(given))) if engine.rules == "vllm" else spec
+    return replace(spec, **vllm_batch_defaults(spec, given)) if engine.rules == "vllm" else spec
 
 
 def flag_of(name: str) -> str:
@@ -4129,8 +4129,8 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                 raise UserError(f"{SETTINGS[name].metadata['flag']} changes nothing with {without}: drop it")
             continue
         off = getattr(default, needs) if needs else None        # (given as its default, it is as off: --speculative-tokens 0)
-        is_off = lambda value: value == off or value in (0, None)       # (--kv-offloading-size 0 is off too)
-        if needs and is_off(getattr(spec, needs)) and (needs not in given or is_off(given[needs])) and needs not in swept:
+        if needs and is_off(getattr(spec, needs), off) and (needs not in given or is_off(given[needs], off)) \
+                and needs not in swept:
             flag, other = SETTINGS[name].metadata["flag"], SETTINGS[needs].metadata["flag"]
             if needs in given:        # given as its own "off"
                 value = f"{given[needs]:g}" if isinstance(given[needs], float) else given[needs]
@@ -4263,6 +4263,11 @@ def flag_words(f, value) -> list[str]:
 PROGRAM = "code/main.py"
 
 
+def is_off(value, default) -> bool:
+    """Whether a setting another one needs is off: its default, or 0 or none (--kv-offloading-size 0)."""
+    return value == default or value in (0, None)
+
+
 # A `needs` that is a RunSpec property, not a setting: what it is when off, and the settings it is
 # worked out from (swept, it may be on at another point).
 DERIVED_NEEDS = {
@@ -4280,7 +4285,7 @@ def inert(spec: RunSpec) -> set[str]:
     hold them (-pp 1,2 with --inter-node-gbs); its rerun command and the grid leave them out."""
     default = RunSpec()
     idle = {name for name, f in SETTINGS.items()
-            if f.metadata["needs"] and getattr(spec, f.metadata["needs"]) in (getattr(default, f.metadata["needs"]), 0, None)}
+            if f.metadata["needs"] and is_off(getattr(spec, f.metadata["needs"]), getattr(default, f.metadata["needs"]))}
     if spec.data_parallel_size == 1 and (not spec.replica_schedule or spec.replica_schedule.most == 1):
         idle.add("router")
     if spec.disaggregate and spec.prefill_hardware and spec.decode_hardware:
@@ -4412,6 +4417,8 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
     included): what capacity prints and what each engine of run() is built from."""
     model = quantized(spec.model, spec.quantization, spec.kv_cache_dtype)
     tp, ep, pp = spec.tensor_parallel_size, expert_ranks(spec), spec.pipeline_parallel_size
+    engine, draft = engine_profile(spec), draft_of(spec)
+
     def on_each_gpu(stage: ModelSpec) -> ModelSpec:      # what each GPU of a stage holds and computes
         device = tensor_shard(stage, tp)
         if ep > 1:
@@ -4420,29 +4427,29 @@ def device_plan(spec: RunSpec, hardware: Hardware) -> tuple[CapacityPlan, Roofli
 
     def priced(stage: ModelSpec) -> Roofline:            # a step of a stage, its group's communication included
         cost = cost_model(spec.cost_model, hardware, on_each_gpu(stage), gemm_tflops(hardware, spec.quantization),
-                          engine_profile(spec), spec.max_num_seqs)
+                          engine, spec.max_num_seqs)
         if tp > 1:
-            cost = Parallel(cost, hardware, stage, tp, engine_profile(spec).rules, tp_network(spec))
+            cost = Parallel(cost, hardware, stage, tp, engine.rules, tp_network(spec))
         return ExpertParallel(cost, hardware, model, ep) if ep > 1 else cost
 
     stage = pipeline_shard(model, pp)       # (the fullest stage: the whole model without a pipeline)
     device = on_each_gpu(stage)
     plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
-                         spec.kv_tokens, spec.num_gpu_blocks, draft=draft_of(spec), of_free=engine_profile(spec).kv_of_free,
-                         reserve=not engine_profile(spec).static_share)
+                         spec.kv_tokens, spec.num_gpu_blocks, draft=draft, of_free=engine.kv_of_free,
+                         reserve=not engine.static_share)
     # llama-server's --ctx-size 0 (its default) takes the model's training context (llama.cpp
     # common/common.h n_ctx = 0; llama-context.cpp: n_ctx_train), shared by its slots, not what
     # memory would hold: where memory holds more, the cache is that context.
     context = spec.model.max_position_embeddings or DEFAULT_MODEL_LEN
-    if engine_profile(spec).rules == "llamacpp" and plan.source == "budget" and plan.kv_tokens > context:
+    if engine.rules == "llamacpp" and plan.source == "budget" and plan.kv_tokens > context:
         plan = plan_capacity(hardware, device, spec.gpu_memory_utilization, spec.block_size, spec.model_len(),
-                             context, None, draft=draft_of(spec))
+                             context, None, draft=draft)
         plan.source = "context"
     cost = priced(stage)
     if pp > 1:
         cost = Pipeline(cost, priced(pipeline_layers(model, pp)), hardware, model, spec)
     plan.tensor_parallel_size, plan.group_model = tp, model
-    plan.pipeline_parallel_size, plan.draft = pp, draft_of(spec)
+    plan.pipeline_parallel_size, plan.draft = pp, draft
     plan.replicas, plan.expert_parallel = spec.data_parallel_size, spec.enable_expert_parallel
     return plan, cost
 
@@ -7265,6 +7272,7 @@ REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_par
                      "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
 REPORT_SCHEDULING = ("prefix_caching", "chunked_prefill", "reserve_full_isl", "max_model_len", "router", "batching",
                      "kv_layout", "max_tokens_in_flight", "gpus_per_node", "inter_node_gbs", "inter_node_latency_us")
+REPORT_SETTINGS = REPORT_DEPLOYMENT + REPORT_SCHEDULING
 
 
 def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
@@ -7389,7 +7397,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     # deployment; a loadgen or vllm bench report at most its server's batch limits.
     simulated = "engine" in config and "cost_model" in config
     settings = {k: recorded_setting(k, config[k], f"{kind} {name}", f"config.{k}")
-                for k in (REPORT_DEPLOYMENT + REPORT_SCHEDULING if simulated else ("max_num_seqs", "max_num_batched_tokens"))
+                for k in (REPORT_SETTINGS if simulated else ("max_num_seqs", "max_num_batched_tokens"))
                 if config.get(k) is not None and k in SETTINGS}
     if simulated and config.get("disaggregated"):     # (its prefill engine's device is not in the report)
         notes.append("the run was disaggregated (--disaggregate): it is replayed on one engine unless --disaggregate "
@@ -7984,12 +7992,12 @@ def sessions_of(path: str, extras: list[dict], notes: Counter, strict: bool = Tr
 
 def read_rate_profile(path: str) -> RateProfile:
     """A CSV of time_s,rate (requests per second) rows, times ascending from 0."""
-    if read_text(path, "rate profile").lstrip().startswith(("{", "[")):
+    text = read_text(path, "rate profile")
+    if text.lstrip().startswith(("{", "[")):
         raise UserError(f"rate profile {path}: is JSON, which looks like a trace (give it as --trace); a rate "
                         f"profile is a CSV of time_s,rate rows")
     windows = []
-    for number, row in csv_rows(io.StringIO(read_text(path, "rate profile")), f"rate profile {path}",
-                                ("time_s", "rate")):
+    for number, row in csv_rows(io.StringIO(text), f"rate profile {path}", ("time_s", "rate")):
         where = f"rate profile {path} line {number}"
         if None in row:
             raise UserError(f"{where}: expected two columns, time_s,rate")
@@ -10306,7 +10314,7 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
     found = measured.settings
     # (a servesim report records more of its deployment than a measured run can: REPORT_DEPLOYMENT)
     settings = {k: v for k, v in found.items() if k in SETTINGS and (SETTINGS[k].metadata["recorded"] or
-                                                                       k in REPORT_DEPLOYMENT + REPORT_SCHEDULING + ("engine",))}
+                                                                       k in REPORT_SETTINGS or k == "engine")}
     for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
                                            ("hardware", KNOWN_DEVICES, HARDWARE, ("device_name", "named_device"))):
         if kind in given:
@@ -13042,10 +13050,8 @@ def not_a_list(kind: Callable, flag: str) -> Callable:
     def read(text: str):
         try:
             value = kind(text)
-            if "," in text and THOUSANDS.fullmatch(text) and zero_item(text.split(",")) is None:
-                sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, "
-                                 f"{text.strip().replace(',', '')} (a comma groups thousands here: this command "
-                                 f"does not vary {flag}; run once for each value)\n")
+            said_grouped(text, flag, f"a comma groups thousands here: this command does not vary {flag}; run once "
+                                     f"for each value")
             return value
         except (argparse.ArgumentTypeError, ValueError):
             parts = text.split(",")
@@ -13070,11 +13076,16 @@ def thousands_noted(kind: Callable, flag: str) -> Callable:
     @functools.wraps(kind)
     def read(text: str):
         value = kind(text)
-        if "," in text and THOUSANDS.fullmatch(text) and zero_item(text.split(",")) is None:
-            sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, {text.strip().replace(',', '')} "
-                             f"(sweep would read {text.count(',') + 1} values)\n")
+        said_grouped(text, flag, f"sweep would read {text.count(',') + 1} values")
         return value
     return read
+
+
+def said_grouped(text: str, flag: str, why: str) -> None:
+    """Say on stderr that `text`, a number with its thousands grouped, was read as one value."""
+    if "," in text and THOUSANDS.fullmatch(text) and zero_item(text.split(",")) is None:
+        sys.stderr.write(f"servesim: {flag} {text.strip()} is read as one value, {text.strip().replace(',', '')} "
+                         f"({why})\n")
 
 
 def add_setting(g, f, several: bool, overrides: bool, exclusive: dict, lists: bool = False) -> None:
