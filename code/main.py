@@ -10993,17 +10993,20 @@ DECISION_TABLE = (
     Remedy("kv-bound", "preemptions climb; KV usage pinned near 100%; requests wait",
            "KV cache blocks",
            {"vllm": "`--enable-prefix-caching` if prompts share a prefix; else raise `--gpu-memory-utilization`, "
-                    "lower `--max-model-len`, quantize, or add tensor parallelism (`--tensor-parallel-size`)",
+                    "store the cache in FP8 (`--kv-cache-dtype fp8`), quantize the weights, or add tensor parallelism "
+                    "(`--tensor-parallel-size`)",
             "llama.cpp": "`--cache-reuse` for shared prefixes; else `--ctx-size` up",
             "sglang": "`--mem-fraction-static` up"},
            "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
            "raising {seqs} (memory, not the cap, limits the batch)"),
     Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
            "compute (the roofline)",
-           {"vllm": "`--max-num-seqs` down toward the knee to protect TPOT; quantization or tensor "
-                    "parallelism (`--tensor-parallel-size`) for more throughput",
-            "llama.cpp": "`--parallel` down toward the knee",
-            "sglang": "`--max-running-requests` down"},
+           {"vllm": "for TPOT, `--max-num-seqs` down toward the knee (requests then wait longer); for throughput, "
+                    "quantization or tensor parallelism (`--tensor-parallel-size`)",
+            "llama.cpp": "for TPOT, `--parallel` down toward the knee (requests then wait longer); for throughput, "
+                         "another `llama-server` on its own cores or machine",
+            "sglang": "for TPOT, `--max-running-requests` down toward the knee (requests then wait longer); for "
+                      "throughput, quantization or tensor parallelism (`--tp-size`)"},
            "TPOT falls toward the batch-1 step; throughput drops by less than the batch does (past the knee "
            "each sequence bought little); TTFT rises for waiting requests",
            "more KV memory (the cache is not the limit); reading GPU utilisation as batch fullness (it says a "
@@ -11077,6 +11080,7 @@ class Signals:
     preemptions: Optional[float] = None
     prefix_hit_rate: Optional[float] = None
     mean_batch: Optional[float] = None
+    batch_said: str = "mean batch"           # what mean_batch is: a gauge's moment, or a peak, where no mean is
     knee: Optional[float] = None             # critical batch, when hardware and model are known
     batch1_tpot_ms: Optional[float] = None
     budget: Optional[int] = None             # tokens per step
@@ -11187,7 +11191,7 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        else None,
                        # a hit is a cached block found: caching is on (off, vLLM looks nothing up)
                        prefix_caching=True if hits and queries and hits <= queries else None,
-                       mean_batch=m.get("vllm:num_requests_running"),
+                       mean_batch=m.get("vllm:num_requests_running"), batch_said="batch at the scrape",
                        prompt_tokens=mean_of(m, "vllm:request_prompt_tokens", scale=1),
                        output_tokens=mean_of(m, "vllm:request_generation_tokens", scale=1))
     if any(k.startswith("llamacpp:") for k in m):
@@ -11199,7 +11203,8 @@ def signals_from_scrape(text: str, name: str) -> Signals:
                        queue_ms=mean_of(m, "sglang:queue_time_seconds"),
                        e2e_ms=mean_of(m, "sglang:e2e_request_latency_seconds"),
                        running=m.get("sglang:num_running_reqs"), waiting=m.get("sglang:num_queue_reqs"),
-                       kv_peak=m.get("sglang:token_usage"), mean_batch=m.get("sglang:num_running_reqs"))
+                       kv_peak=m.get("sglang:token_usage"), mean_batch=m.get("sglang:num_running_reqs"),
+                       batch_said="batch at the scrape")
     raise UserError(f"{name}: no vllm:, llamacpp: or sglang: metrics in it; pass a /metrics scrape, "
                     f"a loadgen --json report or a simulate/sweep --json report")
 
@@ -11298,9 +11303,11 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.running, sig.waiting = figure("peak_running"), figure("peak_waiting")
         sig.kv_peak, sig.preemptions = figure("peak_kv_cache_usage"), figure("preemptions")
         sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("peak_running")
+        sig.batch_said = "peak batch"
     elif server.get("server") == "sglang":
         sig.running, sig.waiting = figure("peak_running"), figure("peak_queued")
         sig.kv_peak, sig.mean_batch = figure("peak_token_usage"), figure("peak_running")
+        sig.batch_said = "peak batch"
     return in_order(sig, name)
 
 
@@ -11382,7 +11389,12 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     """The first row of the decision table whose signs the numbers show, and the evidence."""
     if sig.scrape and not sig.running and not sig.waiting and sig.ttft_ms is None and sig.tpot_ms is None:
         return IDLE, ["running 0, waiting 0 at the moment of the scrape"]
-    waiting = (sig.waiting or 0) > 0 or (sig.queue_ms or 0) > 0.25 * (sig.ttft_ms or math.inf)
+    # Requests wait when the queue is a share of TTFT a user notices. A report's peak of requests
+    # waiting says nothing by itself: a closed loop's first round all waits at once, then never.
+    # A scrape's gauge is the moment it was taken, so it counts.
+    queued = sig.queue_ms is not None and sig.queue_ms >= QUEUE_NOTICED_MS \
+        and sig.queue_ms > 0.25 * (sig.ttft_ms or math.inf)
+    waiting = queued or ((sig.waiting or 0) > 0 if sig.queue_ms is None or sig.scrape else False)
     # The simulator counts steps that were at the cap with requests waiting; a server's gauges only
     # give peaks, which must do.
     at_cap = sig.waited_at_cap if sig.waited_at_cap is not None else (
@@ -11396,15 +11408,18 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     slowed = sig.batch1_tpot_ms and sig.tpot_ms and sig.tpot_ms > 1.3 * sig.batch1_tpot_ms
     flat = sig.throughput_trend is not None and sig.throughput_trend < 1.1
     if past_knee and slowed or (flat and slowed):
-        return REMEDIES["compute-bound"], [f"mean batch {sig.mean_batch:.1f} past the knee at ~{sig.knee:.1f}"
+        return REMEDIES["compute-bound"], [f"{sig.batch_said} {sig.mean_batch:.1f} past the knee at ~{sig.knee:.1f}"
                                            if past_knee else "throughput flat from the previous point",
                                            f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1"]
     if waiting and at_cap and kv_room:
         return REMEDIES["sequence-bound"], [f"{number(sig.running, 0)} running of {number(sig.max_seqs, 0)} allowed",
                                             f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
                                             f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV not reported"]
-    if waiting and kv_room and sig.budget and sig.prompt_tokens and sig.prompt_tokens >= sig.budget / 4:
-        return REMEDIES["token-budget-bound"], [f"mean prompt {sig.prompt_tokens:,.0f} tokens against a "
+    # The prompt tokens a step must compute: cached ones cost none.
+    fresh = sig.prompt_tokens * (1 - (sig.prefix_hit_rate or 0)) if sig.prompt_tokens else 0
+    if waiting and kv_room and sig.budget and fresh >= sig.budget / 4:
+        cached = f" ({fresh:,.0f} not cached)" if sig.prefix_hit_rate else ""
+        return REMEDIES["token-budget-bound"], [f"mean prompt {sig.prompt_tokens:,.0f} tokens{cached} against a "
                                                 f"{sig.budget:,}-token step budget", "sequences and KV have room"]
     if sig.queue_ms is not None and sig.ttft_ms and sig.queue_ms > 0.5 * sig.ttft_ms:
         return REMEDIES["queue-bound"], [f"queue {sig.queue_ms:,.0f} ms of TTFT {sig.ttft_ms:,.0f} ms",
@@ -11466,7 +11481,7 @@ def explain(sig: Signals) -> dict:
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
         arithmetic.append(f"compute catches up with the weight read at ~{knee_text(sig.knee)} tokens per step; "
-                          f"the mean batch was {number(sig.mean_batch)}")
+                          f"the {sig.batch_said} was {number(sig.mean_batch)}")
     if sig.running is not None:
         arithmetic.append(f"running up to {sig.running:,.0f}, "
                           + (f"waiting up to {sig.waiting:,.0f}" if sig.waiting is not None else "waiting not reported")
@@ -11479,6 +11494,24 @@ def explain(sig: Signals) -> dict:
         # Prefix caching is already on: the rest of the row is what is left.
         change_first = change_first.split("; else ", 1)[-1] + " (prefix caching is already on)"
         evidence = evidence + ["prefix caching on"]
+    expected = remedy.effect
+    if remedy.symptom == "token-budget-bound" and sig.knee is not None and sig.budget >= 2 * sig.knee:
+        # A step of this budget is already compute-bound: a bigger one takes longer in proportion,
+        # so it prefills no more tokens a second; it gives prompts more of each step than the decodes.
+        evidence = evidence + [f"a step of {sig.budget:,} tokens is already compute-bound (knee "
+                               f"~{knee_text(sig.knee)})"]
+        expected = ("TTFT falls only as TPOT rises (prompts take more of each step; no more tokens a second); "
+                    "ITL spikier; throughput about the same. For both, more compute: " + REMEDIES["queue-bound"].knobs[server])
+    if remedy.symptom == "compute-bound" and phase == "queue":
+        # Requests already wait most of their TTFT: a lower cap would make them wait longer, so
+        # what buys throughput comes first.
+        tpot, _, throughput = change_first.partition("; for throughput, ")
+        change_first = f"for throughput (TTFT is mostly queue), {throughput}; {tpot}"
+        expected = ("more throughput: the queue drains, so TTFT falls, and TPOT with the batch; a lower cap instead: "
+                    + remedy.effect)
+    if sig.running is not None and sig.waiting == 0 and (sig.queue_ms or 0) > 0 and not sig.scrape:
+        arithmetic[-1] += (" (counted after each step's admissions, as vLLM counts it: requests that arrive during "
+                           "a step wait for its end)")
     if sig.failed and remedy.symptom != "failing":     # a failure is evidence whatever else binds
         evidence = evidence + [failures(sig)]
     return {
@@ -11486,7 +11519,7 @@ def explain(sig: Signals) -> dict:
         "phase": phase, "phases_ms": phases, "ttft_ms": sig.ttft_ms,
         "binds": remedy.binds, "symptom": remedy.symptom, "evidence": evidence,
         "capacity": arithmetic,
-        "change_first": change_first, "knobs": remedy.knobs, "expected_effect": remedy.effect,
+        "change_first": change_first, "knobs": remedy.knobs, "expected_effect": expected,
         "will_not_help": will_not_help(remedy, server),
     }
 

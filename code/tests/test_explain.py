@@ -40,10 +40,12 @@ class Rows(unittest.TestCase):
         self.assertIn("--gpu-memory-utilization", e["will_not_help"])
 
     def test_token_budget_bound_with_long_prompts(self):
-        e = self.explain("sweep", "--max-num-batched-tokens", "2048", "--prompt-tokens", "3000-4000",
-                         "--output-tokens", "64-128", "--concurrency", "32", "--requests", "64", "--max-model-len", "8192")
+        e = self.explain("sweep", "--max-num-batched-tokens", "256", "--max-num-seqs", "32", "--prompt-tokens",
+                         "3000-4000", "--output-tokens", "64-128", "--concurrency", "32", "--requests", "64",
+                         "--max-model-len", "8192")
         self.assertEqual(e["symptom"], "token-budget-bound")
         self.assertIn("--max-num-batched-tokens", e["change_first"])
+        self.assertNotIn("compute-bound", " ".join(e["evidence"]))     # 256 tokens is near the knee (~197)
 
     def test_queue_dominated_ttft(self):
         e = self.explain("simulate", "--concurrency", "256", "--requests", "256")
@@ -114,6 +116,47 @@ class WontHelp(unittest.TestCase):
         self.assertEqual(code, 0, err)
         return json.loads(out)[0]
 
+    def test_a_bigger_token_budget_is_worth_it_below_the_knee_and_a_trade_past_it(self):
+        # helper-72: a 2,048-token step on an H100 (knee ~197) is compute-bound, and explain promised
+        # TTFT would fall with throughput the same; four times the budget bought 7% of queue p95
+        shape = ("--prompt-tokens", "3000-4000", "--output-tokens", "64-128", "--concurrency", 32, "--requests", 64,
+                 "--max-model-len", 8192, "--max-num-seqs", 32)
+        small, bigger = self.points(*shape, "--max-num-batched-tokens", "256,1024")
+        e = self.explained(small)
+        self.assertEqual(e["symptom"], "token-budget-bound")
+        self.assertLess(bigger["median_ttft_ms"], 0.5 * small["median_ttft_ms"])
+        past, bigger = self.points(*shape, "--max-num-batched-tokens", "2048,8192")
+        e = self.explained(past)
+        self.assertEqual(e["symptom"], "token-budget-bound")
+        self.assertIn("a step of 2,048 tokens is already compute-bound (knee ~197)", e["evidence"])
+        self.assertTrue(e["expected_effect"].startswith("TTFT falls only as TPOT rises"), e["expected_effect"])
+        self.assertGreater(bigger["p95_tpot_ms"], 1.1 * past["p95_tpot_ms"])
+        self.assertLessEqual(bigger["output_throughput"], past["output_throughput"])
+
+    def test_a_healthy_run_with_cached_prompts_or_a_first_round_waiting_is_not_budget_bound(self):
+        # helper-72: 4 ms of queue (29% of a 15 ms TTFT) read as requests waiting, and 2,197-token
+        # prompts, 90% of them cached, as long against an 8,192-token budget
+        point, = self.points("--prefix-caching", "on", "--prefix-tokens", 2000, "--num-prefixes", 2, "--prompt-tokens",
+                             "100-300", "--output-tokens", 50, "--rate", 30, "--requests", 400)
+        self.assertLess(point["median_queue_ms"], 10)
+        self.assertEqual(self.explained(point)["symptom"], "healthy")
+        # a closed loop's first round waits at once (peak waiting 30), then nobody does
+        point, = self.points("--concurrency", 64, "--requests", 512, "--prompt-tokens", "2000-4000", "--output-tokens",
+                             "200-400")
+        self.assertGreater(point["engine"]["peak_waiting"], 50)
+        self.assertEqual(point["median_queue_ms"], 0)
+        self.assertEqual(self.explained(point)["symptom"], "healthy")
+
+    def test_compute_bound_with_ttft_mostly_queue_asks_for_throughput_first(self):
+        # helper-72: the advice was to lower --parallel, which lengthens the queue that is 84% of TTFT
+        code, out, err = run_cli("explain", f"{FIXTURES}/llamacpp-c8.json", "--server-flags", "--parallel 4",
+                                 "--hardware", f"{FIXTURES}/cpu-calibrated.json", "--model", "smollm2-135m-q8_0",
+                                 "--json")
+        self.assertEqual(code, 0, err)
+        e = json.loads(out)[0]
+        self.assertEqual((e["symptom"], e["phase"]), ("compute-bound", "queue"))
+        self.assertTrue(e["change_first"].startswith("for throughput (TTFT is mostly queue), another `llama-server`"))
+
     def test_replicas_help_a_kv_bound_run_so_explain_does_not_rule_them_out(self):
         # issue 20 finding 25: explain said "a second GPU while prefix caching is off" won't help;
         # servesim's own sweep -dp 1,2 on that case takes TTFT p50 from 2.5 s to 0.36 s
@@ -138,9 +181,9 @@ class WontHelp(unittest.TestCase):
                                              "--max-num-seqs", "256,512"]),
             ("sequence-bound", "--gpu-memory-utilization", ["--max-num-seqs", 8, "--concurrency", 32, "--requests", 64,
                                                             "--gpu-memory-utilization", "0.9,0.95"]),
-            ("token-budget-bound", "--max-num-seqs", ["--max-num-batched-tokens", 2048, "--prompt-tokens", "3000-4000",
+            ("token-budget-bound", "--max-num-seqs", ["--max-num-batched-tokens", 256, "--prompt-tokens", "3000-4000",
                                                       "--output-tokens", "64-128", "--concurrency", 32, "--requests", 64,
-                                                      "--max-model-len", 8192, "--max-num-seqs", "256,512"]),
+                                                      "--max-model-len", 8192, "--max-num-seqs", "32,64"]),
             ("queue-bound", "--max-num-seqs", ["--concurrency", 256, "--requests", 256, "--max-num-seqs", "256,512"]),
             ("compute-bound", "KV memory", ["--hardware", "cpu-4vcpu", "--model", "smollm2-135m-q8_0", "--max-num-seqs",
                                             4, "--prompt-tokens", 40, "--output-tokens", 64, "--requests", 16,
@@ -330,7 +373,7 @@ class NothingRan(unittest.TestCase):
             code, out, err = run_cli("explain", path)
         self.assertEqual(code, 0, err)
         self.assertIn("explain sweep.json (most loaded of 1 point, 1 whose requests all failed left out)", out)
-        self.assertIn("against a 16,384-token step budget", out)
+        self.assertIn("prompt 9,000 + output 100", out)
 
     def test_a_report_of_several_seeds_is_read_with_its_mean_counts(self):
         with tempfile.TemporaryDirectory() as scratch:
