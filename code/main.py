@@ -65,6 +65,7 @@ import random
 import re
 import shlex
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -6885,10 +6886,14 @@ def parse_json(text: str, where: str, expect: str):
         raise UserError(f"{where}: the key {str(e.args[0])[:60]!r} is given twice in one object{at}; keep the one "
                         f"you mean") from None
     except ValueError as e:
+        if not text.strip():
+            raise UserError(f"{where}: empty; {expect}") from None
         reason = getattr(e, "msg", None) or str(e).split(";")[0]
         at = ""
         if isinstance(e, json.JSONDecodeError):      # (a one-line text: its column is enough)
-            at = f" at line {e.lineno} column {e.colno}" if "\n" in text.strip() else f" at column {e.colno}"
+            at = f"line {e.lineno} column {e.colno}" if "\n" in text.strip() else f"column {e.colno}"
+            # ("Unterminated string starting at" names its place itself)
+            at = f" {at}" if reason.endswith(" at") else f" at {at}"
         raise UserError(f"{where}: not valid JSON ({reason}{at}); {expect}") from None
 
 
@@ -8394,6 +8399,7 @@ class StreamRecord:
     answered_s: Optional[float] = None  # when the answer's headers arrived
     answer_s: Optional[float] = None    # the first content event after (or without) reasoning events
     reasoning_tokens: int = 0           # reasoning events seen (a reasoning parser's split)
+    streamed_bytes: int = 0             # UTF-8 bytes of content and thinking received: a token is one at least
     think_tags: bool = False            # thinking streamed inside content, as <think>...
     tag_tail: str = ""                  # the content's last characters, for a tag split over events
     server_date: Optional[float] = None # the answer's Date header, whole seconds of the server's clock
@@ -8511,6 +8517,17 @@ class PageTooLarge(http.client.HTTPException):
     pass
 
 
+class Answer(http.client.HTTPResponse):
+    """A response that passes over every informational answer before the real one: http.client
+    passes over 100 Continue alone, so a 103 Early Hints would stand for the answer."""
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if not 100 < status < 200 or status == 101:
+                return version, status, reason
+            http.client.parse_headers(self.fp)       # its hints: nothing servesim uses
+
+
 def split_url(url: str) -> tuple[str, str, int, str, Optional[tuple[str, str]]]:
     """scheme, host, port, base path and (user, password) of --url, checked into one-line errors.
     A pasted endpoint (.../v1, .../v1/chat/completions) is taken for the base address it ends."""
@@ -8580,7 +8597,13 @@ def hide_pieces(text: str, secrets: list[str], least: int = 8, ends: int = 6) ->
                             start -= 1
                     hidden[start:end] = [True] * (end - start)
                     at = text.find(edge, at + 1)
-        size = min(least, len(secret))
+        if len(secret) < least:
+            # A short key ("e", "test") is found where it stands alone: hidden inside every word,
+            # it would hide every "e" of what the server said, and such a key guards little.
+            for found in re.finditer(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", text):
+                hidden[found.start():found.end()] = [True] * (found.end() - found.start())
+            continue
+        size = least
         if not any(secret[j:j + size] in text for j in range(len(secret) - size + 1)):
             continue        # (most of what a server says: no piece to look for, character by character)
         for i in range(len(text) - size + 1):
@@ -8634,8 +8657,9 @@ class Http:
         """Send a request and read the answer's status and headers; with answer_within, a server
         that has not finished its headers by then (dripping them byte by byte, say) is a timeout."""
         connection = self.connection_class(self.host, self.port, timeout=self.timeout_s)
+        connection.response_class = Answer
         try:
-            connection.request(method, self.base + path, body=body, headers=self.headers)
+            connection.connect()
             sock = connection.sock       # getresponse() lets go of it when the server will close
             late = threading.Event()
 
@@ -8648,6 +8672,9 @@ class Http:
                 timer.daemon = True
                 timer.start()
             try:
+                # (Sent within the timer too: a server that never reads a long prompt holds the
+                # send, and the answer it owes is what the deadline bounds.)
+                connection.request(method, self.base + path, body=body, headers=self.headers)
                 response = connection.getresponse()
             except (OSError, http.client.HTTPException):
                 if late.is_set():
@@ -8662,6 +8689,10 @@ class Http:
             connection.close()
             raise ServerUnreachable(f"cannot connect to {self.url}: connection refused; is the server "
                                     f"running and listening on {self.host}:{self.port}?") from None
+        except ssl.SSLCertVerificationError as e:
+            connection.close()
+            raise ServerUnreachable(f"cannot connect to {self.url}: its TLS certificate is not trusted "
+                                    f"({e.verify_message}); give its CA with SSL_CERT_FILE=ca.pem") from None
         except BaseException:
             connection.close()
             raise
@@ -8679,7 +8710,16 @@ class Http:
                     raise socket.timeout(f"{path} did not arrive whole within {self.timeout_s:g} s (--timeout)")
                 response.socket.settimeout(remaining)
                 chunk = response.read1(65536)
+                if not chunk and response.length:       # (None without a Content-Length)
+                    raise http.client.HTTPException(f"{path} was cut short: the connection closed after {len(body):,} of "
+                                                    f"its {len(body) + response.length:,} bytes")
                 if not chunk:
+                    coding = (response.getheader("Content-Encoding") or "identity").strip().lower()
+                    if coding != "identity":     # not asked for: the bytes hold no page
+                        said = f"compressed (Content-Encoding {self.redact(coding)[:40]}), which servesim did not ask for"
+                        if response.status == 200:
+                            raise http.client.HTTPException(f"{path} is {said}")
+                        body = bytearray(f"(its body is {said})".encode())
                     where = response.getheader("Location") if 300 <= response.status < 400 else None
                     if where:       # not followed (it would take the key elsewhere): what is said is where
                         # (--url takes no query: a place that needs one is said, not offered)
@@ -8697,13 +8737,15 @@ def first_model(client: Http) -> str:
     try:
         status, body = client.get("/v1/models")
         if status == 200:
-            listed = json.loads(body)["data"]
+            listed = json.loads(body)
+            listed = listed.get("data") if isinstance(listed, dict) else None
             if listed == []:
                 raise CapacityError(f"{client.url}/v1/models lists no model (is one still loading?); pass --model")
-            model = listed[0]["id"]
+            model = listed[0].get("id") if isinstance(listed, list) and isinstance(listed[0], dict) else None
             if isinstance(model, str) and model:
                 return model
-            problem = f"its first model id is {model!r}"
+            problem = (f"its first model id is {client.redact(repr(model))[:80]}" if isinstance(listed, list)
+                       and isinstance(listed[0], dict) else "its answer is not an object whose data lists models")
         else:
             problem = f"HTTP {status}: {client.redact(body[:200].decode(errors='replace'))}"
     except ServerUnreachable:
@@ -8779,8 +8821,11 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
     done = False
     failing = False
     events = 0
+    first = True
     for raw, at in stream_lines(response, sock, deadline):
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if first:           # a stream may open with a byte-order mark, which is not its first field's
+            line, first = line.removeprefix("\ufeff"), False
         if line:
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
@@ -8798,6 +8843,9 @@ def read_stream(response, sock, record: StreamRecord, max_events: int, timeout_s
             continue                  # comments (": keep-alive"), other event:s, id:, unknown fields
         if not data_lines:            # (an event with no data is none, and its type goes with it)
             failing = False
+            continue
+        if not "".join(data_lines).strip():     # `data:` with nothing: a keep-alive, not an event or progress
+            data_lines, event_bytes, failing = [], 0, False
             continue
         # A whole event (its blank line came) is progress; a data: line without one is not.
         data, data_lines, event_bytes, last_event = "\n".join(data_lines), [], 0, at
@@ -8876,6 +8924,7 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
             if value is not None and not isinstance(value, str):
                 raise StreamError(f"bad stream: a delta's {name} is not a string: {data[:80]!r}")
         if content or thinking:
+            record.streamed_bytes += len((content or "").encode()) + len((thinking or "").encode())
             if record.first_token_s is None:
                 record.first_token_s = at
             record.token_times.append(at)
@@ -8924,6 +8973,26 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
 
 
 TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_token_ms", "cache_n")
+SPECIAL_TOKENS = 16       # an answer's tokens that stream no text: its end, a template's channel markers
+TEMPLATE_TOKENS = 4096    # a chat template's own tokens around the messages sent (a system preamble)
+
+
+def believe_timings(record: StreamRecord) -> None:
+    """llama.cpp's timings, held to what the client saw: its prompt's time within the first
+    token's wait, and its prompt's tokens (computed, or from its cache) within the prompt's."""
+    timings, why = record.timings or {}, {}
+    if "prompt_ms" in timings and record.first_token_s is not None \
+            and timings["prompt_ms"] > (record.first_token_s - record.sent_s) * 1000 + 1:
+        why["prompt_ms"] = (f"{timings['prompt_ms']:,.1f} ms is longer than the first token's wait, "
+                            f"{(record.first_token_s - record.sent_s) * 1000:,.1f} ms")
+    for key in ("prompt_n", "cache_n"):
+        if record.usage_seen and timings.get(key, 0) > record.prompt_tokens:
+            why[key] = f"{timings[key]:,.0f} tokens is more than the prompt's {record.prompt_tokens:,} (usage.prompt_tokens)"
+    if "cache_n" in why:
+        record.cached_tokens = 0
+    for key, reason in why.items():
+        record.left_out.append((f"timings.{key}", f"timings.{key} {reason}"))
+        del timings[key]
 
 
 def server_figure(record: StreamRecord, name: str, value) -> Optional[float]:
@@ -8962,7 +9031,7 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             if after:
                 text += f" (Retry-After: {client.redact(' '.join(after.split()))[:40]})"
             record.error = f"http {response.status}: {text}"
-        elif kind and "event-stream" not in kind:
+        elif kind and "text/event-stream" not in kind.lower():
             text = client.redact(body_within(response, config))
             record.error = f"not an event stream: Content-Type {kind}: {' '.join(text.split())[:120]}"
         elif (response.getheader("Content-Encoding") or "identity").strip().lower() != "identity":
@@ -8980,13 +9049,27 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             # max_tokens caps what a server generates, and each content event carries a token at
             # least: a count past the one or under the other (a proxy that recounts with another
             # tokenizer) contradicts the request or the stream, and would price each gap wrongly
-            if record.usage_seen and not max(1, len(record.token_times)) <= record.output_tokens <= body["max_tokens"]:
+            # and a token is a byte of text at least, but for the few a template's markers take
+            most = min(body["max_tokens"], record.streamed_bytes + SPECIAL_TOKENS)
+            if record.usage_seen and not max(1, len(record.token_times)) <= record.output_tokens <= most:
                 why = f"more than max_tokens {body['max_tokens']:,}" if record.output_tokens > body["max_tokens"] else \
+                    (f"more than the {record.streamed_bytes:,} bytes of text streamed (+{SPECIAL_TOKENS} for "
+                     f"markers) can hold") if record.output_tokens > most else \
                     "none" if not record.output_tokens else "fewer than the content events"
                 record.left_out.append(("usage.completion_tokens",
                                         f"usage.completion_tokens {record.output_tokens:,} is {why}; the stream's "
                                         f"{len(record.token_times):,} content events were counted instead"))
                 record.output_tokens = len(record.token_times)
+            sent = sum(len(str(m.get("content") or "").encode()) for m in body["messages"])
+            if record.usage_seen and record.prompt_tokens > sent + TEMPLATE_TOKENS:
+                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+                record.left_out.append(("usage.prompt_tokens",
+                                        f"usage.prompt_tokens {record.prompt_tokens:,} is more than the {sent:,} bytes "
+                                        f"sent (+{TEMPLATE_TOKENS:,} for a chat template) can hold; the words sent were "
+                                        f"counted instead"))
+                record.prompt_tokens = max(1, round(words / config.words_per_token + config.template_tokens))
+                record.cached_tokens = min(record.cached_tokens, record.prompt_tokens)
+            believe_timings(record)
     except StreamError as e:
         record.error = client.redact(str(e))[:300]
     except (socket.timeout, TimeoutError):
@@ -9001,7 +9084,9 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
             record.error = f"client: out of open files ({e.strerror}); raise ulimit -n, or lower --concurrency"
         else:          # reset, broken pipe
             record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
-    except http.client.HTTPException as e:              # bad chunking, too many headers
+    except http.client.IncompleteRead:                  # a chunk size that is not one, or a chunk cut short
+        record.error = "truncated: the body's chunked transfer encoding broke off"
+    except http.client.HTTPException as e:              # too many headers, a bad status line
         record.error = client.redact(f"connection: {type(e).__name__}: {e}")[:240]
     finally:
         record.ended_s = time.perf_counter()
@@ -9142,6 +9227,9 @@ def read_prompts(path: str) -> list:
 PROMETHEUS_LIMIT = 1e15
 
 
+LABEL = re.compile(r'([A-Za-z_]\w*)="((?:[^"\\]|\\.)*)"')
+
+
 def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, float]:
     """name -> value; samples that are not finite or beyond PROMETHEUS_LIMIT are left out (and
     counted by name in `ignored`)."""
@@ -9165,10 +9253,11 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
         parts = rest.split()
         if not parts or name.endswith("_created"):
             continue
-        if (name, labels) in series:      # one series twice (Prometheus refuses such a page): added, it counts twice
+        one = (name, tuple(sorted(LABEL.findall(labels))))      # (its labels in any order: one series)
+        if one in series:      # one series twice (Prometheus refuses such a page): added, it counts twice
             ignore(f"{name} given twice")
             continue
-        series.add((name, labels))
+        series.add(one)
         try:
             value = float(parts[0])
         except ValueError:          # not a number at all: left out, and counted as one that is out of range
@@ -9312,13 +9401,16 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
     went_down, below_zero = [], []
 
     def delta(name):     # a counter that went backwards (the server restarted) has no window
-        if name in after and name in before and min(after[name], before[name]) < 0:
-            below_zero.append(f"{name} {min(after[name], before[name]):,.4g}")    # no counter counts below 0
+        if name not in after or name not in before:
             return None
-        if name in after and name in before and after[name] < before[name]:
+        seen = [s[name] for s in scrapes if name in s]
+        if min(seen) < 0:
+            below_zero.append(f"{name} {min(seen):,.4g}")    # no counter counts below 0
+            return None
+        if any(later < earlier for earlier, later in zip(seen, seen[1:])):    # (and back above: still a restart)
             went_down.append(name)
-        return after[name] - before[name] if name in after and name in before and after[name] >= before[name] \
-            else None
+            return None
+        return after[name] - before[name]
 
     def peak(name):
         seen = [s[name] for s in scrapes if name in s]
@@ -9378,13 +9470,18 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
     bad = {key: value for key, value in window.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
            and (value < 0 or (key in SHARES and value > 1) or (key in WHOLE_COUNTS and value != int(value))
                 or (key in REQUEST_FIGURES and value > MAX_REQUESTS_SEEN))}
+    # Every busy slot of a decode call computes a token at least: more slots than tokens a call is
+    # a running mean and a call count that do not belong together.
+    busy, tokens = window.get("mean_batch_per_decode"), window.get("tokens_per_decode")
+    if busy is not None and tokens is not None and busy > tokens * 1.001 and "mean_batch_per_decode" not in bad:
+        bad["mean_batch_per_decode"] = busy
     if bad or below_zero:
         window.update(dict.fromkeys(bad))
         window["impossible"] = "left out, as no server gives them: " + ", ".join(
             [*(f"{key} {value:,.4g}" for key, value in bad.items()), *(printable(n) for n in below_zero)])
     if went_down:
-        window["went_down"] = (f"{', '.join(printable(n) for n in sorted(set(went_down)))} went down between the "
-                               f"first scrape and the last (the server restarted?): their window is left out")
+        window["went_down"] = (f"{', '.join(printable(n) for n in sorted(set(went_down)))} went down between two "
+                               f"scrapes (the server restarted?): their window is left out")
     window["scrapes"] = len(scrapes)
     return window
 
@@ -9496,7 +9593,6 @@ def server_shape(client: Http) -> tuple[dict, str]:
 
 
 CACHE_CONFIG = "vllm:cache_config_info"
-LABEL = re.compile(r'([A-Za-z_]\w*)="((?:[^"\\]|\\.)*)"')
 
 
 def vllm_cache_shape(client: Http, why_not_props: str) -> tuple[dict, str]:
@@ -9866,6 +9962,8 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
     # The server's own shape, kept so that compare simulates this server and not the defaults.
     with slow(f"reading the server's shape from /props or /metrics (up to {config.timeout_s:g} s each, --timeout)"):
         shape, note = server_shape(client) if not stopped else ({}, "the run was stopped before /props was read")
+        if stops["noted"] and not stopped:     # (the read it cut short failed for that, not the server)
+            shape, note = {}, "the run was stopped while /props and /metrics were read for it"
     result["server"]["shape"] = shape or {"unknown": note}
     result["timings"] = timings_report(measured)
     finish = Counter(r.finish_reason for r in records if r.error is None)
@@ -11162,8 +11260,12 @@ def mean_of(scrape: dict, histogram: str, scale: float = 1000) -> Optional[float
 def signals_from_scrape(text: str, name: str) -> Signals:
     left_out = Counter()
     m = parse_prometheus(text, left_out)
-    for key in [k for k, v in m.items() if v < 0 or (k in KV_GAUGES and v > 1)]:
-        left_out[key] += 1            # no count, time or gauge of these is negative; a KV share is 0..1
+    # No count, time or gauge of these is negative; a KV share is 0..1; requests, preemptions and a
+    # histogram's observations come whole, and no server runs or holds ten million requests.
+    whole = lambda k: k in (*RUNNING_GAUGES, *WAITING_GAUGES, "vllm:num_preemptions_total") or k.endswith("_count")
+    for key in [k for k, v in m.items() if v < 0 or (k in KV_GAUGES and v > 1)
+                or (whole(k) and v != int(v)) or (k in (*RUNNING_GAUGES, *WAITING_GAUGES) and v > MAX_REQUESTS_SEEN)]:
+        left_out[key] += 1
         del m[key]
     for key in [k for k in left_out if not k.startswith(("vllm:", "llamacpp:", "sglang:"))]:
         del left_out[key]             # another exporter's samples: explain reads none of them

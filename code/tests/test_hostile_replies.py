@@ -7,6 +7,7 @@ against a server of its own on 127.0.0.1."""
 import json
 import os
 import tempfile
+import time
 import unittest
 
 from bounded import run
@@ -338,3 +339,154 @@ class BigPages(unittest.TestCase):
         main.print_server({"server": {}, "config": {}, "client": {"cpu_seconds": 0.1, "worst_wake_delay_ms": 90.0,
                                                     "finish_reasons": {}, "requests_without_usage": 0}}, out.append)
         self.assertIn("worst wake delay 90.0 ms (event times may be late by as much", "".join(out))
+
+
+class Helper71(unittest.TestCase):
+    """helper-71's hostile server: what a server sends is read as HTTP and SSE say, and every
+    number it sends is held to what the client saw."""
+
+    def loadgen(self, server, *flags):
+        return run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--no-size-prompts", "--json",
+                   "--scrape-interval", 100, *flags)
+
+    def test_streams_as_http_and_sse_allow_them_are_read_right(self):
+        events = [f"data: {json.dumps(chunk({'content': ' tok'}))}\n\n" for _ in range(3)] + \
+            [f"data: {json.dumps(chunk(finish='length'))}\n\n", "data: [DONE]\n\n"]
+
+        def headed(kind, first=""):
+            def stream(handler, body):
+                handler.wfile.write(first.encode())
+                handler.send_response(200)
+                handler.send_header("Content-Type", kind)
+                handler.end_headers()
+                for piece in events[:1] + ["data:\n\n", "data\n\n"] + events[1:]:    # keep-alives among events
+                    handler.raw(piece)
+            return stream
+        for name, stream in (("mixed-case media type", headed("Text/Event-Stream; charset=UTF-8")),
+                             ("103 Early Hints first", headed("text/event-stream",
+                                                              "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")),
+                             ("a byte-order mark", scripted("\ufeff" + events[0], *events[1:]))):
+            with self.subTest(name), FakeServer(stream) as server:
+                r = self.loadgen(server, "--detailed")
+                self.assertEqual(r.code, 0, r.err)
+                # every content event counted: the first token is the first event, not the second
+                self.assertEqual(len(r.json()["itls"][0]), 2, name)
+
+        def broken_chunks(handler, body):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            handler.raw(b"zz\r\ngarbage\r\n")
+        with FakeServer(broken_chunks) as server:
+            r = self.loadgen(server)
+        self.assertEqual(r.code, 1, r.err)
+        self.assertEqual(list(r.json()["first_error_by_kind"].values()),
+                         ["truncated: the body's chunked transfer encoding broke off"])
+
+    def test_usage_and_timings_past_what_was_sent_or_streamed_are_left_out(self):
+        timings = {"prompt_ms": 5000.0, "prompt_n": 999999999, "cache_n": 999999999, "predicted_n": 5}
+        stream = paced(ttft=0.02, tokens=5, prompt=99_999_999, completion_tokens=64, timings=timings)
+        with FakeServer(stream) as server:
+            r = self.loadgen(server, "--max-tokens", 64)
+        self.assertEqual(r.code, 0, r.err)
+        report = r.json()
+        self.assertEqual(report["total_output_tokens"], 5)           # 5 events of " tok": 20 bytes, not 64 tokens
+        self.assertLess(report["total_input_tokens"], 1000)         # the words sent, not 99,999,999
+        said = json.dumps(report)
+        for name in ("usage.completion_tokens", "usage.prompt_tokens", "timings.prompt_ms", "timings.prompt_n",
+                     "timings.cache_n"):
+            self.assertIn(name, said)
+        self.assertIsNone(report["timings"]["prompt_ms"]["p50"])
+
+    def test_scrapes_cut_short_restarted_or_impossible_are_not_believed(self):
+        def cut(handler):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/plain")
+            handler.send_header("Content-Length", "500")
+            handler.end_headers()
+            handler.wfile.write(b"vllm:generation_tokens_total 12")
+        with FakeServer(paced(), pages={"/metrics": lambda n: (200, "vllm:num_requests_running 1\n", "text/plain")}) \
+                as server:
+            server.httpd.RequestHandlerClass = type("H", (server.httpd.RequestHandlerClass,), {
+                "do_GET": lambda handler: cut(handler)})
+            client = main.Http(server.url, 5, None)
+            with self.assertRaisesRegex(main.http.client.HTTPException,
+                                        r"^/metrics was cut short: the connection closed after 31 of its 500 bytes$"):
+                client.get("/metrics")
+        # a counter that fell between two scrapes, then climbed past its first value: a restart
+        window = main.server_window([{"vllm:generation_tokens_total": v} for v in (1000, 1500, 0, 300, 1100)])
+        self.assertIsNone(window["generated_tokens"])
+        self.assertIn("went down between two scrapes", window["went_down"])
+        # a mean of 1,000 busy slots over one decode call of 2 tokens
+        window = main.server_window([
+            {"llamacpp:n_decode_total": 1000, "llamacpp:n_busy_slots_per_decode": 1.0,
+             "llamacpp:prompt_tokens_total": 0, "llamacpp:tokens_predicted_total": 1000},
+            {"llamacpp:n_decode_total": 1001, "llamacpp:n_busy_slots_per_decode": 1000.0,
+             "llamacpp:prompt_tokens_total": 0, "llamacpp:tokens_predicted_total": 1002}])
+        self.assertIsNone(window["mean_batch_per_decode"])
+        self.assertIn("mean_batch_per_decode", window["impossible"])
+        # one series with its labels in another order is one series, not two to add
+        ignored = main.Counter()
+        page = main.parse_prometheus('llamacpp:requests_processing{slot="0",server="a"} 2\n'
+                                     'llamacpp:requests_processing{server="a",slot="0"} 2\n', ignored)
+        self.assertEqual(page["llamacpp:requests_processing"], 2)
+        self.assertEqual(list(ignored), ["llamacpp:requests_processing given twice"])
+
+    def test_a_scrape_explain_reads_holds_whole_counts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.txt")
+            with open(path, "w") as f:
+                f.write("vllm:num_requests_running 3\nvllm:num_requests_waiting 2.5\nvllm:num_preemptions_total 0.3\n"
+                        "vllm:request_queue_time_seconds_sum 1\nvllm:request_queue_time_seconds_count 1e-300\n"
+                        "vllm:time_to_first_token_seconds_sum 10\nvllm:time_to_first_token_seconds_count 1\n")
+            r = run("explain", path, "--json")
+        self.assertEqual(r.code, 0, r.err)
+        e = r.json()[0]
+        self.assertNotIn("kv-bound", e["symptom"])                  # 0.3 preemptions is no preemption count
+        self.assertIsNone(e["phases_ms"]["queue"])
+        self.assertRegex(r.err, r"left out 3 sample\(s\)")
+
+    def test_a_short_key_is_hidden_where_it_stands_alone_not_inside_every_word(self):
+        self.assertEqual(main.hide_pieces('{"error":{"message":"bad key e"}}', ["e"]), '{"error":{"message":"bad key ***"}}')
+        self.assertEqual(main.hide_pieces("key=test rejected; latest", ["test"]), "key=*** rejected; latest")
+
+    def test_odd_models_lists_compressed_pages_and_a_body_never_read_say_what_they_are(self):
+        for models, said in (({"data": {"id": "m"}}, "its answer is not an object whose data lists models"),
+                             ([{"id": "m"}], "its answer is not an object whose data lists models"),
+                             ({"data": [{"id": 5}]}, "its first model id is 5")):
+            with self.subTest(models=models), FakeServer(paced(), models=models) as server:
+                r = run("loadgen", "--url", server.url, "--requests", 1, "--no-size-prompts")
+                self.assertEqual(r.code, 1, r.err)
+                self.assertIn(said, r.err)
+
+        def gzipped(handler):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/plain")
+            handler.send_header("Content-Encoding", "gzip")
+            handler.send_header("Content-Length", "4")
+            handler.end_headers()
+            handler.wfile.write(b"\x1f\x8b\x08\x00")
+        with FakeServer(paced()) as server:
+            server.httpd.RequestHandlerClass = type("H", (server.httpd.RequestHandlerClass,), {"do_GET": gzipped})
+            with self.assertRaisesRegex(main.http.client.HTTPException, r"^/metrics is compressed \(Content-Encoding "
+                                        r"gzip\), which servesim did not ask for$"):
+                main.Http(server.url, 5, None).get("/metrics")
+
+        def never_reads(handler):
+            time.sleep(30)
+        with FakeServer(paced()) as server:
+            server.httpd.RequestHandlerClass = type("H", (server.httpd.RequestHandlerClass,), {"do_POST": never_reads})
+            r = self.loadgen(server, "--prompt-tokens", 1_000_000, "--timeout", 20, "--request-timeout", 2)
+        self.assertEqual(r.code, 1, r.err)
+        self.assertLess(r.took, 12)      # the request ended at its 2 s, not at --timeout's 20
+        self.assertEqual(list(r.json()["first_error_by_kind"].values()),
+                         ["timeout: no answer within 2 s (--request-timeout)"])
+
+    def test_a_truncated_or_empty_report_is_said_in_plain_words(self):
+        # helper-71: "Unterminated string starting at at column 7"; /dev/null as "Expecting value"
+        with self.assertRaisesRegex(main.UserError, r"^r: not valid JSON \(Unterminated string starting at column 7\); "
+                                                    r"x$"):
+            main.parse_json('{"a": "b', "r", "x")
+        with self.assertRaisesRegex(main.UserError, r"^r: empty; x$"):
+            main.parse_json(" \n", "r", "x")
