@@ -4090,6 +4090,12 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                         f"not fewer than {target.name}'s {target.compute_params / 1e9:,.3g} B: a draft runs K times a "
                         f"step, so it must be a smaller model than the one it proposes for (--model and --draft-model "
                         f"swapped?)")
+    if spec.quantization and target.expert_dtype_bytes:
+        # A checkpoint stored quantized (gpt-oss's MXFP4 experts) declares its own method, and vLLM
+        # refuses a --quantization that differs from it (ModelConfig's quantization check).
+        raise UserError(f"--quantization {spec.quantization}: {target.name}'s checkpoint is quantized already (its "
+                        f"experts at {target.expert_dtype_bytes:g} bytes a weight), and vLLM refuses a method other "
+                        f"than the checkpoint's; drop --quantization")
     engine = engine_profile(spec) if spec.engine or spec.profile else None
     if engine and engine.rules == "llamacpp":
         # vLLM's features llama-server has no counterpart of (its replicas are separate servers: -dp is fine)
@@ -12649,9 +12655,10 @@ def table(cells: list[list[str]]) -> list[str]:
 
 
 def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional[str] = None,
-                   rules: str = "vllm", refused: str = "") -> None:
+                   rules: str = "vllm", refused: str = "", budget: int = 8192) -> None:
     """label: the engine the flags named, if any (engine_label); rules: the engine whose rules apply;
-    refused: why vLLM would not start it (vllm_refusal), if it would not."""
+    refused: why vLLM would not start it (vllm_refusal), if it would not; budget: the tokens a step
+    (vLLM's worst case for a sliding-window layer holds them)."""
     out = out or sys.stdout
     h, m, tp, pp = plan.hardware, plan.model, plan.tensor_parallel_size, plan.pipeline_parallel_size
     w = lambda field, value, note="": out.write(f"{field:<17}{value:<19} {note}".rstrip() + "\n")
@@ -12660,9 +12667,12 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     if pp > 1:
         group = (f" x {tp * pp} ({pp} pipeline stages of {m.layers} layers" + (f", tensor parallel {tp}" if tp > 1 else "")
                  + ": each line is one GPU's)")
-    share = "kv_cache_free_gpu_mem_fraction" if plan.of_free else "gpu-memory-utilization"
+    # Each engine's own name for its memory share; llama.cpp takes none (its cache is --ctx-size).
+    share = "kv_cache_free_gpu_mem_fraction" if plan.of_free else "mem-fraction-static" if plan.static_share \
+        else "gpu-memory-utilization"
+    share = "" if rules == "llamacpp" else f"  {share} {plan.gpu_memory_utilization:.2f}"
     named = f", engine {label}" if label else ""
-    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}{named}  {share} {plan.gpu_memory_utilization:.2f}\n")
+    out.write(f"{'capacity':<17}{m.name} on {h.name}{group}{named}{share}\n")
     params = (plan.group_model or m).params
     count = f"{params / 1e9:.2f} B params" if params >= 1e9 else f"{params / 1e6:.1f} M params"
     if pp > 1:        # (pipeline_shard: the stage that also holds a vocabulary-sized matrix)
@@ -12681,10 +12691,13 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
     layers = f"{m.layers - m.sliding_layers} full-attention layers" if m.sliding_layers else f"{m.layers} layers"
     w("kv per token", f"{m.kv_bytes_per_token / KIB:.1f} KiB",
       f"2 x {layers} x {m.kv_heads} kv heads x {m.head_dim} head dim x {m.kv_dtype_bytes} bytes")
-    w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
-      f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and activations leave"
-      if plan.of_free else
-      f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
+    if rules == "llamacpp":
+        w("memory", f"{h.memory_gib:g} GiB", "the device's: llama.cpp takes no share of it, and sizes its cache by "
+                                             "--ctx-size")
+    else:
+        w("memory budget", f"{plan.budget_bytes / GIB:.2f} GiB",
+          f"{h.memory_gib:g} GiB less {1 - plan.gpu_memory_utilization:.2f} of what the weights and activations leave"
+          if plan.of_free else f"{h.memory_gib:g} GiB x {plan.gpu_memory_utilization:.2f}")
     d = plan.draft
     if d:
         w("draft model", f"{d.weight_bytes / 1e9:.2f} GB", f"{d.name}'s weights, and {d.kv_bytes_per_token / KIB:.1f} KiB of "
@@ -12747,8 +12760,31 @@ def print_capacity(plan: CapacityPlan, cost: Roofline, out=None, label: Optional
                   f"{plan.kv_tokens:,}-token KV cache, so requests that long fail: pass --max-model-len "
                   f"{plan.kv_tokens} or less\n")
     elif rules == "vllm":              # vLLM's startup line
-        out.write(f"{'vllm would log':<17}GPU KV cache size: {plan.kv_tokens:,} tokens, Maximum concurrency for "
-                  f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\n")
+        tokens, concurrency = vllm_startup_figures(plan, budget)
+        out.write(f"{'vllm would log':<17}GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+                  f"{plan.max_model_len:,} tokens per request: {concurrency:.2f}x\n")
+    if m.sliding_layers:
+        out.write(f"{'sliding window':<17}{m.sliding_layers} layers attend to the last {m.sliding_window} tokens; in "
+                  f"vLLM their blocks come from the same pool, a few a request, which servesim's blocks above and "
+                  f"its simulation leave out: their concurrency is an upper bound\n")
+
+
+def vllm_startup_figures(plan: CapacityPlan, budget: int) -> tuple[int, float]:
+    """The two figures of vLLM's startup line. With sliding-window layers (gpt-oss), vLLM puts the
+    full-attention and the sliding layers in groups of as many layers each, whose blocks come from
+    one pool (vllm/v1/core/kv_cache_utils.py): the line's tokens are the pool's blocks divided among
+    the groups, and a request's worst case holds a full group's blocks for its whole length and a
+    sliding group's for its window and one step's tokens."""
+    m, size = plan.model, plan.block_size
+    full, sliding = m.layers - m.sliding_layers, m.sliding_layers
+    if not sliding:
+        return plan.kv_tokens, plan.max_concurrency
+    per_group = min(full, sliding)
+    full_groups, sliding_groups = math.ceil(full / per_group), math.ceil(sliding / per_group)
+    blocks = plan.num_blocks * full // per_group        # (plan's blocks each hold all `full` layers)
+    needs = full_groups * math.ceil(plan.max_model_len / size) + sliding_groups * (
+        math.ceil(min(m.sliding_window - 1 + budget, plan.max_model_len) / size) + 1)
+    return blocks // (full_groups + sliding_groups) * size, blocks / needs
 
 
 def capacity_json(plan: CapacityPlan, cost: Roofline, engine: Optional[str] = None) -> dict:
@@ -13466,7 +13502,8 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused)
+        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused,
+                       spec.max_num_batched_tokens)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:,g} GiB':<19} {host.capacity:,} blocks = "

@@ -1,4 +1,5 @@
 import json
+import re
 import unittest
 
 from helpers import main, run_cli
@@ -293,3 +294,34 @@ class SglangShare(unittest.TestCase):
         code, out, err = run_cli("sweep", "--engine", "vllm", "--no-chunked-prefill", "--max-model-len", "4096,16384",
                                  "--requests", "4", "--json")
         self.assertEqual([r["config"]["max_num_batched_tokens"] for r in json.loads(out)], [8192, 16384])
+
+
+class VllmOwnFigures(unittest.TestCase):
+    """helper-72: what vLLM would say and refuse, for models stored quantized or with sliding layers."""
+
+    def test_gpt_oss_startup_line_divides_the_pool_among_its_two_groups(self):
+        # vllm/v1/core/kv_cache_utils.py: 18 full-attention and 18 sliding layers make two groups of
+        # 18, one pool; the line's tokens are blocks // 2 x 16, and a 131,072-token request's worst
+        # case holds 8,192 full blocks and cdiv(127 + 8,192, 16) + 1 = 521 sliding ones
+        code, out, err = run_cli("capacity", "--model", "gpt-oss-120b")
+        self.assertEqual(code, 0, err)
+        self.assertIn("blocks           16,257 x 16 tokens", out)
+        self.assertIn(f"GPU KV cache size: {16257 // 2 * 16:,} tokens, Maximum concurrency for 131,072 tokens per "
+                      f"request: {16257 / (8192 + 521):.2f}x", out)
+        self.assertIn("their concurrency is an upper bound", out)
+        code, out, _ = run_cli("capacity")          # a model without sliding layers: the plan's own figures
+        self.assertIn(f"GPU KV cache size: {re.search(r'= ([0-9,]+) tokens', out).group(1)} tokens", out)
+        self.assertNotIn("sliding window", out)
+
+    def test_a_checkpoint_stored_quantized_refuses_another_method(self):
+        code, _, err = run_cli("capacity", "--model", "gpt-oss-120b", "--quantization", "fp8")
+        self.assertEqual(code, 2)
+        self.assertIn("gpt-oss-120b's checkpoint is quantized already", err)
+
+    def test_each_engine_names_its_own_memory_share(self):
+        titles = {engine: run_cli("capacity", "--engine", engine)[1].splitlines()[0] for engine in
+                  ("vllm", "sglang", "trtllm", "llamacpp")}
+        self.assertTrue(titles["vllm"].endswith("gpu-memory-utilization 0.90"))
+        self.assertTrue(titles["sglang"].endswith("mem-fraction-static 0.83"))
+        self.assertTrue(titles["trtllm"].endswith("kv_cache_free_gpu_mem_fraction 0.90"))
+        self.assertTrue(titles["llamacpp"].endswith("engine llamacpp"), titles["llamacpp"])
