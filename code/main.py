@@ -12818,7 +12818,10 @@ def capacity_json(plan: CapacityPlan, cost: Roofline, engine: Optional[str] = No
 # the figure back as data.
 # ---------------------------------------------------------------------------------------------
 
-PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999")
+# Okabe and Ito's eight, told apart by most colour-blind readers, then eight more for sweeps of
+# many values (past sixteen, colours repeat).
+PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#999999",
+           "#8c564b", "#9467bd", "#bcbd22", "#17becf", "#7f0000", "#1f3b73", "#ff69b4", "#556b2f")
 
 
 @dataclass
@@ -12827,8 +12830,8 @@ class Panel:
     title: str
     x_label: str
     y_label: str
-    series: list = field(default_factory=list)     # (name, [(x, y[, label])], style, color): style is
-                                                   # "line", "dashed", "points" or "hollow" (open points)
+    series: list = field(default_factory=list)     # (name, [(x, y[, label])], style, color): style is "line",
+                                                   # "dashed", "dotted", "points" or "hollow" (open points)
     marks: list = field(default_factory=list)      # (x, y, label): a ringed point with its label
     levels: list = field(default_factory=list)     # (y, label): a horizontal line across the chart
     whiskers: list = field(default_factory=list)   # (x, low, high, color): a spread across seeds
@@ -12863,7 +12866,7 @@ def nice_ticks(low: float, high: float, log: bool) -> list[float]:
 def tick_text(value: float) -> str:
     if value and (abs(value) >= 1e7 or abs(value) < 1e-2):
         return f"{value:.0e}".replace("e+0", "e").replace("e-0", "e-")
-    return f"{value:,.6g}"
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.6g}"     # (1,000,000, never 1e+06)
 
 
 def wrapped(text: str, width: int) -> list[str]:
@@ -12890,16 +12893,35 @@ def svg_figure(title: str, panels: list[Panel], columns: int = 2, width: int = 5
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
            f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif" font-size="12">',
            f'<rect width="{total_w}" height="{total_h}" fill="white"/>',
-           *(f'<text x="{total_w / 2:.1f}" y="{22 + 18 * i}" text-anchor="middle" font-size="15">{escape(line)}</text>'
-             for i, line in enumerate(lines))]
+           # (kept as written: a title's parts are two spaces apart, which SVG would fold into one)
+           *(f'<text x="{total_w / 2:.1f}" y="{22 + 18 * i}" text-anchor="middle" font-size="15" xml:space="preserve">'
+             f'{escape(line)}</text>' for i, line in enumerate(lines))]
+    # One legend width for a column of panels, so their plots (and a shared time axis) line up.
+    legend = max(legend_width(panel, height) for panel in panels)
     for i, panel in enumerate(panels):
-        out += svg_panel(panel, (i % columns) * width, head + (i // columns) * height, width, height)
+        out += svg_panel(panel, (i % columns) * width, head + (i // columns) * height, width, height, legend)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def svg_panel(panel: Panel, left: float, top: float, width: float, height: float) -> list[str]:
-    legend = max((len(name) for name, *_ in panel.series), default=0) * 7 + 36      # the legend, right of the plot
+LEGEND_ROW = 15       # px a legend entry takes
+
+
+def legend_rows(height: float) -> int:
+    """The legend entries one column holds beside a plot of a panel this tall."""
+    return max(1, int((height - 48 - 28 - 10) // LEGEND_ROW) + 1)
+
+
+def legend_width(panel: Panel, height: float) -> float:
+    """The legend, right of the plot: as many columns as its entries need."""
+    columns = math.ceil(len(panel.series) / legend_rows(height)) or 1
+    return columns * (max((len(name) for name, *_ in panel.series), default=0) * 7 + 36)
+
+
+def svg_panel(panel: Panel, left: float, top: float, width: float, height: float,
+              legend: Optional[float] = None) -> list[str]:
+    legend = legend_width(panel, height) if legend is None else legend
+    column = max((len(name) for name, *_ in panel.series), default=0) * 7 + 36
     x0, y0, x1, y1 = left + 72, top + 28, left + width - 12 - legend, top + height - 48     # the plot area
     xs = [p[0] for _, points, _, _ in panel.series for p in points] + [x for x, _, _ in panel.marks]
     ys = ([p[1] for _, points, _, _ in panel.series for p in points] + [y for _, y, _ in panel.marks]
@@ -12939,19 +12961,21 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
                    f'<text x="{x1 - 4}" y="{py(y) - 5:.1f}" text-anchor="end" fill="#c00">{escape(label)}</text></g>')
     for i, (name, points, style, color) in enumerate(panel.series):
         color = PALETTE[color % len(PALETTE)]
-        dash = ' stroke-dasharray="5 4"' if style == "dashed" else ""
+        dash = {"dashed": ' stroke-dasharray="5 4"', "dotted": ' stroke-dasharray="1 4" stroke-linecap="round"'}.get(
+            style, "")
         out.append(f'<g class="series" data-name="{escape(name)}" stroke="{color}" fill="{color}">')
         marks = style in ("points", "hollow")        # points alone; hollow: a probe stopped, its figure over this
         hollow = ' fill="white" stroke-width="1.5"' if style == "hollow" else ""
         if not marks and len(points) > 1:
             path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, *_ in points)
-            out.append(f'<polyline points="{path}" fill="none" stroke-width="2"{dash}/>')
+            out.append(f'<polyline points="{path}" fill="none" stroke-width="{3 if style == "dotted" else 2}"{dash}/>')
         for x, y, *label in points:
             tip = f"<title>{escape(label[0])}</title>" if label else ""
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{4 if marks else 2.5}"{hollow} '
                        f'data-x="{x:.6g}" data-y="{y:.6g}">{tip}</circle>')
         out.append("</g>")
-        ly, lx = y0 + 10 + 15 * i, x1 + 10
+        rows = legend_rows(height)
+        ly, lx = y0 + 10 + LEGEND_ROW * (i % rows), x1 + 10 + column * (i // rows)
         sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{"white" if hollow else color}" stroke="{color}"/>'
                   if marks else
                   f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
@@ -12960,12 +12984,19 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
         out.append(f'<line class="whisker" x1="{px(x):.1f}" y1="{py(low):.1f}" x2="{px(x):.1f}" y2="{py(high):.1f}" '
                    f'stroke="{PALETTE[color % len(PALETTE)]}" stroke-width="1.5" data-x="{x:.6g}" '
                    f'data-low="{low:.6g}" data-high="{high:.6g}"/>')
+    placed: list = []          # labels' boxes so far: a label that would overprint one moves down a line
     for x, y, label in panel.marks:
-        right = px(x) + 10 + 7 * len(label) > x1       # keep the label inside the chart
+        wide = 7 * len(label)          # keep the label inside the chart: right of its point, else left, else
+        start = px(x) + 10 if px(x) + 10 + wide <= x1 else px(x) - 10 - wide if px(x) - 10 - wide >= x0 \
+            else max(x0 + 4, x1 - wide)               # where the chart holds it
+        ty = py(y) + 20
+        while any(start < b_end and b_start < start + wide and abs(ty - b_y) < 14
+                  for b_start, b_end, b_y in placed):
+            ty += 14
+        placed.append((start, start + wide, ty))
         out.append(f'<g class="mark" data-name="{escape(label)}" data-x="{x:.6g}" data-y="{y:.6g}">'
                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="8" fill="none" stroke="#000" stroke-width="1.5"/>'
-                   f'<text x="{px(x) + (-10 if right else 10):.1f}" y="{py(y) + 20:.1f}" '
-                   f'text-anchor="{"end" if right else "start"}">{escape(label)}</text></g>')
+                   f'<text x="{start:.1f}" y="{ty:.1f}">{escape(label)}</text></g>')
     out.append("</g>")
     return out
 
@@ -12990,6 +13021,8 @@ def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
         if not r.get("does_not_fit"):
             key = "  ".join(f"{short_label(a)} {value_label(a, r['config']['sweep_point'][a])}" for a in other)
             groups.setdefault(key, []).append(r)
+    if any((r.get("seeds") or {}).get("spread") for r in results):
+        title += " (whiskers: each p95's lowest to highest over the seeds)"
     panels = [Panel("TTFT against throughput", "output tokens/s", "TTFT (ms)"),
               Panel("TPOT against throughput", "output tokens/s", "TPOT (ms)")]
     for color, (key, rows) in enumerate(groups.items()):
@@ -12997,9 +13030,12 @@ def sweep_svg(title: str, axes: list[str], results: list[dict]) -> str:
         for panel, metric in zip(panels, ("ttft", "tpot")):
             # (TPOT is undefined where every output is one token: add() leaves such points out, and
             # no knee or whisker is drawn for them.)
-            for stat, label, style in (("p95", "p95", "line"), ("median", "p50", "dashed")):
-                panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"]) for r in rows],
-                          style if load else "points", color)
+            # (Without a load axis each group is one point: p95 filled, p50 open.) Each point says its load.
+            for stat, label, style, alone in (("p95", "p95", "line", "points"), ("median", "p50", "dashed", "hollow")):
+                panel.add(f"{name} {label}", [(r["output_throughput"], r[f"{stat}_{metric}_ms"],
+                                               f"{short_label(load)} {value_label(load, r['config']['sweep_point'][load])}"
+                                               if load else key or name) for r in rows],
+                          style if load else alone, color)
             spreads = [(r["output_throughput"], ((r.get("seeds") or {}).get("spread") or {}).get(f"p95_{metric}_ms"))
                        for r in rows]
             panel.whiskers += [(x, spread["min"], spread["max"], color) for x, spread in spreads
@@ -13018,10 +13054,14 @@ def timeline_svg(title: str, rows: list[dict]) -> str:
     requests.add("waiting", [(r["t"], r["waiting"]) for r in rows if r.get("waiting") is not None])
     kv = Panel("KV cache", "time (s)", "KV cache used (%)", log_y=False)
     kv.add("kv cache %", [(r["t"], r["kv_cache_pct"]) for r in rows if r.get("kv_cache_pct") is not None])
-    tokens = Panel("throughput", "time (s)", "tokens/s", log_y=False)
-    tokens.add("generated tok/s", [(r["t"], r["gen_throughput"]) for r in rows])
-    tokens.add("prompt tok/s", [(r["t"], r["prompt_throughput"]) for r in rows])
-    return svg_figure(title, [requests, kv, tokens], columns=1, width=760, height=260)
+    # Apart: a second's prompt tokens can be a hundred times its generated ones. Prompt tokens count
+    # in the second their prefill ends, as vLLM's counter does, so a long prompt is one spike.
+    generated = Panel("generated tokens", "time (s)", "tokens/s", log_y=False)
+    generated.add("generated tok/s", [(r["t"], r["gen_throughput"]) for r in rows])
+    prompt = Panel("prompt tokens, counted when each prefill ends (as vLLM counts them)", "time (s)", "tokens/s",
+                   log_y=False)
+    prompt.add("prompt tok/s", [(r["t"], r["prompt_throughput"]) for r in rows], color=1)
+    return svg_figure(title, [requests, kv, generated, prompt], columns=1, width=760, height=260)
 
 
 def plan_svg(report: dict, title: str) -> str:
@@ -13038,7 +13078,7 @@ def plan_svg(report: dict, title: str) -> str:
             load.marks.append((hours((r["start_s"] + r["end_s"]) / 2), r["load"], "slo missed"))
     replicas = Panel("replicas", "hours", "replicas", log_y=False)
     replicas.add("needed", [(hours(t), min(r["needs"], r["asked"] + 1)) for r in rows for t in (r["start_s"], r["end_s"])],
-                 "dashed")
+                 "dotted")
     end = rows[-1]["end_s"]
     steps = ReplicaSchedule("plan", tuple((s["time_s"], s["replicas"]) for s in report["schedule"]))
 
@@ -13081,8 +13121,10 @@ def search_svg(report: dict, axes: list[str], probing: Probing, unit: str) -> st
                             panel.add((named(item) or "probes") + suffix + (" rechecked" if rechecked else "") +
                                       words, points, "hollow" if words else "points" if rechecked else style, color)
                 best = searched.get("best")
+                whose = f"{named(item)}: " if len(report["deployments"]) > 1 and named(item) else ""
                 if best:
-                    panel.marks.append((best["load"], how.figures(best)[key], f"highest{suffix}: {best['load']:.4g} {unit}"))
+                    panel.marks.append((best["load"], how.figures(best)[key],
+                                        f"{whose}highest{suffix}: {best['load']:.4g} {unit}"))
         panel.levels.append((bound, f"slo {bound:g} ms"))
         return svg_figure(f"search: highest {report['by']} within {slo.text().replace('_', ' ')}{stopped}", [panel], columns=1,
                           width=760, height=420)
@@ -13622,17 +13664,17 @@ def cmd_sweep(args) -> int:
         check_writable(args.plot, "--plot", args)
     progress = Progress("sweep")
     table = None
+    workload = (f"trace {args.trace}" if args.trace else
+                (f"{spec.requests:,} requests  " if spec.requests else "" if spec.rate_profile else
+                 f"{DEFAULT_REQUESTS:,} requests  ") + f"prompt {spec.prompt_tokens}  "
+                f"output {spec.output_tokens}"
+                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
+                + ("" if {"rate", "concurrency"} & set(axes) else
+                   f"  {replace(spec, burstiness=1.0).arrivals() if 'burstiness' in axes else spec.arrivals()}"))
+    hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or "kv_link_gbs" in axes else spec.hardware
+    where = "" if "hardware" in axes else f" on {hardware.name}"
+    settings = settings_line(spec, axes)
     if not (args.json or args.csv):
-        workload = (f"trace {args.trace}" if args.trace else
-                    (f"{spec.requests:,} requests  " if spec.requests else "" if spec.rate_profile else
-                     f"{DEFAULT_REQUESTS:,} requests  ") + f"prompt {spec.prompt_tokens}  "
-                    f"output {spec.output_tokens}"
-                    + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
-                    + ("" if {"rate", "concurrency"} & set(axes) else
-                       f"  {replace(spec, burstiness=1.0).arrivals() if 'burstiness' in axes else spec.arrivals()}"))
-        hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or "kv_link_gbs" in axes else spec.hardware
-        where = "" if "hardware" in axes else f" on {hardware.name}"
-        settings = settings_line(spec, axes)
         table = SweepTable(f"sweep {spec.model.name}{where}  {workload}" + (f"  {settings}" if settings else ""),
                            axes, points, sweep_columns(spec, axes))
         table.header()
@@ -13669,10 +13711,11 @@ def cmd_sweep(args) -> int:
     elif axes == ["kv_link_gbs"] and not stopped and not any(r.get("does_not_fit") for r in results):
         write_text(colocation_verdict(results))
     if args.plot and results:        # after the report, so a failed write loses nothing
-        where = "" if "hardware" in axes else f" on {spec.hardware.name}"
         write_file(args.plot, sweep_svg(f"sweep {spec.model.name}{where}: "
                                         + " x ".join(flag_of(a)[2:] for a in axes)
-                                        + (f" (interrupted: {len(results)} of {len(points)} points)" if stopped else ""),
+                                        + (f" (interrupted: {len(results)} of {len(points)} points)" if stopped else "")
+                                        + f"  {workload}" + (f"  {settings}" if settings else "")
+                                        + (f"  {args.seeds} seeds a point" if args.seeds > 1 else ""),
                                         axes, results))
     if stopped:
         raise stopped

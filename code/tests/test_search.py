@@ -716,3 +716,50 @@ class SearchPicture(unittest.TestCase):
         self.assertEqual(fills["probes rechecked"], {None})          # (filled by the series' colour)
         _, marks, _ = series(text)
         self.assertTrue(all(name.endswith(" req/s") for name, _, _ in marks), marks)
+
+
+class PicturesReadable(unittest.TestCase):
+    """helper-72: pictures whose series, legends and labels could not be told apart or ran off."""
+
+    def test_a_sweep_of_many_values_keeps_its_legend_inside_and_its_points_apart(self):
+        panel = main.Panel("t", "x", "y")
+        for i in range(24):
+            panel.add(f"seqs {i} p95", [(1, i + 1)], "line", i)
+        root = ET.fromstring(main.svg_figure("t", [panel], columns=1, width=640, height=374))
+        height = float(root.get("height"))
+        texts = [(float(t.get("x")), float(t.get("y"))) for t in root.iter(f"{SVG}text") if t.get("x")]
+        self.assertTrue(all(y <= height for _, y in texts))
+        legend = {float(t.get("x")) for t in root.iter(f"{SVG}text") if (t.text or "").startswith("seqs")}
+        self.assertEqual(len(legend), 2)          # the legend in two columns
+        colors = [g.get("stroke") for g in root.iter(f"{SVG}g") if g.get("class") == "series"]
+        self.assertEqual(len(set(colors[:16])), 16)
+
+    def test_p50_and_p95_differ_without_a_load_axis_and_labels_do_not_overprint(self):
+        results = main.sweep(main.RunSpec(requests=20, concurrency=4), "max_num_seqs", [2, 4], jobs=1)
+        root = ET.fromstring(main.sweep_svg("t", ["max_num_seqs"], results))
+        fills = {g.get("data-name"): {c.get("fill") for c in g.iter(f"{SVG}circle")} for g in root.iter(f"{SVG}g")
+                 if g.get("class") == "series"}
+        self.assertEqual(fills["seqs 2 p50"], {"white"})
+        self.assertEqual(fills["seqs 2 p95"], {None})                # (the series' own colour)
+        panel = main.Panel("t", "x", "y")
+        panel.marks += [(1.0, 10.0, "highest sustained: 0.4926"), (1.0, 10.05, "highest played once: 0.4823")]
+        root = ET.fromstring(main.svg_figure("t", [panel], columns=1))
+        ys = [float(t.get("y")) for g in root.iter(f"{SVG}g") if g.get("class") == "mark" for t in g.iter(f"{SVG}text")]
+        self.assertGreaterEqual(abs(ys[0] - ys[1]), 14)
+
+    def test_ticks_stacked_axes_and_styles(self):
+        self.assertEqual([main.tick_text(v) for v in (1e5, 1e6, 1e7, 2.5, 0.001)],
+                         ["100,000", "1,000,000", "1e7", "2.5", "1e-3"])
+        # panels in a column share one plot width whatever their legends say, so time lines up
+        short, long = main.Panel("a", "t", "y"), main.Panel("b", "t", "y")
+        short.add("x", [(0, 1), (1, 2)])
+        long.add("a much longer series name", [(0, 1), (1, 2)])
+        root = ET.fromstring(main.svg_figure("t", [short, long], columns=1))
+        widths = {r.get("width") for r in root.iter(f"{SVG}rect") if r.get("stroke") == "#444"}
+        self.assertEqual(len(widths), 1)
+        rows = [{"t": 1.0, "running": 1, "waiting": 0, "kv_cache_pct": 5, "gen_throughput": 100,
+                 "prompt_throughput": 9000}]
+        titles = [g.get("data-title") for g in ET.fromstring(main.timeline_svg("t", rows)).iter(f"{SVG}g")
+                  if g.get("class") == "panel"]
+        self.assertEqual(len(titles), 4)
+        self.assertIn("counted when each prefill ends", titles[3])
