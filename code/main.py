@@ -4796,6 +4796,7 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "batching": spec.batching, "kv_layout": spec.kv_layout,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "kv_tokens": decode.scheduler.pool.num_blocks * config.block_size,
+        "kv_cache_fixed": bool(spec.kv_tokens or spec.num_gpu_blocks),     # by --kv-tokens or --num-gpu-blocks
         "disaggregated": bool(link), "kv_link_gbs": link.gbs if link else None,
         "cost_model": spec.cost_model, "quantization": spec.quantization, "kv_cache_dtype": spec.kv_cache_dtype,
         "tensor_parallel_size": spec.tensor_parallel_size, "data_parallel_size": spec.data_parallel_size,
@@ -4806,6 +4807,9 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         "enable_expert_parallel": spec.enable_expert_parallel,
         "gpus": gpus, "engine": (spec.engine or spec.profile) and engine_profile(spec).name,
         "engine_base": engine_profile(spec).base or None, "async_scheduling": engine_profile(spec).overlap,
+        "speculative_tokens": spec.speculative_tokens,
+        "acceptance_rate": spec.acceptance_rate if spec.speculative_tokens else None,
+        "draft_model": spec.draft_model.name if spec.speculative_tokens and spec.draft_model else None,
     }
     if spec.time_scale != 1:
         result["config"]["time_scale"] = spec.time_scale
@@ -7039,7 +7043,7 @@ def load_preset(kind: str, value: str, presets: dict, cls, flag: str = ""):
                             f"write {v / 100:g}")
         inside = low <= v <= high
         if not inside:
-            mib = f"; nvidia-smi reports MiB: {v:g} MiB is {v / 1024:.3g} GiB" if name.endswith("_gib") and v > high else ""
+            mib = f"; nvidia-smi reports MiB: {v:g} MiB is {v / 1024:.3g} GiB" if name.endswith("_gib") and v > high and low <= v / 1024 <= high else ""
             raise UserError(f"{where}: field {name!r} must be from {low:g} to {high:,g} ({note}), got {v!r}{mib}"
                             .replace(" ()", ""))
         if known[name].type == "int" and v != int(v):
@@ -7280,7 +7284,8 @@ STATED_RATES = ("duration", "request_throughput", "output_throughput", "total_to
 # workload's), and of its scheduler: explain prices the first, compare replays both.
 REPORT_DEPLOYMENT = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
                      "quantization", "kv_cache_dtype", "cost_model", "async_scheduling", "block_size",
-                     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+                     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "speculative_tokens",
+                     "acceptance_rate", "kv_offloading_size", "kv_offloading_backend")
 REPORT_SCHEDULING = ("prefix_caching", "chunked_prefill", "reserve_full_isl", "max_model_len", "router", "batching",
                      "kv_layout", "max_tokens_in_flight", "gpus_per_node", "inter_node_gbs", "inter_node_latency_us")
 REPORT_SETTINGS = REPORT_DEPLOYMENT + REPORT_SCHEDULING
@@ -7414,11 +7419,26 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         notes.append("the run was disaggregated (--disaggregate): it is replayed on one engine unless --disaggregate "
                      "and its devices are given")
     engine = config.get("engine") if simulated else None
-    if engine in ENGINES:
+    if engine is not None and not isinstance(engine, str):
+        raise UserError(f"{kind} {name}: config.engine must be an engine's name, got {printable(str(engine)[:40])!r}")
+    if engine in ENGINES and not config.get("engine_base"):     # (a profile file records the engine it is based on)
         settings["engine"] = engine
     elif engine is not None:
         notes.append(f"the run's engine profile {printable(str(engine)[:60])!r} is a file the report does not hold: "
                      f"its rules and costs are vLLM's unless --engine names the file")
+    if simulated and config.get("kv_cache_fixed") is True and not config.get("disaggregated"):
+        # The cache --kv-tokens or --num-gpu-blocks fixed (else its plan's, which the replay plans
+        # again): a changed deployment drops it.
+        tokens, size = (recorded_setting(k, config.get(k), f"{kind} {name}", f"config.{k}")
+                        for k in ("kv_tokens", "block_size"))
+        if size and tokens % size == 0:
+            settings["num_gpu_blocks"] = tokens // size
+    draft = config.get("draft_model") if simulated else None
+    if isinstance(draft, str) and draft in MODELS:
+        settings["draft_model"] = MODELS[draft]
+    elif draft is not None:
+        notes.append(f"the run's draft model {printable(str(draft)[:60])!r} is not a preset: it is replayed with "
+                     f"n-gram proposals unless --draft-model names it")
     # What ran: servesim's and loadgen's config name a preset, vllm bench serve its model_id.
     for key, said in (("model_name", config.get("model") or report.get("model_id")),
                       ("named_device", config.get("hardware"))):
@@ -7526,6 +7546,9 @@ def read_request_log(path: str) -> MeasuredRun:
     return run_
 
 
+SIXTEEN_BITS = ("auto", "bfloat16", "float16", "half")     # vLLM's --dtype and --kv-cache-dtype words for 16 bits
+
+
 def settings_from_meta(meta: dict, where: str) -> dict:
     """The RunSpec fields a run's meta.json records (vLLM's engine arguments and KV plan), each
     held to what its flag accepts."""
@@ -7561,8 +7584,23 @@ def settings_from_meta(meta: dict, where: str) -> dict:
                        ("device_name", device.get("device_name"))):
         if value is not None and not isinstance(value, str):
             raise UserError(f"{where}: {key} must be a string, got {str(value)[:40]}")
-    if engine.get("kv_cache_dtype") is not None:     # "auto" or the model's own dtype: not FP8
-        found["kv_cache_dtype"] = "fp8" if engine["kv_cache_dtype"].startswith("fp8") else "auto"
+    for key in ("quantization", "dtype"):
+        if engine.get(key) is not None and not isinstance(engine[key], str):
+            raise UserError(f"{where}: engine_kwargs.{key} must be a string, got {str(engine[key])[:40]}")
+    cache = engine.get("kv_cache_dtype")
+    if cache is not None:     # "auto" or the model's own dtype: not FP8
+        if not (cache.startswith("fp8") or cache in SIXTEEN_BITS):
+            raise UserError(f"{where}: engine_kwargs.kv_cache_dtype {printable(cache[:40])!r} is none of vLLM's "
+                            f"(auto, bfloat16, float16, fp8 and its variants)")
+        found["kv_cache_dtype"] = "fp8" if cache.startswith("fp8") else "auto"
+    if engine.get("quantization") is not None:
+        try:
+            found["quantization"] = quantization_flag(engine["quantization"])
+        except argparse.ArgumentTypeError as e:
+            raise UserError(f"{where}: engine_kwargs.quantization {e}; servesim prices those") from None
+    if engine.get("dtype") is not None and engine["dtype"] not in SIXTEEN_BITS:
+        raise UserError(f"{where}: engine_kwargs.dtype {printable(engine['dtype'][:40])!r}: servesim prices weights "
+                        f"in 16 bits (auto, bfloat16, float16) or as --quantization says")
     found["model_name"] = (meta.get("model") or engine.get("model") or "").lower()
     found["device_name"] = (device.get("device_name") or "").lower()
     memory = device.get("device_total_memory_bytes")
@@ -7581,7 +7619,7 @@ def recorded_setting(name: str, value, where: str, label: str):
     f = SETTINGS[name]
     if f.metadata["switch"] or f.metadata["kind"] is None:
         if not isinstance(value, bool):
-            raise UserError(f"{where}: {label} must be true or false, got {str(value)[:40]!r}")
+            raise UserError(f"{where}: {label} must be true or false, got {got(value)}")
         return value
     if f.type in ("str", "Optional[str]"):      # a word (--quantization fp8), never a file's path: a report names no file
         if not isinstance(value, str) or os.sep in value or (os.altsep and os.altsep in value):
@@ -7592,7 +7630,7 @@ def recorded_setting(name: str, value, where: str, label: str):
         except argparse.ArgumentTypeError as e:
             raise UserError(f"{where}: {label} {e}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"{where}: {label} must be a number, got {str(value)[:40]!r}")
+        raise UserError(f"{where}: {label} must be a number, got {got(value)}")
     try:
         return f.metadata["kind"](str(value))
     except argparse.ArgumentTypeError as e:
@@ -7607,6 +7645,7 @@ def read_timeline(path: str) -> list[dict]:
     a header without one of the figures compare reads is refused (its rows would all be left out)."""
     rows = []
     for number, row in csv_rows(io.StringIO(read_text(path, "timeseries")), f"timeseries {path}"):
+        row = {k.lower() if k else k: v for k, v in row.items()}       # (its columns in any case)
         if not rows and not set(row) & set(TIMELINE_FIGURES):
             raise UserError(f"timeseries {path}: its header ({printable(', '.join(str(k) for k in row))[:80]}) has "
                             f"none of {', '.join(TIMELINE_FIGURES)}, the figures compare reads")
@@ -7618,10 +7657,14 @@ def read_timeline(path: str) -> list[dict]:
             if not (math.isfinite(v) and 0 <= v <= (100 if k == "kv_cache_pct" else 1e15)):
                 raise UserError(f"timeseries {path} line {number}: {k} is {v:g}; expected a finite number from 0 "
                                 f"to {'100 (a percent)' if k == 'kv_cache_pct' else '10^15'}")
+            if k in ("running", "waiting") and v != int(v):
+                raise UserError(f"timeseries {path} line {number}: {k} is {v:g}; requests come whole")
         if rows and "t" in values and "t" in rows[-1] and values["t"] <= rows[-1]["t"]:
             raise UserError(f"timeseries {path} line {number}: t is {values['t']:g}, not after the line before's "
                             f"{rows[-1]['t']:g}; the seconds must run in order, one row each")
         rows.append(values)
+    if not rows:
+        raise UserError(f"timeseries {path}: a header and no rows; give its rows, or remove the file")
     return rows
 
 
@@ -7636,10 +7679,16 @@ def csv_rows(lines: Iterable[str], where: str, columns: tuple = ()) -> Iterator[
     first = next(lines, "")
     while first and not first.strip():
         first, skipped = next(lines, ""), skipped + 1
+    if not first:
+        raise UserError(f"{where}: empty; its first line names the columns" + (f", {','.join(columns)}" if columns else ""))
     reader = csv.DictReader(itertools.chain([first] if first else [], lines), skipinitialspace=True)
     number = lambda: reader.line_num + skipped
     try:
         header = [name.strip() for name in reader.fieldnames or []]
+        twice = [name for i, name in enumerate(header) if name and name.lower() in {h.lower() for h in header[:i]}]
+        if twice:        # (a reader keeps the last of the two: which one was meant is not ours to guess)
+            raise UserError(f"{where} line {number()}: the header names the column {printable(twice[0][:40])!r} twice; "
+                            f"keep the one you mean")
         named = {name.lower(): name for name in header}
         wanted = {named.get(name.lower()): name for name in columns}
         reader.fieldnames = [wanted.get(name, name) for name in header]
@@ -7673,6 +7722,8 @@ def got(value) -> str:
             return f"{printable(value[:40])!r} (text: write the number without quotes)"
         except ValueError:
             return repr(printable(value[:40]))
+    if isinstance(value, bool) or value is None:      # as the JSON file writes it
+        return json.dumps(value)
     return printable(str(value)[:40])
 
 
@@ -7946,7 +7997,7 @@ def read_trace(path: str, fmt: str = "auto", limit: Optional[int] = None, cut_by
         raise UserError(f"trace {path}: its arrivals span more than a year; servesim simulates up to a year")
     for before, row in zip(rows, rows[1:]):      # (a file sorted by another column, or merged from several)
         if row[0] < before[0]:
-            notes["{:,} row{s} {are} timed before the row above them; every request is sent at its own time, "
+            notes["{:,} row{s} {are} timed before the row above {them}; every request is sent at its own time, "
                   "in time order"] += 1
     # A reader may add a fifth field of extras: the row's reasoning tokens, its id, its parent's.
     extras = [row[4] if len(row) > 4 else {} for row in rows]
@@ -8161,7 +8212,7 @@ def trace_number(where: str, row: dict, name: str, low: float, high: float, whol
         bound = lambda x: f"{x:,.0f}" if x == int(x) else f"{x:,}"
         raise UserError(f"{where}: field {name!r} must be {kind} from {bound(low)} to {bound(high)}, got "
                         f"{str(value)[:40]}"
-                        + ("; that reads as a wall-clock time (since 1970): give each time from the trace's start"
+                        + ("; that reads as a wall-clock time (since 1970): give each time from the file's start"
                            if clock else ""))
     return int(value) if whole_number else float(value)
 
@@ -8180,8 +8231,8 @@ def hashed_runs(where: str, row: dict, tokens: int, block: int) -> tuple:
         raise UserError(f"{where}: {len(ids):,} hash_ids; servesim reads at most {MAX_HASH_IDS:,} a row")
     if len(ids) not in (-(-tokens // block), tokens // block):
         raise UserError(f"{where}: {len(ids)} hash_ids for {tokens:,} input tokens; this format has one per "
-                        f"{block} tokens, so {-(-tokens // block)} (a partial last block counted, as Mooncake's "
-                        f"traces) or {tokens // block} (whole blocks only, as Dynamo's data generator)")
+                        f"{block} tokens, so {-(-tokens // block)} (a partial last block counted) or "
+                        f"{tokens // block} (whole blocks only)")
     return tuple((("hash", i), min(block, tokens - k * block)) for k, i in enumerate(ids))
 
 
@@ -8284,7 +8335,7 @@ def csv_trace(time_field: str, prompt_field: str, output_field: str, clock):
             prompt = trace_number(where, row, prompt_field, 1, 10**8)
             output = trace_number(where, row, output_field, 0, 10**8)
             if output == 0:      # the service answered nothing: a failed request in these traces
-                notes["{:,} row{s} with 0 " + output_field.lower() + " (failed in the original service) {are} not "
+                notes["{:,} row{s} with 0 " + output_field + " (failed in the original service) {are} not "
                       "replayed"] += 1
                 continue
             yield arrival, prompt, output, ()
@@ -9265,6 +9316,8 @@ def parse_prometheus(text: str, ignored: Optional[Counter] = None) -> dict[str, 
             continue
         series.add(one)
         try:
+            if "_" in parts[0]:     # (Python reads 1_000; the text format has no such number)
+                raise ValueError(parts[0])
             value = float(parts[0])
         except ValueError:          # not a number at all: left out, and counted as one that is out of range
             ignore(name)
@@ -10146,6 +10199,15 @@ def observations(report: dict, name: str) -> list[StepObservation]:
     prompt = report["total_input_tokens"] / done
     output = report["total_output_tokens"] / done
     config = report.get("config") or {}
+    # One GPU serving the model in its own dtype is what a fit prices: a report of a group, replicas
+    # or quantized weights would fit its figures into one GPU's and be wrong by that factor.
+    ran = [f"{flag} {config[key]}" for key, flag, plain in (
+        ("tensor_parallel_size", "-tp", 1), ("pipeline_parallel_size", "-pp", 1), ("data_parallel_size", "-dp", 1),
+        ("quantization", "--quantization", None), ("kv_cache_dtype", "--kv-cache-dtype", "auto"))
+        if config.get(key) is not None and config[key] != plain]
+    if ran:
+        raise UserError(f"{name}: it ran {', '.join(map(printable, ran))}; calibrate fits one GPU serving the model "
+                        f"in its own dtype: give it runs of one GPU, unquantized")
     # servesim's reports keep it under config; vllm bench serve --save-result at the top level.
     clients = config.get("max_concurrency") or report.get("max_concurrency")
     if not clients:
@@ -10359,9 +10421,15 @@ def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bo
 # share it; merge puts several client machines' runs on one clock.
 # ---------------------------------------------------------------------------------------------
 
+REFUSED_AT_THE_DOOR = ("longer than", "http 4")      # failures before a request ran: servesim's, a server's
+
+
 def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
     """The measured run's shape through the simulator: its send times, its lengths, its engine."""
-    requests = measured.requests
+    # A request the server refused at the door (too long for it, an HTTP 4xx) cost it nothing: it is
+    # not replayed. The rest ran, so the replay's model length holds the longest of them.
+    requests = [r for r in measured.requests if not str(r.error or "").startswith(REFUSED_AT_THE_DOOR)] \
+        or measured.requests
     trace = Trace(measured.name, tuple((r.sent_s, r.prompt_tokens, r.output_tokens, ()) for r in requests))
     longest = max(r.prompt_tokens + r.output_tokens for r in requests)
     workload = {name: f.default for name, f in SETTINGS.items() if f.metadata["group"] == "workload" and name != "seed"}
@@ -10418,7 +10486,8 @@ def recorded_spec(measured: MeasuredRun, given: dict, how: str = "pass --{kind} 
     found = measured.settings
     # (a servesim report records more of its deployment than a measured run can: REPORT_DEPLOYMENT)
     settings = {k: v for k, v in found.items() if k in SETTINGS and (SETTINGS[k].metadata["recorded"] or
-                                                                       k in REPORT_SETTINGS or k == "engine")}
+                                                                       k in REPORT_SETTINGS or k in ("engine",
+                                                                                                     "draft_model"))}
     for kind, known, presets, recorded in (("model", KNOWN_MODELS, MODELS, ("model_name",)),
                                            ("hardware", KNOWN_DEVICES, HARDWARE, ("device_name", "named_device"))):
         if kind in given:
@@ -10887,10 +10956,12 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
             raise UserError(f"report {path}: failed_streamed_tokens must be a whole number of tokens, got "
                             f"{printable(str(tokens)[:40])}")
         streamed += tokens
-        if isinstance(config.get("model"), str):
-            models.setdefault(config["model"], path)
-        if isinstance(config.get("hardware"), str):
-            devices.setdefault(config["hardware"], path)
+        for field_name, by_name in (("model", models), ("hardware", devices)):
+            said = config.get(field_name)
+            if said is not None and not isinstance(said, str):     # (an edited report's)
+                raise UserError(f"report {path}: config.{field_name} must be a name, got {printable(str(said)[:40])!r}")
+            if isinstance(said, str):
+                by_name.setdefault(said, path)
     if not parts:
         raise UserError("no report has a measured request to merge")
     for kind, named in (("model", models), ("device", devices)):
@@ -11282,6 +11353,10 @@ def signals_from_scrape(text: str, name: str) -> Signals:
     if left_out:
         sys.stderr.write(f"servesim: {name}: left out {sum(left_out.values()):,} sample(s) that are not a number in "
                          f"range, or repeat a series ({names}): the diagnosis does without them\n")
+    servers = [prefix for prefix in ("vllm:", "llamacpp:", "sglang:") if any(k.startswith(prefix) for k in m)]
+    if len(servers) > 1:
+        sys.stderr.write(f"servesim: {name}: holds {' and '.join(p[:-1] for p in servers)} series; it is read as "
+                         f"{servers[0][:-1]}'s alone (explain one server's scrape at a time)\n")
     if any(k.startswith("vllm:") for k in m):
         queries, hits = m.get("vllm:prefix_cache_queries_total"), m.get("vllm:prefix_cache_hits_total")
         if queries is not None and hits is not None and not 0 <= hits <= queries:
@@ -11350,6 +11425,12 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         if not low <= value <= high:
             raise UserError(f"explain input {name}: {label or key} is {value:g}; expected "
                             + ("a share from 0 to 1" if high == 1 else f"a number of at least {low}"))
+        # A server's peaks are whole requests (a servesim report's may be a mean over seeds), and no
+        # server runs or holds ten million at once.
+        if key in REQUEST_FIGURES and value > MAX_REQUESTS_SEEN or \
+                (label or "").startswith("server.") and key in WHOLE_COUNTS and value != int(value):
+            raise UserError(f"explain input {name}: {label or key} is {value:g}; expected a whole number of requests "
+                            f"up to {MAX_REQUESTS_SEEN:,}")
         return value
 
     done = number_at(report, "completed") or 0
@@ -11425,8 +11506,11 @@ def report_deployment(config: dict, name: str) -> Optional[RunSpec]:
     the device or the model is not a preset, or the engine is a profile file: the report names it,
     and holds none of its figures."""
     hardware, model, engine = (config.get(k) for k in ("hardware", "model", "engine"))
+    if engine is not None and not isinstance(engine, str):
+        raise UserError(f"explain input {name}: config.engine must be an engine's name, got "
+                        f"{printable(str(engine)[:40])!r}")
     if not (isinstance(hardware, str) and hardware in HARDWARE and isinstance(model, str) and model in MODELS) \
-            or engine is not None and engine not in ENGINES:
+            or engine is not None and (engine not in ENGINES or config.get("engine_base")):
         return None
     where = f"explain input {name}"
     settings = {k: recorded_setting(k, config[k], where, f"config.{k}") for k in REPORT_DEPLOYMENT

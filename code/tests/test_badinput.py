@@ -575,12 +575,15 @@ class Interrupts(unittest.TestCase):
                 self.assertIn(f"of the 2 interrupted" if probes else "so the output holds none", err)
 
     def test_sweep_text_and_parallel_jobs(self):
-        for argv in (self.SWEEP, self.SWEEP[:-2] + ["--jobs", "2", "--json"]):
+        parallel = ["sweep", "--requests", "200000", "--concurrency", "1,8,32,128,256", "--jobs", "2", "--json"]
+        for argv in (self.SWEEP, parallel):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 with self.subTest(argv=argv, signal=signum.name):
                     # Parallel points print nothing until one ends: three seconds in, they are running
-                    # (the whole sweep takes about 7 s; one second in, a loaded CI machine was still
-                    # starting main.py, and a signal then leaves no JSON, as test_hostile_limits expects).
+                    # (200,000 requests a point: the whole sweep takes about 25 s, where 20,000 took 2.7 s
+                    # on an idle machine and ended before the signal; one second in, a loaded CI machine
+                    # was still starting main.py, and a signal then leaves no JSON, as
+                    # test_hostile_limits expects).
                     code, out, err = self.interrupt(argv, signum, after=3.0,
                                                     when="sweep:" if argv is self.SWEEP else None)
                     self.check(code, err, signum)

