@@ -7510,6 +7510,9 @@ def read_request_log(path: str) -> MeasuredRun:
             if not sent <= first <= last:
                 raise UserError(f"{where}: the times must run queued_ts <= first_token_ts <= last_token_ts, got "
                                 f"{sent:g}, {first:g}, {last:g}")
+            if prompt < 1 or output < 1:       # (0 is a failed request's, which has no token times)
+                raise UserError(f"{where}: input_toks {prompt} and output_toks {output} beside token times; a request "
+                                f"that streamed had a prompt token and an output token at least")
         sends.append(sent)
         requests.append((len(requests), sent, first, last, prompt, output))
     if not requests:
@@ -11564,6 +11567,9 @@ def read_signals(path: str) -> Signals:
                                              f"{left})", data[-2] if len(data) > 1 else None)
     if isinstance(data, dict) and "median_ttft_ms" in data:
         return signals_from_report(check_report(data, f"explain input {path}"), name)
+    if isinstance(data, dict) and isinstance(data.get("error"), str):      # what a command printed as it failed
+        raise UserError(f"{path}: the output of a command that failed ({printable(data['error'][:160])}), not a "
+                        f"report; explain the report of a run that ran")
     raise UserError(f"{path}: not a loadgen, simulate or sweep --json report, nor a /metrics scrape")
 
 

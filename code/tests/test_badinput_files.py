@@ -1211,3 +1211,12 @@ class Helper70(Checks):
             r = run("capacity", "--hardware", path)
             self.assert_one_line(r, mentions=["memory_gib"])
             self.assertNotIn("nvidia-smi", r.err)
+
+    def test_a_streamed_request_of_no_tokens_and_a_failed_commands_output(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = request_rows()
+            rows[2]["input_toks"] = 0
+            path = jsonl(os.path.join(tmp, "requests.jsonl"), rows)
+            self.assert_one_line(run("compare", path, *PRESETS), mentions=["input_toks 0 and output_toks 20"])
+            path = write_json(os.path.join(tmp, "e.json"), {"error": "llama-3.1-70b does not fit"})
+            self.assert_one_line(run("explain", path), mentions=["the output of a command that failed"])
