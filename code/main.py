@@ -7432,13 +7432,13 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         tokens, size = (recorded_setting(k, config.get(k), f"{kind} {name}", f"config.{k}")
                         for k in ("kv_tokens", "block_size"))
         if size and tokens % size == 0:
-            settings["num_gpu_blocks"] = tokens // size
+            settings["num_gpu_blocks"], settings["cache_from_report"] = tokens // size, True
     draft = config.get("draft_model") if simulated else None
     if isinstance(draft, str) and draft in MODELS:
         settings["draft_model"] = MODELS[draft]
     elif draft is not None:
-        notes.append(f"the run's draft model {printable(str(draft)[:60])!r} is not a preset: it is replayed with "
-                     f"n-gram proposals unless --draft-model names it")
+        notes.append(f"the run's draft model {printable(str(draft)[:60])!r} is not a preset, and the report holds "
+                     f"no file of it: it is replayed with n-gram proposals, which cost nothing")
     # What ran: servesim's and loadgen's config name a preset, vllm bench serve its model_id.
     for key, said in (("model_name", config.get("model") or report.get("model_id")),
                       ("named_device", config.get("hardware"))):
@@ -7541,6 +7541,9 @@ def read_request_log(path: str) -> MeasuredRun:
     series = os.path.join(folder, "timeseries.csv")
     if os.path.exists(series):
         run_.timeline = read_timeline(series)
+        if not run_.timeline:
+            run_.notes.append("timeseries.csv has a header and no rows: running, waiting and KV use have no measured "
+                              "figures")
         kv = max((t.get("kv_cache_pct", 0) for t in run_.timeline), default=0)
         if 0 < kv <= 1:
             run_.notes.append(f"timeseries.csv's kv_cache_pct never passes {kv:g}: it reads as a percent, so a "
@@ -7599,8 +7602,13 @@ def settings_from_meta(meta: dict, where: str) -> dict:
     if engine.get("quantization") is not None:
         try:
             found["quantization"] = quantization_flag(engine["quantization"])
-        except argparse.ArgumentTypeError as e:
-            raise UserError(f"{where}: engine_kwargs.quantization {e}; servesim prices those") from None
+        except argparse.ArgumentTypeError:
+            # A checkpoint's own format (mxfp4, compressed-tensors, modelopt): its bytes are the model
+            # preset's (or a model file's), which says them.
+            sys.stderr.write(f"servesim: {where}: engine_kwargs.quantization "
+                             f"{printable(engine['quantization'][:40])!r} is a checkpoint's own format, not one "
+                             f"servesim prices by name: the weights are priced as the model preset (or --model "
+                             f"FILE) gives them\n")
     if engine.get("dtype") is not None and engine["dtype"] not in SIXTEEN_BITS:
         raise UserError(f"{where}: engine_kwargs.dtype {printable(engine['dtype'][:40])!r}: servesim prices weights "
                         f"in 16 bits (auto, bfloat16, float16) or as --quantization says")
@@ -7666,8 +7674,6 @@ def read_timeline(path: str) -> list[dict]:
             raise UserError(f"timeseries {path} line {number}: t is {values['t']:g}, not after the line before's "
                             f"{rows[-1]['t']:g}; the seconds must run in order, one row each")
         rows.append(values)
-    if not rows:
-        raise UserError(f"timeseries {path}: a header and no rows; give its rows, or remove the file")
     return rows
 
 
@@ -9037,6 +9043,13 @@ SPECIAL_TOKENS = 16       # an answer's tokens that stream no text: its end, a t
 TEMPLATE_TOKENS = 4096    # a chat template's own tokens around the messages sent (a system preamble)
 
 
+def prompt_estimate(body: dict, config: "LoadConfig") -> int:
+    """A request's prompt tokens from the words it sent, where the server's count is missing or
+    not believed."""
+    words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+    return max(1, round(words / config.words_per_token + config.template_tokens))
+
+
 def believe_timings(record: StreamRecord) -> None:
     """llama.cpp's timings, held to what the client saw: its prompt's time within the first
     token's wait, and its prompt's tokens (computed, or from its cache) within the prompt's."""
@@ -9104,13 +9117,13 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
                         config.request_timeout_s)
             if not record.usage_seen:      # the server ignored include_usage: what can be counted instead,
                 record.output_tokens = len(record.token_times)          # its content events, and the prompt
-                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])   # it was sent
-                record.prompt_tokens = max(1, round(words / config.words_per_token + config.template_tokens))
+                record.prompt_tokens = prompt_estimate(body, config)   # it was sent
             # max_tokens caps what a server generates, and each content event carries a token at
             # least: a count past the one or under the other (a proxy that recounts with another
             # tokenizer) contradicts the request or the stream, and would price each gap wrongly
             # and a token is a byte of text at least, but for the few a template's markers take
-            most = min(body["max_tokens"], record.streamed_bytes + SPECIAL_TOKENS)
+            # (with ignore_eos the tokens after an end stream no text: no such bound)
+            most = min(body["max_tokens"], math.inf if body.get("ignore_eos") else record.streamed_bytes + SPECIAL_TOKENS)
             if record.usage_seen and not max(1, len(record.token_times)) <= record.output_tokens <= most:
                 why = f"more than max_tokens {body['max_tokens']:,}" if record.output_tokens > body["max_tokens"] else \
                     (f"more than the {record.streamed_bytes:,} bytes of text streamed (+{SPECIAL_TOKENS} for "
@@ -9120,14 +9133,16 @@ def send_request(client: Http, body: dict, record: StreamRecord, config: LoadCon
                                         f"usage.completion_tokens {record.output_tokens:,} is {why}; the stream's "
                                         f"{len(record.token_times):,} content events were counted instead"))
                 record.output_tokens = len(record.token_times)
-            sent = sum(len(str(m.get("content") or "").encode()) for m in body["messages"])
-            if record.usage_seen and record.prompt_tokens > sent + TEMPLATE_TOKENS:
-                words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+            # (text alone: an image sent as a part of a message is tokens no byte count bounds)
+            texts = [m.get("content") for m in body["messages"]]
+            sent = sum(len(t.encode()) for t in texts if isinstance(t, str))
+            if record.usage_seen and all(isinstance(t, str) for t in texts) and \
+                    record.prompt_tokens > sent + TEMPLATE_TOKENS:
                 record.left_out.append(("usage.prompt_tokens",
                                         f"usage.prompt_tokens {record.prompt_tokens:,} is more than the {sent:,} bytes "
                                         f"sent (+{TEMPLATE_TOKENS:,} for a chat template) can hold; the words sent were "
                                         f"counted instead"))
-                record.prompt_tokens = max(1, round(words / config.words_per_token + config.template_tokens))
+                record.prompt_tokens = prompt_estimate(body, config)
                 record.cached_tokens = min(record.cached_tokens, record.prompt_tokens)
             believe_timings(record)
     except StreamError as e:
@@ -9535,7 +9550,8 @@ def server_window(scrapes: list[dict[str, float]]) -> dict:
     # Every busy slot of a decode call computes a token at least: more slots than tokens a call is
     # a running mean and a call count that do not belong together.
     busy, tokens = window.get("mean_batch_per_decode"), window.get("tokens_per_decode")
-    if busy is not None and tokens is not None and busy > tokens * 1.001 and "mean_batch_per_decode" not in bad:
+    # (llama.cpp prints its counters to 6 digits: a window's means are off by a few percent)
+    if busy is not None and tokens is not None and busy > tokens * 1.05 + 0.01 and "mean_batch_per_decode" not in bad:
         bad["mean_batch_per_decode"] = busy
     if bad or below_zero:
         window.update(dict.fromkeys(bad))
@@ -10424,7 +10440,10 @@ def memory_bound(hardware: Hardware, model: ModelSpec, o: StepObservation) -> bo
 # share it; merge puts several client machines' runs on one clock.
 # ---------------------------------------------------------------------------------------------
 
-REFUSED_AT_THE_DOOR = ("longer than", "http 4")      # failures before a request ran: servesim's, a server's
+# Failures before a request ran: servesim's, loadgen's (http 4xx) and vllm bench serve's (a 4xx's
+# reason phrase, as it records them).
+REFUSED_AT_THE_DOOR = ("longer than", "http 4", "Bad Request", "Unprocessable", "Payload Too Large",
+                       "Request Entity Too Large")
 
 
 def simulate_measured(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) -> dict:
@@ -11579,7 +11598,7 @@ IDLE = Remedy("idle", "no request running or waiting, no latency in the input", 
               "none", "changing knobs on an idle server")
 
 
-QUEUE_NOTICED_MS = 50       # a mean queue time a user notices, where there is no TTFT to weigh it against
+QUEUE_NOTICED_MS = 50       # a typical queue time (a scrape's mean, a report's median) a user notices
 TTFT_NOTICED_MS = 1000      # a first token a user waits for: without a queue figure, too long to call healthy
 
 
@@ -11592,7 +11611,8 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     # A scrape's gauge is the moment it was taken, so it counts.
     queued = sig.queue_ms is not None and sig.queue_ms >= QUEUE_NOTICED_MS \
         and sig.queue_ms > 0.25 * (sig.ttft_ms or math.inf)
-    waiting = queued or ((sig.waiting or 0) > 0 if sig.queue_ms is None or sig.scrape else False)
+    waiting = queued or bool(sig.waited_at_cap) or (
+        (sig.waiting or 0) > 0 if sig.queue_ms is None or sig.scrape else False)
     # The simulator counts steps that were at the cap with requests waiting; a server's gauges only
     # give peaks, which must do.
     at_cap = sig.waited_at_cap if sig.waited_at_cap is not None else (
@@ -11705,9 +11725,9 @@ def explain(sig: Signals) -> dict:
         # what buys throughput comes first.
         tpot, _, throughput = change_first.partition("; for throughput, ")
         change_first = f"for throughput (TTFT is mostly queue), {throughput}; {tpot}"
-        expected = ("more throughput: the queue drains, so TTFT falls, and TPOT with the batch; a lower cap instead: "
-                    + remedy.effect)
-    if sig.running is not None and sig.waiting == 0 and (sig.queue_ms or 0) > 0 and not sig.scrape:
+        expected = "more throughput: the queue drains, so TTFT falls; a lower cap instead: " + remedy.effect
+    if sig.running is not None and sig.waiting == 0 and (sig.queue_ms or 0) > 0 and not sig.scrape \
+            and sig.server in ("vllm", "servesim"):
         arithmetic[-1] += (" (counted after each step's admissions, as vLLM counts it: requests that arrive during "
                            "a step wait for its end)")
     if sig.failed and remedy.symptom != "failing":     # a failure is evidence whatever else binds
@@ -12987,7 +13007,7 @@ def svg_figure(title: str, panels: list[Panel], columns: int = 2, width: int = 5
            *(f'<text x="{total_w / 2:.1f}" y="{22 + 18 * i}" text-anchor="middle" font-size="15" xml:space="preserve">'
              f'{escape(line)}</text>' for i, line in enumerate(lines))]
     # One legend width for a column of panels, so their plots (and a shared time axis) line up.
-    legend = max(legend_width(panel, height) for panel in panels)
+    legend = max(legend_width(panel, width, height) for panel in panels)
     for i, panel in enumerate(panels):
         out += svg_panel(panel, (i % columns) * width, head + (i // columns) * height, width, height, legend)
     out.append("</svg>")
@@ -13002,16 +13022,25 @@ def legend_rows(height: float) -> int:
     return max(1, int((height - 48 - 28 - 10) // LEGEND_ROW) + 1)
 
 
-def legend_width(panel: Panel, height: float) -> float:
-    """The legend, right of the plot: as many columns as its entries need."""
+LEGEND_SHARE = 0.45      # of a panel's width, at most: past it names are cut to fit (each series keeps its whole name)
+
+
+def legend_column(panel: Panel, width: float, height: float) -> float:
+    """One column of the legend: as wide as its longest name, or as the legend's share allows."""
     columns = math.ceil(len(panel.series) / legend_rows(height)) or 1
-    return columns * (max((len(name) for name, *_ in panel.series), default=0) * 7 + 36)
+    return min(max((len(name) for name, *_ in panel.series), default=0) * 7 + 36, LEGEND_SHARE * width / columns)
+
+
+def legend_width(panel: Panel, width: float, height: float) -> float:
+    """The legend, right of the plot: as many columns as its entries need."""
+    return (math.ceil(len(panel.series) / legend_rows(height)) or 1) * legend_column(panel, width, height)
 
 
 def svg_panel(panel: Panel, left: float, top: float, width: float, height: float,
               legend: Optional[float] = None) -> list[str]:
-    legend = legend_width(panel, height) if legend is None else legend
-    column = max((len(name) for name, *_ in panel.series), default=0) * 7 + 36
+    legend = legend_width(panel, width, height) if legend is None else legend
+    column = legend_column(panel, width, height)
+    fits = max(1, int((column - 30) // 7))        # characters of a name its column shows
     x0, y0, x1, y1 = left + 72, top + 28, left + width - 12 - legend, top + height - 48     # the plot area
     xs = [p[0] for _, points, _, _ in panel.series for p in points] + [x for x, _, _ in panel.marks]
     ys = ([p[1] for _, points, _, _ in panel.series for p in points] + [y for _, y, _ in panel.marks]
@@ -13069,7 +13098,9 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
         sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{"white" if hollow else color}" stroke="{color}"/>'
                   if marks else
                   f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 18}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
-        out.append(f'{sample}<text x="{lx + 24}" y="{ly}">{escape(name)}</text>')
+        head = (fits - 1) * 2 // 5           # (a cut name keeps both ends: its group's first word, its value)
+        shown = name if len(name) <= fits else name[:head] + "\u2026" + name[len(name) - (fits - 1 - head):]
+        out.append(f'{sample}<text x="{lx + 24}" y="{ly}">{escape(shown)}</text>')
     for x, low, high, color in panel.whiskers:
         out.append(f'<line class="whisker" x1="{px(x):.1f}" y1="{py(low):.1f}" x2="{px(x):.1f}" y2="{py(high):.1f}" '
                    f'stroke="{PALETTE[color % len(PALETTE)]}" stroke-width="1.5" data-x="{x:.6g}" '
@@ -13079,10 +13110,14 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
         wide = 7 * len(label)          # keep the label inside the chart: right of its point, else left, else
         start = px(x) + 10 if px(x) + 10 + wide <= x1 else px(x) - 10 - wide if px(x) - 10 - wide >= x0 \
             else max(x0 + 4, x1 - wide)               # where the chart holds it
-        ty = py(y) + 20
+        # Under the point, each label a line below those it would overprint; where that leaves the
+        # chart, above the point and upward.
+        ty, step = (py(y) + 20, 14) if py(y) + 20 <= y1 - 2 else (py(y) - 12, -14)
         while any(start < b_end and b_start < start + wide and abs(ty - b_y) < 14
                   for b_start, b_end, b_y in placed):
-            ty += 14
+            ty += step
+            if ty > y1 - 2 and step > 0:
+                ty, step = py(y) - 12, -14
         placed.append((start, start + wide, ty))
         out.append(f'<g class="mark" data-name="{escape(label)}" data-x="{x:.6g}" data-y="{y:.6g}">'
                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="8" fill="none" stroke="#000" stroke-width="1.5"/>'
@@ -13623,10 +13658,18 @@ def cmd_capacity(args) -> int:
         sys.stderr.write(f"servesim: {plan.note}\n")
     host = host_tier(spec, plan) if spec.kv_offloading_size else None
     refused = vllm_refusal(spec, plan)       # as simulate says it: the same reasons
+    # (vLLM's line: its own token budget for the device where no engine was named)
+    budget = (spec if spec.engine else engine_defaults(replace(spec, engine="vllm"), spec.given)).max_num_batched_tokens
     if args.json:
         report = capacity_json(plan, cost, engine_label(spec))
         if refused:
             report["vllm_would_refuse"] = refused
+        elif engine_profile(spec).rules == "vllm" and plan.max_concurrency >= 1:
+            tokens, concurrency = vllm_startup_figures(plan, budget)
+            report["vllm_would_log"] = {"kv_cache_tokens": tokens, "max_concurrency": concurrency}
+        if plan.model.sliding_layers:
+            report["sliding_window_note"] = ("a sliding-window layer's few blocks a request are left out of the "
+                                             "blocks and the simulation: their concurrency is an upper bound")
         if host:
             report["host_tier"] = {"gib": spec.kv_offloading_size, "blocks": host.capacity,
                                    "tokens": host.capacity * plan.block_size, "link_gbs": spec.hardware.host_link_gbs,
@@ -13634,8 +13677,7 @@ def cmd_capacity(args) -> int:
         write_json(report)
     else:
         out = io.StringIO()
-        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused,
-                       spec.max_num_batched_tokens)
+        print_capacity(plan, cost, out, engine_label(spec), engine_profile(spec).rules, refused, budget)
         if host:
             tokens = host.capacity * plan.block_size
             out.write(f"{'host tier':<17}{f'{spec.kv_offloading_size:,g} GiB':<19} {host.capacity:,} blocks = "
@@ -14236,7 +14278,8 @@ def cmd_compare(args) -> int:
                             f"ran on") from None
         raise
     simulated = compared["servesim"]
-    if simulated["config"].get("kv_plan_note"):
+    if simulated["config"].get("kv_plan_note") and not measured.settings.get("cache_from_report"):
+        # (a servesim report's own cache: the memory it leaves was said when the report was made)
         sys.stderr.write(f"servesim: {recorded(simulated['config']['kv_plan_note'])}\n")
     failures = measured_failures(measured)
     for note in measured.notes + ([failures] if failures else []):

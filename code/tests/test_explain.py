@@ -147,6 +147,14 @@ class WontHelp(unittest.TestCase):
         self.assertEqual(point["median_queue_ms"], 0)
         self.assertEqual(self.explained(point)["symptom"], "healthy")
 
+    def test_a_run_that_waits_at_the_cap_is_not_healthy_whatever_its_median_queue(self):
+        # helper-73: bursts that fill 8 seats leave the median request unqueued (30 ms) while 28% of
+        # the steps have requests waiting at the cap, and p90 waits 2.2 s: it read "healthy"
+        point, = self.points("--max-num-seqs", 8, "--rate", 3, "--burstiness", 0.1, "--requests", 400)
+        self.assertLess(point["median_queue_ms"], main.QUEUE_NOTICED_MS)
+        self.assertGreater(point["p90_queue_ms"], 1000)
+        self.assertEqual(self.explained(point)["symptom"], "sequence-bound")
+
     def test_compute_bound_with_ttft_mostly_queue_asks_for_throughput_first(self):
         # helper-72: the advice was to lower --parallel, which lengthens the queue that is 84% of TTFT
         code, out, err = run_cli("explain", f"{FIXTURES}/llamacpp-c8.json", "--server-flags", "--parallel 4",

@@ -398,6 +398,11 @@ class Helper71(unittest.TestCase):
                      "timings.cache_n"):
             self.assertIn(name, said)
         self.assertIsNone(report["timings"]["prompt_ms"]["p50"])
+        # helper-73: with ignore_eos the tokens after an end stream no text, so the count stands
+        with FakeServer(paced(ttft=0.02, tokens=5, completion_tokens=64)) as server:
+            r = self.loadgen(server, "--max-tokens", 64, "--ignore-eos")
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(r.json()["total_output_tokens"], 64)
 
     def test_scrapes_cut_short_restarted_or_impossible_are_not_believed(self):
         def cut(handler):

@@ -731,6 +731,16 @@ class PicturesReadable(unittest.TestCase):
         self.assertTrue(all(y <= height for _, y in texts))
         legend = {float(t.get("x")) for t in root.iter(f"{SVG}text") if (t.text or "").startswith("seqs")}
         self.assertEqual(len(legend), 2)          # the legend in two columns
+        # helper-73: sixteen long names took more than the panel, and the plot a negative width
+        panel = main.Panel("t", "x", "y")
+        for i in range(32):
+            panel.add(f"hardware rtx-pro-6000-server-96gb  tokens {i} p95", [(1, i + 1)])
+        root = ET.fromstring(main.svg_figure("t", [panel], columns=1, width=640, height=374))
+        self.assertTrue(all(float(r.get("width")) > 100 for r in root.iter(f"{SVG}rect")))
+        self.assertTrue(all(0 <= float(t.get("x")) <= 640 for t in root.iter(f"{SVG}text") if t.get("x")))
+        names = [t.text for t in root.iter(f"{SVG}text") if "\u2026" in (t.text or "")]
+        self.assertEqual(len(set(names)), 32)            # cut, each keeps both ends: its group and its value
+        self.assertTrue(names[0].startswith("hard") and names[-1].endswith("31 p95"), names[-1])
         colors = [g.get("stroke") for g in root.iter(f"{SVG}g") if g.get("class") == "series"]
         self.assertEqual(len(set(colors[:16])), 16)
 
@@ -746,6 +756,13 @@ class PicturesReadable(unittest.TestCase):
         root = ET.fromstring(main.svg_figure("t", [panel], columns=1))
         ys = [float(t.get("y")) for g in root.iter(f"{SVG}g") if g.get("class") == "mark" for t in g.iter(f"{SVG}text")]
         self.assertGreaterEqual(abs(ys[0] - ys[1]), 14)
+        panel = main.Panel("t", "x", "y")         # six labels at the bottom: stacked up, not off the chart
+        panel.add("s", [(0, 1.0), (10, 100.0)])
+        panel.marks += [(5.0, 1.2, f"label {i}") for i in range(6)]
+        root = ET.fromstring(main.svg_figure("t", [panel], columns=1, width=760, height=420))
+        ys = [float(t.get("y")) for g in root.iter(f"{SVG}g") if g.get("class") == "mark" for t in g.iter(f"{SVG}text")]
+        self.assertLess(max(ys), 420 + 34 - 48)
+        self.assertEqual(len(set(ys)), 6)
 
     def test_ticks_stacked_axes_and_styles(self):
         self.assertEqual([main.tick_text(v) for v in (1e5, 1e6, 1e7, 2.5, 0.001)],
