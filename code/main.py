@@ -11746,7 +11746,7 @@ def print_explanation(e: dict, w) -> None:
     phases = e["phases_ms"]
     named = {"ttft": "TTFT (queue and prefill, not split in this input)"}
     shown = ", ".join(f"{named.get(k, k)} {v:,.0f} ms" for k, v in phases.items() if v is not None)
-    latency = f"{'TTFT' if e['phase'] == 'ttft' else e['phase']} dominates ({shown})" if e["phase"] else \
+    latency = f"{'TTFT' if e['phase'] == 'ttft' else e['phase']} dominates the whole request ({shown})" if e["phase"] else \
         "not in this input"
     if phases["queue"] is not None and e.get("ttft_ms"):
         latency += f"; TTFT is {min(1.0, phases['queue'] / e['ttft_ms']):.0%} queue"
@@ -12716,14 +12716,19 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
             price = (f": ${cost['usd_per_hour']:,.2f} an hour (${cost['usd_per_month']:,.0f} a month), "
                      f"${number(cost.get('usd_per_million_output_tokens'), 3)} per million output tokens"
                      if cost else " (no price: give --price-per-hour)")
-            among = f" among the {tried} deployments tried before the stop" if tried else ""
+            among = f" among the {tried} deployments tried before the stop" if tried else \
+                f" of the {len(found)} deployments tried" if len(found) > 1 else ""
+            gpus = (best[0]["best"].get("config") or {}).get("gpus")
+            counted = f" ({gpus} GPUs)" if isinstance(gpus, int) and gpus > 1 else ""
             unpriced = [item for item in best[1:] if not (item["best"]["cost"] or {}).get("usd_per_hour")]
             if cost and unpriced:       # (cheapest_first puts those with no price last: none is known cheaper)
                 first = "  ".join(f"{flag_of(a)[2:]} {value_label(a, unpriced[0]['settings'][a])}" for a in axes)
                 among += (f" with a price ({len(unpriced)} more meet{'s' * (len(unpriced) == 1)} it with none, "
                           f"{first}{' and more' if len(unpriced) > 1 else ''}: give its price_per_hour)")
-            lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + price)
+            lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + counted
+                         + price)
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
+            lines += refusal_lines(best[:1], axes)
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")
         return lines
@@ -12754,6 +12759,18 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
             lines += answer_text(item["burst"], unit, by, replace(probing, sustained=False),
                                  f"{prefix}highest {by} at which {once}, played once, meet{'s' * (not first)} the "
                                  f"slo (it absorbs this burst)")
+    return lines + refusal_lines([item for item in found if item.get("best")], axes)
+
+
+def refusal_lines(found: list[dict], axes: list[str]) -> list[str]:
+    """What vLLM would refuse to start of the answers (a cache shorter than the model's length,
+    say), as simulate says it on stderr: an answer a team cannot deploy as given."""
+    lines = []
+    for item in found:
+        refused = ((item.get("best") or {}).get("config") or {}).get("vllm_would_refuse")
+        if refused:
+            named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+            lines.append(f"beware{f' ({named})' if named else ''}: {refused}")
     return lines
 
 

@@ -780,3 +780,21 @@ class PicturesReadable(unittest.TestCase):
                   if g.get("class") == "panel"]
         self.assertEqual(len(titles), 4)
         self.assertIn("counted when each prefill ends", titles[3])
+
+
+class AnswersToBuyAgainst(unittest.TestCase):
+    """helper-74: an answer named a deployment vLLM would refuse to start, and "cheapest" of a grid
+    read as cheapest of all."""
+
+    def test_the_cheapest_line_says_of_how_many_and_its_gpus_and_what_vllm_needs(self):
+        flags = ("search", "-dp", "1,2", "--prompt-tokens", "200", "--output-tokens", "50", "--slo", "ttft_p95:2000",
+                 "--steady-requests", "40", "--recheck", "1")
+        code, out, err = call_cli(*flags, "--hardware", "l4-24gb", "--rate", "0.5")
+        self.assertEqual(code, 0, err)
+        self.assertIn("cheapest that meets the slo at 0.5 req/s of the 2 deployments tried: data-parallel-size 1:", out)
+        self.assertIn("beware (data-parallel-size 1): vLLM would refuse to start this deployment", out)
+        self.assertIn("vLLM needs --max-model-len 31056 or less", out)
+        code, out, err = call_cli(*flags, "--hardware", "l4-24gb", "--rate", "0.5", "--max-model-len", "4096")
+        self.assertNotIn("beware", out)
+        code, out, err = call_cli(*flags[:2], "2", *flags[3:], "--hardware", "h100-sxm-80gb", "--rate", "0.5")
+        self.assertIn("cheapest that meets the slo at 0.5 req/s: the one tried (2 GPUs): $", out)
