@@ -14709,6 +14709,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "replica_schedule", "requests",
                                                                "enable_expert_parallel", "goodput",
                                                                "hours_per_month")])
+    # Taken, so a user who tries one is told why it does not apply, but not offered in --help:
+    # disaggregation (replicas of a prefill-decode pair are not modelled) and a ramp (the profile
+    # or trace sets the arrivals).
+    for action in p._actions:
+        if {"--disaggregate", "--prefill-hardware", "--decode-hardware", "--kv-link-gbs", "--ramp-up-strategy",
+                "--ramp-up-start-rps", "--ramp-up-end-rps"} & set(action.option_strings):
+            action.help = argparse.SUPPRESS
     g = p.add_argument_group("plan")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...", action="append",
                    help="bounds each window's probe must meet, as search takes them, e.g. ttft_p95:2000,tpot_p50:50 "

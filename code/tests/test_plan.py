@@ -695,6 +695,8 @@ class SaidFirst(unittest.TestCase):
             self.assertNotIn("--concurrency", err)
         text = main_help("plan")
         self.assertNotIn("a search's --rate target", text)
+        for flag in ("--disaggregate", "--kv-link-gbs", "--ramp-up-strategy"):     # (helper-74: taken, refused, not offered)
+            self.assertNotIn(flag, text)
         self.assertIn("more than 10, at most 86,400", text)
 
 
