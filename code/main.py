@@ -12089,9 +12089,13 @@ def print_run(result: dict, out=None) -> None:
         w(f"{'':<12}{result['hint']}\n")
     engine = result.get("engine")
     if engine:
-        w(f"{'kv cache':<12}{engine['num_blocks']:,.0f} blocks x {engine['block_size']} tokens  "
+        # With replicas, blocks and steps are all of theirs, a batch each one's (the lines below).
+        n = len(result.get("replicas") or ())
+        each = f" in all, {engine['num_blocks'] / n:,.0f} in each replica" if n > 1 else ""
+        w(f"{'kv cache':<12}{engine['num_blocks']:,.0f} blocks x {engine['block_size']} tokens{each}  "
           f"peak {engine['kv_peak']:.1%}  mean {engine['kv_mean']:.1%}\n")
-        w(f"{'steps':<12}{engine['steps']:,.0f}  mean batch {engine['mean_batch']:.1f} seqs  "
+        w(f"{'steps':<12}{engine['steps']:,.0f}{' in all' if n > 1 else ''}  mean batch {engine['mean_batch']:.1f} "
+          f"seqs{' a replica' if n > 1 else ''}  "
           f"preemptions {engine['preemptions']:,.0f}  evictions {engine['evictions']:,.0f}  "
           + (f"prefix hits {engine['prefix_hit_rate']:.1%}\n" if "prefill_engine" not in result else
              "prefix hits: the prefill engine's (below)\n"))

@@ -179,3 +179,12 @@ class FailureLines(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReplicaLabels(unittest.TestCase):
+    def test_blocks_and_steps_are_said_to_be_all_replicas_and_the_batch_each_ones(self):
+        # helper-74: "kv cache 223,976 blocks" (eight replicas') beside "mean batch 3.8 seqs" (one's)
+        code, out, err = run_cli("simulate", "-dp", "8", "--concurrency", "32", "--requests", "200")
+        self.assertEqual(code, 0, err)
+        self.assertIn("blocks x 16 tokens in all, 27,997 in each replica", out)
+        self.assertRegex(out, r"steps +[0-9,]+ in all  mean batch [0-9.]+ seqs a replica")
