@@ -9043,6 +9043,22 @@ SPECIAL_TOKENS = 16       # an answer's tokens that stream no text: its end, a t
 TEMPLATE_TOKENS = 4096    # a chat template's own tokens around the messages sent (a system preamble)
 
 
+REPLY_CHARS_PER_TOKEN = 64     # a token's text is a few characters: a reply past this many a token is not its tokens'
+
+
+def reply_text(record: StreamRecord, max_tokens: int) -> str:
+    """A reply as the next turn of its conversation sends it back: at most what max_tokens tokens
+    can hold, so a server that streams megabytes a token cannot grow every later turn by them."""
+    text = "".join(record.text or ())
+    most = REPLY_CHARS_PER_TOKEN * max(1, max_tokens)
+    if len(text) > most:
+        record.left_out.append(("reply", f"the reply's {len(text):,} characters are more than {max_tokens:,} tokens "
+                                         f"hold ({REPLY_CHARS_PER_TOKEN} a token): the conversation carries its first "
+                                         f"{most:,}"))
+        text = text[:most]
+    return text
+
+
 def prompt_estimate(body: dict, config: "LoadConfig") -> int:
     """A request's prompt tokens from the words it sent, where the server's count is missing or
     not believed."""
@@ -9879,7 +9895,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                             records.append(StreamRecord(unit * turns + later - 1, turn=later, sent_s=record.sent_s,
                                                         error=f"{TURN_FAILED}: turn {turn} failed"))
                 return
-            history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
+            history = body["messages"] + [{"role": "assistant", "content": reply_text(record, body["max_tokens"])}]
             if stop.wait(config.think_time_s):
                 return
 
@@ -9901,7 +9917,7 @@ def run_load(config: LoadConfig, progress: Optional[Progress] = None) -> tuple[d
                                                     error=f"{TURN_FAILED}: turn {turn} failed"))
                         child, later = child_of.get(child), later + 1
                 return
-            history = body["messages"] + [{"role": "assistant", "content": "".join(record.text)}]
+            history = body["messages"] + [{"role": "assistant", "content": reply_text(record, body["max_tokens"])}]
             if rows[child][1] <= rows[row][1] + rows[row][2]:
                 history = []          # its prompt_tokens cannot hold the conversation so far: sent as itself
             delay = config.trace.delays[child]

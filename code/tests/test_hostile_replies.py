@@ -488,6 +488,18 @@ class Helper71(unittest.TestCase):
         self.assertEqual(list(r.json()["first_error_by_kind"].values()),
                          ["timeout: no answer within 2 s (--request-timeout)"])
 
+    def test_a_reply_of_megabytes_is_not_sent_back_whole_in_the_next_turn(self):
+        big = [f"data: {json.dumps(chunk({'content': 'x' * 100_000}))}\n\n" for _ in range(3)]
+        stream = scripted(*big, f"data: {json.dumps(chunk(finish='length'))}\n\n", "data: [DONE]\n\n")
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 2, "--turns", 2, "--no-size-prompts",
+                    "--max-tokens", 16, "--think-time", 0, "--json", "--scrape-interval", 100)
+            self.assertEqual(r.code, 0, r.err)
+            later = [b for b in server.bodies if len(b["messages"]) > 1]
+        self.assertTrue(later)
+        self.assertEqual(len(later[0]["messages"][-2]["content"]), 64 * 16)
+        self.assertIn("the reply's 300,000 characters are more than 16 tokens hold", r.out)
+
     def test_a_truncated_or_empty_report_is_said_in_plain_words(self):
         # helper-71: "Unterminated string starting at at column 7"; /dev/null as "Expecting value"
         with self.assertRaisesRegex(main.UserError, r"^r: not valid JSON \(Unterminated string starting at column 7\); "
