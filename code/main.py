@@ -8979,6 +8979,11 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise StreamError(f"bad stream: choices is not a list of objects: {data[:80]!r}")
     for choice in choices:
+        if choice.get("index") not in (0, None):     # (one choice was asked for: another is no token of it)
+            if not any(name == "choices" for name, _ in record.left_out):
+                record.left_out.append(("choices", f"the stream carried choice {printable(str(choice.get('index'))[:20])} "
+                                                   f"where one was asked for: only the first was counted"))
+            continue
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             raise StreamError(f"bad stream: a delta is not an object: {data[:80]!r}")
@@ -8989,6 +8994,11 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         for name, value in (("content", content), ("reasoning", thinking)):
             if value is not None and not isinstance(value, str):
                 raise StreamError(f"bad stream: a delta's {name} is not a string: {data[:80]!r}")
+        if (content or thinking) and record.finish_reason:     # after its end: no token of this answer
+            if not any(name == "after the end" for name, _ in record.left_out):
+                record.left_out.append(("after the end", "the stream carried text after its finish_reason: "
+                                                         "not counted"))
+            content = thinking = None
         if content or thinking:
             record.streamed_bytes += len((content or "").encode()) + len((thinking or "").encode())
             if record.first_token_s is None:

@@ -488,6 +488,19 @@ class Helper71(unittest.TestCase):
         self.assertEqual(list(r.json()["first_error_by_kind"].values()),
                          ["timeout: no answer within 2 s (--request-timeout)"])
 
+    def test_a_second_choice_and_text_after_the_end_are_no_tokens_of_the_answer(self):
+        tok = chunk({"content": " tok"})
+        other = {**tok, "choices": [{**tok["choices"][0], "index": 1}]}
+        events = [tok, other, tok, chunk(finish="length"), tok]
+        stream = scripted(*[f"data: {json.dumps(e)}\n\n" for e in events], "data: [DONE]\n\n")
+        with FakeServer(stream) as server:
+            r = run("loadgen", "--url", server.url, "--model", "m", "--requests", 1, "--no-size-prompts", "--detailed",
+                    "--json", "--scrape-interval", 100)
+        self.assertEqual(r.code, 0, r.err)
+        self.assertEqual(len(r.json()["itls"][0]), 1)          # two tokens of the first choice, before its end
+        self.assertIn("only the first was counted", r.out)
+        self.assertIn("text after its finish_reason: not counted", r.out)
+
     def test_a_reply_of_megabytes_is_not_sent_back_whole_in_the_next_turn(self):
         big = [f"data: {json.dumps(chunk({'content': 'x' * 100_000}))}\n\n" for _ in range(3)]
         stream = scripted(*big, f"data: {json.dumps(chunk(finish='length'))}\n\n", "data: [DONE]\n\n")
