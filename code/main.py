@@ -7418,9 +7418,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
     if simulated and config.get("disaggregated"):     # (its prefill engine's device is not in the report)
         notes.append("the run was disaggregated (--disaggregate): it is replayed on one engine unless --disaggregate "
                      "and its devices are given")
-    engine = config.get("engine") if simulated else None
-    if engine is not None and not isinstance(engine, str):
-        raise UserError(f"{kind} {name}: config.engine must be an engine's name, got {printable(str(engine)[:40])!r}")
+    engine, = config_names(config, ("engine",), f"{kind} {name}", "an engine's name") if simulated else (None,)
     if engine in ENGINES and not config.get("engine_base"):     # (a profile file records the engine it is based on)
         settings["engine"] = engine
     elif engine is not None:
@@ -7622,6 +7620,15 @@ def settings_from_meta(meta: dict, where: str) -> dict:
                             f"{low:g} to {high:,} GiB, got {str(memory)[:40]}")
         found["device_bytes"] = memory
     return {k: v for k, v in found.items() if v is not None and v != ""}
+
+
+def config_names(config: dict, keys: tuple, where: str, what: str = "a name") -> list:
+    """A report's config's names (its model, device, engine), each text or absent: an edited
+    report's number or object in their place is refused."""
+    for key in keys:
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise UserError(f"{where}: config.{key} must be {what}, got {printable(str(config[key])[:40])!r}")
+    return [config.get(key) for key in keys]
 
 
 def recorded_setting(name: str, value, where: str, label: str):
@@ -8965,6 +8972,12 @@ def error_message(data: str) -> str:
     return str(message if message is not None else data)[:200]
 
 
+def noted_once(record: StreamRecord, name: str, why: str) -> None:
+    """What a reader left out of a request, said once however many of its events did it."""
+    if not any(seen == name for seen, _ in record.left_out):
+        record.left_out.append((name, why))
+
+
 def take_event(data: str, at: float, record: StreamRecord) -> None:
     """One chat.completion.chunk into the record; a malformed one is a StreamError."""
     try:
@@ -8980,9 +8993,8 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
         raise StreamError(f"bad stream: choices is not a list of objects: {data[:80]!r}")
     for choice in choices:
         if choice.get("index") not in (0, None):     # (one choice was asked for: another is no token of it)
-            if not any(name == "choices" for name, _ in record.left_out):
-                record.left_out.append(("choices", f"the stream carried choice {printable(str(choice.get('index'))[:20])} "
-                                                   f"where one was asked for: only the first was counted"))
+            noted_once(record, "choices", f"the stream carried choice {printable(str(choice.get('index'))[:20])} "
+                                          f"where one was asked for: only the first was counted")
             continue
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
@@ -8995,9 +9007,7 @@ def take_event(data: str, at: float, record: StreamRecord) -> None:
             if value is not None and not isinstance(value, str):
                 raise StreamError(f"bad stream: a delta's {name} is not a string: {data[:80]!r}")
         if (content or thinking) and record.finish_reason:     # after its end: no token of this answer
-            if not any(name == "after the end" for name, _ in record.left_out):
-                record.left_out.append(("after the end", "the stream carried text after its finish_reason: "
-                                                         "not counted"))
+            noted_once(record, "after the end", "the stream carried text after its finish_reason: not counted")
             content = thinking = None
         if content or thinking:
             record.streamed_bytes += len((content or "").encode()) + len((thinking or "").encode())
@@ -11004,11 +11014,8 @@ def merge_reports(reports: list[tuple[str, dict]], slos: Optional[dict] = None) 
             raise UserError(f"report {path}: failed_streamed_tokens must be a whole number of tokens, got "
                             f"{printable(str(tokens)[:40])}")
         streamed += tokens
-        for field_name, by_name in (("model", models), ("hardware", devices)):
-            said = config.get(field_name)
-            if said is not None and not isinstance(said, str):     # (an edited report's)
-                raise UserError(f"report {path}: config.{field_name} must be a name, got {printable(str(said)[:40])!r}")
-            if isinstance(said, str):
+        for said, by_name in zip(config_names(config, ("model", "hardware"), f"report {path}"), (models, devices)):
+            if said is not None:
                 by_name.setdefault(said, path)
     if not parts:
         raise UserError("no report has a measured request to merge")
@@ -11553,10 +11560,8 @@ def report_deployment(config: dict, name: str) -> Optional[RunSpec]:
     step: its parallelism, quantization and cost model as well as its device and model. None where
     the device or the model is not a preset, or the engine is a profile file: the report names it,
     and holds none of its figures."""
-    hardware, model, engine = (config.get(k) for k in ("hardware", "model", "engine"))
-    if engine is not None and not isinstance(engine, str):
-        raise UserError(f"explain input {name}: config.engine must be an engine's name, got "
-                        f"{printable(str(engine)[:40])!r}")
+    hardware, model = config.get("hardware"), config.get("model")
+    engine, = config_names(config, ("engine",), f"explain input {name}", "an engine's name")
     if not (isinstance(hardware, str) and hardware in HARDWARE and isinstance(model, str) and model in MODELS) \
             or engine is not None and (engine not in ENGINES or config.get("engine_base")):
         return None
@@ -12742,7 +12747,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
         best = [item for item in found if item["best"]]
         if best:
             cost = best[0]["best"]["cost"] or {}
-            named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, best[0]['settings'][a])}" for a in axes)
+            named = deployment_words(best[0], axes)
             price = (f": ${cost['usd_per_hour']:,.2f} an hour (${cost['usd_per_month']:,.0f} a month), "
                      f"${number(cost.get('usd_per_million_output_tokens'), 3)} per million output tokens"
                      if cost else " (no price: give --price-per-hour)")
@@ -12752,7 +12757,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
             counted = f" ({gpus} GPUs)" if isinstance(gpus, int) and gpus > 1 else ""
             unpriced = [item for item in best[1:] if not (item["best"]["cost"] or {}).get("usd_per_hour")]
             if cost and unpriced:       # (cheapest_first puts those with no price last: none is known cheaper)
-                first = "  ".join(f"{flag_of(a)[2:]} {value_label(a, unpriced[0]['settings'][a])}" for a in axes)
+                first = deployment_words(unpriced[0], axes)
                 among += (f" with a price ({len(unpriced)} more meet{'s' * (len(unpriced) == 1)} it with none, "
                           f"{first}{' and more' if len(unpriced) > 1 else ''}: give its price_per_hour)")
             lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + counted
@@ -12782,7 +12787,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     for item in found:
         if item.get("does_not_fit"):
             continue
-        named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+        named = deployment_words(item, axes)
         prefix = f"{named}: " if named else ""
         lines += answer_text(item, unit, by, probing, f"{prefix}highest {sustained}{by} meeting the slo")
         if item.get("burst"):
@@ -12792,6 +12797,11 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     return lines + refusal_lines([item for item in found if item.get("best")], axes)
 
 
+def deployment_words(item: dict, axes: list[str]) -> str:
+    """A searched deployment by its settings on the search's axes, as its flags name them."""
+    return "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+
+
 def refusal_lines(found: list[dict], axes: list[str]) -> list[str]:
     """What vLLM would refuse to start of the answers (a cache shorter than the model's length,
     say), as simulate says it on stderr: an answer a team cannot deploy as given."""
@@ -12799,7 +12809,7 @@ def refusal_lines(found: list[dict], axes: list[str]) -> list[str]:
     for item in found:
         refused = ((item.get("best") or {}).get("config") or {}).get("vllm_would_refuse")
         if refused:
-            named = "  ".join(f"{flag_of(a)[2:]} {value_label(a, item['settings'][a])}" for a in axes)
+            named = deployment_words(item, axes)
             lines.append(f"beware{f' ({named})' if named else ''}: {refused}")
     return lines
 
@@ -14394,9 +14404,7 @@ def cmd_calibrate(args) -> int:
                                  f"{report['failed'] + report.get('completed', 0):,.0f} requests failed; its figures, "
                                  f"and the fit, are of the rest\n")
             config = report.get("config") or {}
-            for key in ("model", "hardware", "engine", "engine_base"):
-                if config.get(key) is not None and not isinstance(config[key], str):
-                    raise UserError(f"report {path}: config.{key} must be a name, got {printable(str(config[key])[:40])}")
+            config_names(config, ("model", "hardware", "engine", "engine_base"), f"report {path}")
             # vllm bench serve names the model by its Hugging Face id.
             hub = report.get("model_id")
             named["model"].add(config.get("model") or (KNOWN_MODELS.get(hub.lower(), hub) if isinstance(hub, str) else None))
