@@ -7185,6 +7185,9 @@ class MeasuredRun:
     # Its rates as the file states them, where its send times were made up (no start_times): a
     # rate summed from stand-in arrivals would be servesim's guess shown as measured.
     stated_rates: Optional[dict] = None
+    # Its KV blocks are a servesim report's own fixed cache: what they leave of memory was said
+    # when the report was made.
+    simulated_cache: bool = False
 
 
 # How vLLM's logs and bench files name what servesim has presets for.
@@ -7430,7 +7433,7 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
         tokens, size = (recorded_setting(k, config.get(k), f"{kind} {name}", f"config.{k}")
                         for k in ("kv_tokens", "block_size"))
         if size and tokens % size == 0:
-            settings["num_gpu_blocks"], settings["cache_from_report"] = tokens // size, True
+            settings["num_gpu_blocks"] = tokens // size
     draft = config.get("draft_model") if simulated else None
     if isinstance(draft, str) and draft in MODELS:
         settings["draft_model"] = MODELS[draft]
@@ -7479,7 +7482,8 @@ def run_from_report(report: dict, name: str, kind: str = "run") -> MeasuredRun:
             + ([f"{shape['block_size']}-token blocks"] if "block_size" in shape else []) \
             + ([f"prefix caching {'on' if shape['prefix_caching'] else 'off'}"] if "prefix_caching" in shape else [])
         notes.append(f"the server's shape as loadgen read it from {printable(str(source)[:60])}: {', '.join(said)}")
-    return MeasuredRun(name, requests, settings, [], notes, stated)
+    return MeasuredRun(name, requests, settings, [], notes, stated, simulated_cache="num_gpu_blocks" in settings
+                       and simulated)
 
 
 def read_request_log(path: str) -> MeasuredRun:
@@ -12727,12 +12731,16 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
               if missed else [])]
 
 
+def lengths_words(spec: RunSpec) -> str:
+    """A synthetic workload's lengths, as a sweep's or search's title names them."""
+    return f"prompt {spec.prompt_tokens}  output {spec.output_tokens}" + (
+        f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
+
+
 def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: list[dict], probing: Probing,
                 tried: Optional[str] = None) -> list[str]:
     slo, by, target = probing.slo, probing.by, probing.target
-    workload = (f"trace {trace}" if trace else
-                f"prompt {spec.prompt_tokens}  output {spec.output_tokens}"
-                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else ""))
+    workload = f"trace {trace}" if trace else lengths_words(spec)
     unit = spec.rate_unit() if by == "rate" else "clients"
     load = (f"at {target:g} {unit}" if target is not None else
             f"highest {by} within {100 * probing.tolerance:.3g}%" if by == "rate" else "highest concurrency")
@@ -13082,21 +13090,25 @@ def legend_rows(height: float) -> int:
 LEGEND_SHARE = 0.45      # of a panel's width, at most: past it names are cut to fit (each series keeps its whole name)
 
 
+def legend_columns(panel: Panel, height: float) -> int:
+    """The legend, right of the plot: as many columns as its entries need."""
+    return math.ceil(len(panel.series) / legend_rows(height)) or 1
+
+
 def legend_column(panel: Panel, width: float, height: float) -> float:
     """One column of the legend: as wide as its longest name, or as the legend's share allows."""
-    columns = math.ceil(len(panel.series) / legend_rows(height)) or 1
-    return min(max((len(name) for name, *_ in panel.series), default=0) * 7 + 36, LEGEND_SHARE * width / columns)
+    return min(max((len(name) for name, *_ in panel.series), default=0) * 7 + 36,
+               LEGEND_SHARE * width / legend_columns(panel, height))
 
 
 def legend_width(panel: Panel, width: float, height: float) -> float:
-    """The legend, right of the plot: as many columns as its entries need."""
-    return (math.ceil(len(panel.series) / legend_rows(height)) or 1) * legend_column(panel, width, height)
+    return legend_columns(panel, height) * legend_column(panel, width, height)
 
 
 def svg_panel(panel: Panel, left: float, top: float, width: float, height: float,
               legend: Optional[float] = None) -> list[str]:
     legend = legend_width(panel, width, height) if legend is None else legend
-    column = legend_column(panel, width, height)
+    column, rows = legend_column(panel, width, height), legend_rows(height)
     fits = max(1, int((column - 30) // 7))        # characters of a name its column shows
     x0, y0, x1, y1 = left + 72, top + 28, left + width - 12 - legend, top + height - 48     # the plot area
     xs = [p[0] for _, points, _, _ in panel.series for p in points] + [x for x, _, _ in panel.marks]
@@ -13150,7 +13162,6 @@ def svg_panel(panel: Panel, left: float, top: float, width: float, height: float
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="{4 if marks else 2.5}"{hollow} '
                        f'data-x="{x:.6g}" data-y="{y:.6g}">{tip}</circle>')
         out.append("</g>")
-        rows = legend_rows(height)
         ly, lx = y0 + 10 + LEGEND_ROW * (i % rows), x1 + 10 + column * (i // rows)
         sample = (f'<circle cx="{lx + 9}" cy="{ly - 4}" r="4" fill="{"white" if hollow else color}" stroke="{color}"/>'
                   if marks else
@@ -13855,9 +13866,7 @@ def cmd_sweep(args) -> int:
     table = None
     workload = (f"trace {args.trace}" if args.trace else
                 (f"{spec.requests:,} requests  " if spec.requests else "" if spec.rate_profile else
-                 f"{DEFAULT_REQUESTS:,} requests  ") + f"prompt {spec.prompt_tokens}  "
-                f"output {spec.output_tokens}"
-                + (f"  prefix {spec.prefix_tokens} x {spec.num_prefixes}" if spec.prefix_tokens else "")
+                 f"{DEFAULT_REQUESTS:,} requests  ") + lengths_words(spec)
                 + ("" if {"rate", "concurrency"} & set(axes) else
                    f"  {replace(spec, burstiness=1.0).arrivals() if 'burstiness' in axes else spec.arrivals()}"))
     hardware = (spec.decode_hardware or spec.hardware) if spec.disaggregate or "kv_link_gbs" in axes else spec.hardware
@@ -14335,8 +14344,7 @@ def cmd_compare(args) -> int:
                             f"ran on") from None
         raise
     simulated = compared["servesim"]
-    if simulated["config"].get("kv_plan_note") and not measured.settings.get("cache_from_report"):
-        # (a servesim report's own cache: the memory it leaves was said when the report was made)
+    if simulated["config"].get("kv_plan_note") and not measured.simulated_cache:
         sys.stderr.write(f"servesim: {recorded(simulated['config']['kv_plan_note'])}\n")
     failures = measured_failures(measured)
     for note in measured.notes + ([failures] if failures else []):
