@@ -4186,7 +4186,7 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
         raise UserError(f"--rate-profile sets the arrivals: drop {' and '.join(given_arrivals)}")
     if spec.burstiness != 1 and not (spec.ramp_up or spec.rate or spec.rate_profile):
         raise UserError("--burstiness shapes the gaps of open-loop arrivals: add --rate R (or a ramp)")
-    if spec.warmup:
+    if spec.warmup and not (spec.rate_profile and not spec.requests):   # (a profile's count is its draw's: later)
         sent = min(len(spec.trace.rows), spec.requests or len(spec.trace.rows)) if spec.trace else \
             spec.requests or DEFAULT_REQUESTS
         if spec.warmup >= sent:
@@ -6420,7 +6420,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
               "scale_down_after_s": scaling.scale_down_after, "slo": {name: bound for name, _, bound in probing.slo.bounds},
               "never_met": [r["start_s"] for r in rows if r["needs"] > scaling.max_replicas],
               "max_replicas": scaling.max_replicas, "gpus_per_replica": spec.gpus_per_replica,
-              "period_windows": len(windows), "verified": None, "interrupted": None}
+              "period_windows": len(windows), "verified": None, "interrupted": None,
+              "vllm_would_refuse": ((one.get("best") or {}).get("config") or {}).get("vllm_would_refuse")}
     for attempt in range(MAX_REPAIRS + 1):
         schedule = scheduled(rows, scaling, delay, price)
         if not verify or stop:
@@ -6441,7 +6442,8 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     report["schedule"] = [{"time_s": t, "replicas": n} for t, n in schedule.steps]
     report["totals"] = schedule_report(schedule, schedule.spans(delay), delay, duration, spec.gpus_per_replica,
                                        price / spec.gpus_per_replica if price else None)
-    peak = max(min(r["needs"], scaling.max_replicas) for r in rows)
+    # (the fleet the schedule is weighed against keeps --min-replicas too, or it would "save" a negative sum)
+    peak = max(scaling.min_replicas, *(min(r["needs"], scaling.max_replicas) for r in rows))
     report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
     if verified:
@@ -12465,6 +12467,8 @@ def print_plan(report: dict, title: str, w) -> None:
           + (f" ({', '.join(clock(t) for t in missed[:6])}{', ...' if len(missed) > 6 else ''})" if missed else "")
           + (f", {scaling} of them while added replicas start" if missed else "")
           + "\n")
+    if report.get("vllm_would_refuse"):      # as search's answer says it: a plan a team cannot deploy as given
+        w(f"beware: {report['vllm_would_refuse']}\n")
     if report.get("interrupted"):
         w(f"interrupted after {report['interrupted']}\n")
 

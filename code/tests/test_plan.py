@@ -104,6 +104,21 @@ class SeedsOfAProfile(unittest.TestCase):
         self.assertAlmostEqual(report["completed"], (249 + 315 + 289) / 3, delta=1)
 
 
+    def test_a_warmup_is_held_to_the_profiles_own_count_not_the_default_requests(self):
+        # helper-75: --warmup 300 was refused ("send more --requests", which plan does not take)
+        # against the 256 requests a run sends without a profile, where this profile sends ~500.
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "p.csv", "time_s,rate\n0,5\n100,0\n")
+            code, out, err = call_cli("simulate", "--hardware", "l4-24gb", "--max-model-len", "4096",
+                                      "--rate-profile", profile, "--warmup", "300", "--json")
+            self.assertEqual(code, 0, err)
+            report = __import__("json").loads(out)
+            self.assertGreater(report["completed"], 100)      # measured: what the profile sent after the 300
+            code, _, err = call_cli("simulate", "--hardware", "l4-24gb", "--rate-profile", profile, "--warmup", "5000")
+            self.assertEqual(code, 2)
+            self.assertIn("rate profile", err)
+
+
 class ReplicaSchedules(unittest.TestCase):
     SCHEDULE = main.ReplicaSchedule("s", ((0.0, 1), (100.0, 3), (300.0, 2), (400.0, 1)))
 
@@ -271,6 +286,24 @@ class Plans(unittest.TestCase):
         self.assertNotIn("the schedule saves", out)
         self.assertEqual(err.strip().splitlines()[-1],
                          "servesim: the plan does not meet the slo: 1 window needs more than --max-replicas 4, from 00:10")
+
+    def test_the_peak_fleet_keeps_min_replicas_and_a_deployment_vllm_refuses_is_said(self):
+        # helper-75: with --min-replicas 4 the peak fleet was 3, below the schedule's least, and the
+        # plan of an L4 whose cache cannot hold the model's own length said nothing of it.
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,0.5\n600,1\n")
+            args = ["plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
+                    "--output-tokens", "100", "--slo", "ttft_p95:2000", "--window", "600", "--steady-requests",
+                    "200", "--recheck", "1", "--no-verify", "--min-replicas", "4"]
+            code, out, err = call_cli(*args, "--json")
+            self.assertEqual(code, 0, err)
+            report = main.json.loads(out)
+            self.assertEqual(report["totals"]["least"], 4)
+            self.assertEqual(report["totals"]["peak_fleet"], 4)
+            self.assertIn("vLLM would refuse to start this deployment", report["vllm_would_refuse"])
+            code, out, err = call_cli(*args)
+        self.assertIn("\nbeware: vLLM would refuse to start this deployment: one request of 131,072 tokens", out)
+        self.assertNotIn("the schedule saves", out)
 
     def test_more_windows_than_a_plan_takes_are_refused_before_it_runs(self):
         # helper-57: a year of 11-s windows ran for minutes at 950 MB, and ignored Ctrl-C
