@@ -7582,6 +7582,8 @@ def settings_from_meta(meta: dict, where: str) -> dict:
         "tensor_parallel_size": (engine, "tensor_parallel_size", "engine_kwargs"),
         "data_parallel_size": (engine, "data_parallel_size", "engine_kwargs"),
         "enable_expert_parallel": (engine, "enable_expert_parallel", "engine_kwargs"),
+        "kv_offloading_size": (engine, "kv_offloading_size", "engine_kwargs"),        # a host tier, vLLM's flags
+        "kv_offloading_backend": (engine, "kv_offloading_backend", "engine_kwargs"),
         "num_gpu_blocks": (kv, "num_gpu_blocks", "kv_cache"), "block_size": (kv, "block_size", "kv_cache"),
         "prefix_caching": (kv, "enable_prefix_caching", "kv_cache"),
         "gpu_memory_utilization": (kv, "gpu_memory_utilization", "kv_cache"),
@@ -10623,6 +10625,7 @@ def compare_run(measured: MeasuredRun, spec: RunSpec, timeline: bool = False) ->
              f"max-num-batched-tokens {spec.max_num_batched_tokens}"
              + (", prefix caching" if spec.prefix_caching else "")
              + (", reserve full isl" if spec.reserve_full_isl else "")
+             + (f", host tier {spec.kv_offloading_size:g} GiB" if spec.kv_offloading_size else "")
              + (f", tensor parallel {spec.tensor_parallel_size}" if spec.tensor_parallel_size > 1 else "")
              + (f", {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else "")
              + (", expert parallel" if spec.enable_expert_parallel else "")

@@ -384,6 +384,14 @@ class MetaJson(Checks):
             with self.subTest(what):
                 self.assert_one_line(self.compare(edit), mentions=[field])
 
+    def test_a_recorded_host_tier_is_replayed_and_named(self):
+        # helper-75: vLLM's kv_offloading_size in engine_kwargs was dropped without a word
+        r = self.compare(lambda meta: meta["engine_kwargs"].update(kv_offloading_size=16))
+        self.assertEqual(r.code, 0, r.seen())
+        self.assertIn(", host tier 16 GiB", r.out)
+        r = self.compare(lambda meta: meta["engine_kwargs"].update(kv_offloading_size="16"))
+        self.assert_one_line(r, mentions=["engine_kwargs.kv_offloading_size"])
+
     def test_a_recorded_block_count_is_the_runs_not_a_flags(self):
         # From a careless-user pass (session 29): a block count meta.json recorded, too big for the
         # device, was blamed on --num-gpu-blocks (never given), exit 1; and its note named the flag.
