@@ -3832,7 +3832,8 @@ class RunSpec:
         "memory, GiB for the "
         "whole replica (its tensor-parallel GPUs together), as vLLM's flag: every full block computed is stored "
         "there too, and a prefix found only there is loaded back over PCIe (the hardware's host_link_gbs) while "
-        "the request waits and others run; needs --prefix-caching; 0 is off, 32,768 (32 TiB, a large server's "
+        "the request waits and others run; needs prefix caching (--prefix-caching, or an --engine that caches prefixes: "
+        "vllm, sglang, trtllm); 0 is off, 32,768 (32 TiB, a large server's "
         "memory) the most", "plan", metavar="GiB", axis=22,
         short="offload GiB", default_text="off", none_label="off")
     kv_offloading_backend: str = setting(
@@ -4103,7 +4104,7 @@ def check_spec(spec: RunSpec, given: Iterable[str] = (), swept: Iterable[str] = 
                                            ("--enable-expert-parallel", spec.enable_expert_parallel)) if on]
         if vllm_only:
             raise UserError(f"--engine {spec.engine or engine.name}: llama.cpp's server has no {vllm_only[0]} (a vLLM "
-                            f"feature); drop it, or simulate --engine vllm")
+                            f"feature); drop it, or give --engine vllm")
     if engine and engine.rules == "trtllm" and not spec.hardware.kernel_floor_us:
         raise UserError(f"--engine trtllm: TensorRT-LLM runs on NVIDIA GPUs, and {spec.hardware.name} is a CPU (no "
                         f"kernel_floor_us); use --engine llamacpp, or a GPU preset")
