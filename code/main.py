@@ -11239,7 +11239,8 @@ DECISION_TABLE = (
             "sglang": "`--mem-fraction-static` up"},
            "TTFT falls (no recompute, shorter queue); throughput rises with the bigger batch; TPOT rises a little",
            "raising {seqs} (memory, not the cap, limits the batch)"),
-    Remedy("compute-bound", "mean batch past the knee; TPOT grows with every added sequence; throughput flat",
+    Remedy("compute-bound", "a step's tokens (its decodes and prompt chunks) past the knee; TPOT grows with "
+           "every added sequence or chunk; throughput flat",
            "compute (the roofline)",
            {"vllm": "for TPOT, `--max-num-seqs` down toward the knee (requests then wait longer); for throughput, "
                     "quantization or tensor parallelism (`--tensor-parallel-size`)",
@@ -11321,6 +11322,9 @@ class Signals:
     prefix_hit_rate: Optional[float] = None
     mean_batch: Optional[float] = None
     batch_said: str = "mean batch"           # what mean_batch is: a gauge's moment, or a peak, where no mean is
+    step_tokens: Optional[float] = None      # tokens a step computes, decodes and prompt chunks (a servesim report's)
+    tensor_parallel: int = 1                 # GPUs of a replica's group, where the report names its deployment
+    gpus_per_node: int = 8
     knee: Optional[float] = None             # critical batch, when hardware and model are known
     batch1_tpot_ms: Optional[float] = None
     budget: Optional[int] = None             # tokens per step
@@ -11527,6 +11531,11 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("mean_batch")
         capped, steps = figure("steps_waiting_at_seq_cap"), figure("steps")
         sig.waited_at_cap = capped > 0.05 * steps if capped is not None and steps is not None else None
+        if steps and None not in totals and done:
+            # What a step computes is its decodes and its prompt chunks: a batch of 40 sequences is
+            # past a knee of 197 tokens when 2,000-token prompts share its steps (cached tokens cost none).
+            hit = sig.prefix_hit_rate or 0
+            sig.step_tokens = (totals[0] * (1 - hit) + totals[1]) / steps
         sig.budget = number_at(config, "max_num_batched_tokens", "config.max_num_batched_tokens")
         sig.prefix_caching = config.get("prefix_caching") is True
         if sig.queue_ms is not None and sig.ttft_ms is not None:
@@ -11540,6 +11549,7 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
                                f"--hardware and --model for the knee and the batch-1 step")
         if deployment:
             sig.replicas = deployment.data_parallel_size
+            sig.tensor_parallel, sig.gpus_per_node = deployment.gpus_per_replica, deployment.gpus_per_node
             if sig.kv_tokens is not None:
                 sig.kv_tokens //= sig.replicas
             device_figures(sig, device_plan(deployment, deployment.hardware)[1])
@@ -11664,12 +11674,11 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                       "preemptions not reported",
                                       f"KV peak {sig.kv_peak:.0%}" if sig.kv_peak is not None else "KV peak unknown"]
     past_knee = sig.knee is not None and sig.mean_batch is not None and sig.mean_batch > sig.knee
-    slowed = sig.batch1_tpot_ms and sig.tpot_ms and sig.tpot_ms > 1.3 * sig.batch1_tpot_ms
     flat = sig.throughput_trend is not None and sig.throughput_trend < 1.1
-    if past_knee and slowed or (flat and slowed):
-        return REMEDIES["compute-bound"], [f"{sig.batch_said} {sig.mean_batch:.1f} past the knee at ~{sig.knee:.1f}"
-                                           if past_knee else "throughput flat from the previous point",
-                                           f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1"]
+    tpot_words = f"TPOT {sig.tpot_ms:.1f} ms against {sig.batch1_tpot_ms:.1f} ms at batch 1" if slowed(sig) else ""
+    if tpot_words and (past_knee or flat):
+        return REMEDIES["compute-bound"], [past_the_knee(sig) if past_knee else "throughput flat from the previous point",
+                                           tpot_words]
     if waiting and at_cap and kv_room:
         return REMEDIES["sequence-bound"], [f"{number(sig.running, 0)} running of {number(sig.max_seqs, 0)} allowed",
                                             f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
@@ -11705,11 +11714,42 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                             else "")]
     if sig.failed:
         return REMEDIES["failing"], [failures(sig)]
+    if past_the_knee(sig) and slowed(sig, PROMPTS_SLOW):
+        # No queue or budget binds, but the prompt chunks sharing each step make it compute-bound, and
+        # every decode pays for them (helper-77: "healthy" at a TPOT four times the batch-1 step).
+        return REMEDIES["compute-bound"], [past_the_knee(sig), tpot_words]
     # Only what the input says: a scrape of one gauge shows no preemption counter and no queue.
     seen = [*(["no preemptions"] if sig.preemptions is not None else []),
             *(["little queue"] if sig.waiting is not None or sig.queue_ms is not None else [])]
     return REMEDIES["healthy"], [", ".join(seen) if seen else "nothing in this input binds, though it reports no "
                                  "preemptions, queue or latency to judge by"]
+
+
+def past_the_knee(sig: Signals) -> str:
+    """How a step is past the knee, as evidence, or "": its tokens where the report counts them
+    (decodes and prompt chunks), else its batch of sequences."""
+    if sig.knee is None:
+        return ""
+    if sig.step_tokens is not None and sig.step_tokens > sig.knee:
+        batch = f", {sig.batch_said} {sig.mean_batch:.1f}" if sig.mean_batch is not None else ""
+        return f"{sig.step_tokens:,.0f} tokens a step (decodes and prompt chunks{batch}) past the knee at ~{knee_text(sig.knee)}"
+    if sig.mean_batch is not None and sig.mean_batch > sig.knee:
+        return f"{sig.batch_said} {sig.mean_batch:.1f} past the knee at ~{knee_text(sig.knee)}"
+    return ""
+
+
+# The knob that makes a step's prompt chunks smaller, where prompts (not the batch) push it past the knee.
+CHUNK_KNOBS = {"vllm": "`--max-num-batched-tokens` down (smaller prompt chunks in each step; TTFT rises)",
+               "sglang": "`--chunked-prefill-size` down (smaller prompt chunks in each step; TTFT rises)",
+               "llama.cpp": "`--ubatch-size` down (smaller prompt chunks in each step; TTFT rises)"}
+
+
+PROMPTS_SLOW = 2.0     # TPOT over the batch-1 step past which prompt chunks, not a healthy mix, slow decodes
+
+
+def slowed(sig: Signals, by: float = 1.3) -> bool:
+    """TPOT well above the batch-1 step: what each sequence (or chunk) added to a step shows."""
+    return bool(sig.batch1_tpot_ms and sig.tpot_ms and sig.tpot_ms > by * sig.batch1_tpot_ms)
 
 
 def failures(sig: Signals) -> str:
@@ -11740,7 +11780,9 @@ def explain(sig: Signals) -> dict:
                               + ("memory binds first" if fit < sig.max_seqs else "the cap binds first"))
     if sig.knee is not None:
         arithmetic.append(f"compute catches up with the weight read at ~{knee_text(sig.knee)} tokens per step; "
-                          f"the {sig.batch_said} was {number(sig.mean_batch)}")
+                          f"the {sig.batch_said} was {number(sig.mean_batch)}"
+                          + (f", and a step computed {sig.step_tokens:,.0f} tokens (decodes and prompt chunks)"
+                             if sig.step_tokens is not None else ""))
     if sig.running is not None:
         arithmetic.append(f"running up to {sig.running:,.0f}, "
                           + (f"waiting up to {sig.waiting:,.0f}" if sig.waiting is not None else "waiting not reported")
@@ -11761,6 +11803,26 @@ def explain(sig: Signals) -> dict:
                                f"~{knee_text(sig.knee)})"]
         expected = ("TTFT falls only as TPOT rises (prompts take more of each step; no more tokens a second); "
                     "ITL spikier; throughput about the same. For both, more compute: " + REMEDIES["queue-bound"].knobs[server])
+    prompts_push = remedy.symptom == "compute-bound" and sig.step_tokens is not None and sig.knee is not None \
+        and sig.step_tokens > sig.knee and (sig.mean_batch or 0) <= sig.knee
+    if prompts_push:
+        # The sequences alone are under the knee: the prompt chunks sharing each step push it past,
+        # so a lower sequence cap buys little TPOT, and smaller chunks buy it.
+        _, _, throughput = change_first.partition("; for throughput, ")
+        change_first = f"for TPOT, {CHUNK_KNOBS[server]}; for throughput, {throughput}"
+        expected = ("TPOT falls toward the batch-1 step; TTFT rises (prompts take more steps); throughput about the "
+                    "same. For both, more compute: " + REMEDIES["queue-bound"].knobs[server])
+    if server in ("vllm", "sglang") and sig.tensor_parallel >= sig.gpus_per_node \
+            and remedy.symptom in ("compute-bound", "kv-bound"):
+        # A group already a node's GPUs grows only across nodes, where its all-reduces are slow: a replica instead.
+        flag = "`--tensor-parallel-size`" if server == "vllm" else "`--tp-size`"
+        change_first = change_first.replace(f"tensor parallelism ({flag})", f"another replica (tensor parallelism "
+                                            f"is {sig.tensor_parallel} already, a node's GPUs)")
+    if remedy.symptom == "kv-bound" and past_the_knee(sig) and slowed(sig):
+        # A bigger cache would run a bigger batch, and past the knee that buys little throughput.
+        evidence = evidence + [past_the_knee(sig)]
+        expected = ("TTFT falls (no recompute); throughput rises little: each step is past the knee already. For "
+                    "throughput, more compute: " + REMEDIES["queue-bound"].knobs[server])
     if remedy.symptom == "compute-bound" and phase == "queue":
         # Requests already wait most of their TTFT: a lower cap would make them wait longer, so
         # what buys throughput comes first.

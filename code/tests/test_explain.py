@@ -145,7 +145,27 @@ class WontHelp(unittest.TestCase):
                              "200-400")
         self.assertGreater(point["engine"]["peak_waiting"], 50)
         self.assertEqual(point["median_queue_ms"], 0)
-        self.assertEqual(self.explained(point)["symptom"], "healthy")
+        # (Not healthy either: 3,000-token prompts chunked into every step put it past the knee, TPOT
+        # 35 ms against 7.6 at batch 1; see test_prompt_chunks_past_the_knee_are_not_healthy.)
+        self.assertEqual(self.explained(point)["symptom"], "compute-bound")
+
+    def test_prompt_chunks_past_the_knee_are_not_healthy(self):
+        # helper-77: 2,000-token prompts at 4.2 req/s on a 70B TP4 read "healthy ... raise load" at a
+        # TPOT 3.6 times the batch-1 step: 62 sequences are under the knee (197 tokens), but with the
+        # prompt chunks a step computed 516 tokens. Smaller chunks are the TPOT knob, and they work.
+        shape = ("--model", "llama-3.1-70b", "--max-model-len", 4096, "-tp", 4, "--requests", 800, "--prompt-tokens",
+                 "1500-2500", "--output-tokens", "150-400", "--rate", 4.2)
+        point, smaller = self.points(*shape, "--max-num-batched-tokens", "8192,512")
+        e = self.explained(point)
+        self.assertEqual(e["symptom"], "compute-bound")
+        self.assertRegex(e["evidence"][0], r"^[4-7]\d\d tokens a step \(decodes and prompt chunks, mean batch \d\d\.\d\) "
+                                           r"past the knee at ~197$")
+        self.assertTrue(e["change_first"].startswith("for TPOT, `--max-num-batched-tokens` down"), e["change_first"])
+        self.assertLess(smaller["median_tpot_ms"], 0.7 * point["median_tpot_ms"])
+        # Its group is a node's 8 GPUs already: the throughput advice is another replica, not more TP.
+        e = self.explained(self.points(*shape, "-tp", 8, "--rate", 14)[0])
+        self.assertIn("another replica (tensor parallelism is 8 already, a node's GPUs)", e["change_first"])
+        self.assertNotIn("--tensor-parallel-size", e["change_first"].partition("; for throughput, ")[2])
 
     def test_a_run_that_waits_at_the_cap_is_not_healthy_whatever_its_median_queue(self):
         # helper-73: bursts that fill 8 seats leave the median request unqueued (30 ms) while 28% of
