@@ -13721,7 +13721,7 @@ def add_probe_args(g, what: str = "the highest sustained rate found", search: bo
                         "all, whatever --requests says, and more if its first requests end so late that the window "
                         "(which starts at the first end) holds fewer or lasts less than two request lifetimes, so the "
                         "answer does not move with --requests; it moves with N: a longer window sees more of a queue "
-                        "that settles slowly near capacity (so a smaller N answers higher), and its arrivals' luck is "
+                        "that settles slowly near capacity (which --recheck's longer probes check), and its arrivals' luck is "
                         "about 1/sqrt(N) of the rate; at least 2 / (1 - --min-served), 40 at the default, times the mean size of the "
                         "bunch of requests a --trace sends at one moment (they cross a window's edge together), and at "
                         "most "
@@ -13732,7 +13732,7 @@ def add_probe_args(g, what: str = "the highest sustained rate found", search: bo
                         "near capacity a queue settles more slowly than one probe shows, and a rate a probe passes "
                         "can fall behind over a longer run; a long probe stops once a percentile bound is missed "
                         "for certain" + ("; a search's --rate target is probed at that length from the start" if search
-                                         else "") + f"; 1: no recheck (default: {Probing.recheck})")
+                                         else "") + f"; 1 (no recheck) to 100 (default: {Probing.recheck})")
 
 
 def add_seed_args(g, search: bool = False) -> None:
@@ -13917,6 +13917,11 @@ def cmd_sweep(args) -> int:
                         f"prefill and one decode engine (each sized by -tp and its --prefill-hardware or "
                         f"--decode-hardware): drop --gpus")
     axes, points = sweep_grid(listed(args), args.gpus, args.trace)
+    if getattr(args, "ramp_up", None) and {"rate", "concurrency"} & set(axes):
+        load = next(axis for axis in axes if axis in ("rate", "concurrency"))
+        raise UserError(f"a ramp (--ramp-up-strategy) sets the arrival rate, so sweep cannot vary --{load}"
+                        + (" (its axis when no other is given)" if load not in listed(args) else "")
+                        + ": sweep an engine setting instead, --max-num-seqs 64,128 say")
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
     points = distinct(spec, applicable(spec, points, "point"), "point")
     for point in points:       # a bad combination is refused before any point runs
@@ -14095,6 +14100,9 @@ def cmd_search(args) -> int:
         ("concurrency", args.target_concurrency) if args.target_concurrency else (args.load or "rate", None)
     if args.rate_profile:
         raise UserError("search finds one load a deployment sustains; a --rate-profile's changing load is for plan")
+    if getattr(args, "ramp_up", None):       # (else the ramp's own check names the --rate each probe sets)
+        raise UserError("search sets each probe's load itself, and a ramp (--ramp-up-strategy) sets the arrival rate "
+                        "over a run: drop the ramp (simulate and sweep take one)")
     if args.replica_schedule:
         raise UserError("search finds the load one deployment sustains; a --replica-schedule's replicas change over "
                         "time (plan chooses them): give --data-parallel-size N for N replicas all the time")
@@ -14741,8 +14749,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every row on N GPUs: each -tp value runs as N/tp replicas (or each -dp value with "
                         "N/dp-way tensor parallelism), to compare the two at equal cost (default: off)")
     p.add_argument("--jobs", type=whole(1, 256), default=os.cpu_count() or 1, metavar="N",
-                   help="run points in N processes; the output is the same as with 1 (default: the number of "
-                        "cores, %(default)s here)")
+                   help="run points, and each point's --seeds, in N processes; the output is the same as with 1 "
+                        "(default: the number of cores, %(default)s here)")
     g = p.add_argument_group("output")
     g.add_argument("--plot", metavar="FILE.svg",
                    help="draw output tokens/s against TTFT and TPOT (p50 dashed, p95 solid) as SVG, one curve per "
@@ -14764,10 +14772,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "1 if no deployment fits, none meets the SLO, or a --confirm request failed.")
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency")], lists=True)
     g = p.add_argument_group("search")
-    g.add_argument("--rate", type=RATE, metavar="R", dest="target_rate",
+    g.add_argument("--rate", type=not_a_list(RATE, "--rate"), metavar="R", dest="target_rate",
                    help="rank every deployment at R requests/s (with a --trace, its arrivals scaled to R) "
                         "(default: find each one's highest rate)")
-    g.add_argument("--concurrency", type=CLIENTS, metavar="N", dest="target_concurrency",
+    g.add_argument("--concurrency", type=not_a_list(CLIENTS, "--concurrency"), metavar="N", dest="target_concurrency",
                    help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...", action="append",
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "

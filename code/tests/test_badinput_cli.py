@@ -404,3 +404,21 @@ class HelperSixtyEight(unittest.TestCase):
                 self.assertEqual(code, 2)
                 self.assertIn(f"--batching static takes --max-num-seqs requests and runs them whole, with no token "
                               f"budget a step: {flag[0]} changes nothing there", err)
+
+
+class RampsWhereTheLoadIsChosen(unittest.TestCase):
+    RAMP = ("--ramp-up-strategy", "linear", "--ramp-up-start-rps", 1, "--ramp-up-end-rps", 10)
+
+    def test_a_ramp_is_refused_naming_what_the_command_varies_not_a_flag_never_given(self):
+        # helper-76: "a ramp sets the arrival rate itself: drop --rate", of a search given no --rate,
+        # and "drop --concurrency" of a sweep whose default axis it was
+        for args, said in ((("search", "--slo", "ttft_p95:1000"), "search sets each probe's load itself"),
+                           (("sweep", "--requests", 50), "sweep cannot vary --concurrency (its axis when no other"),
+                           (("sweep", "--requests", 50, "--rate", "1,2"), "sweep cannot vary --rate: sweep an engine")):
+            with self.subTest(args[0]):
+                code, out, err = call_cli(*args, *self.RAMP)
+                self.assertEqual((code, out), (2, ""), err)
+                self.assertIn(said, err)
+                self.assertNotIn("drop --rate", err)
+        code, out, err = call_cli("sweep", "--requests", 50, "--max-num-seqs", "8,16", *self.RAMP)
+        self.assertEqual(code, 0, err)
