@@ -4857,6 +4857,19 @@ SPREAD = ("output_throughput", "request_throughput",
           *(f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el", "ttfa") for stat in ("median", "p95", "p99")))
 
 
+def spread_of(reports: list[dict]) -> dict:
+    """How far apart the reports' figures are: min and max, and p10 and p90 (nearest rank) from
+    SPREAD_PERCENTILES_FROM reports."""
+    spread = {}
+    for key in SPREAD:
+        values = sorted(r[key] for r in reports if r.get(key) is not None)
+        if values:
+            rank = lambda p: values[max(0, math.ceil(p / 100 * len(values)) - 1)]
+            spread[key] = {"min": values[0], "max": values[-1],
+                           **({"p10": rank(10), "p90": rank(90)} if len(values) >= SPREAD_PERCENTILES_FROM else {})}
+    return spread
+
+
 def mean_report(values: list):
     """Reports of one shape as one: numbers averaged, a verdict true only if true in all, lists
     of objects (replicas, turns) item by item; per-request arrays and text as the first has them."""
@@ -4899,13 +4912,6 @@ def seeded(runs: list[dict]) -> dict:
     merged["first_error_by_kind"] = {kind: next(r["first_error_by_kind"][kind] for r in runs
                                                 if kind in (r.get("first_error_by_kind") or {}))
                                      for kind in kinds if any(kind in (r.get("first_error_by_kind") or {}) for r in runs)}
-    spread = {}
-    for key in SPREAD:
-        values = sorted(r[key] for r in runs if r.get(key) is not None)
-        if values:
-            rank = lambda p: values[max(0, math.ceil(p / 100 * len(values)) - 1)]
-            spread[key] = {"min": values[0], "max": values[-1],
-                           **({"p10": rank(10), "p90": rank(90)} if len(values) >= SPREAD_PERCENTILES_FROM else {})}
     sustained = sum(1 for r in runs if (r.get("steady_state") or {}).get("sustained"))
     # A seed too short for a verdict has no window figures to average: the window is the mean of
     # the seeds that have one, and says how many had none.
@@ -4921,8 +4927,11 @@ def seeded(runs: list[dict]) -> dict:
                                   "note": f"too short to tell whether the server keeps up in all {unjudged} seeds"
                                   + (f" ({bursts} of them one burst, every request sent before the first ended)"
                                      if bursts else "") + "; send more requests for a verdict"}
+    # The whole runs' figures spread as the report's means do; the steady windows' as a search's
+    # verdicts read them (a window's TPOT p95 passes where the whole run's, transient and drain in, misses).
     merged["seeds"] = {"count": len(runs), "seeds": [r["config"]["seed"] for r in runs], "sustained": sustained,
-                       "too_short": unjudged, "spread": spread}
+                       "too_short": unjudged, "one_burst": sum(1 for w in windows if w.get("one_burst")),
+                       "spread": spread_of(runs), "steady_spread": spread_of([w for w in windows if w.get("completed")])}
     steady = merged.get("steady_state")
     if isinstance(steady, dict) and steady.get("sustained") is not None and not steady.get("closed_loop"):
         steady["seeds_sustained"], steady["seeds_count"] = sustained, len(runs)
@@ -5169,9 +5178,11 @@ def burst_words(sent: int, first_end_s: float, conversations: int = 0) -> str:
     return f"all {sent:,} requests were sent before the first one ended ({first_end_s:,.1f} s in)"
 
 
-def too_short_in(seeds: int, of: Optional[int] = None) -> str:
-    """How many seeds were too short for a verdict, as a report's lines say it."""
-    return f"too short to tell in {seeds}" + (f" of {of} seeds" if of else "")
+def too_short_in(seeds: int, of: Optional[int] = None, bursts: int = 0) -> str:
+    """How many seeds were too short for a verdict, as a report's lines say it, and how many of
+    them were one burst (as a table's cell says it)."""
+    return f"too short to tell in {seeds}" + (f" of {of} seeds" if of else "") \
+        + ((" (all one burst)" if bursts >= seeds else f" ({bursts} of them one burst)") if bursts else "")
 
 
 def overload_reason(steady: dict) -> str:
@@ -12132,17 +12143,17 @@ def seed_lines(seeds: Optional[dict]) -> list[str]:
     whose = f" (the steady window's, of the {seeds['count'] - short} with one)" if 0 < short < seeds["count"] else ""
     lines = [f"{'seeds':<12}{seeds['count']} runs, seeds {first}-{last}: every figure above is their mean{whose}; "
              f"sustained in {seeds['sustained']} of {seeds['count']}"
-             + (", " + too_short_in(short) if short else "")]
-    return lines + [f"{'':<12}{text}" for text in spread_texts(seeds)]
+             + (", " + too_short_in(short, bursts=seeds.get("one_burst", 0)) if short else "")]
+    return lines + [f"{'':<12}{text}" for text in spread_texts(seeds)] \
+        + [f"{'':<12}steady window {text}" for text in spread_texts(seeds, "steady_spread")[:1]]
 
 
-def spread_texts(seeds: dict) -> list[str]:
+def spread_texts(seeds: dict, which: str = "spread") -> list[str]:
     """How far apart the seeds' figures were: min-max, and p10-p90 where there are enough seeds."""
-    texts = []
+    texts, spread = [], seeds.get(which) or {}
     for label, interval in (("min-max", ("min", "max")), ("p10-p90", ("p10", "p90"))):
-        cells = [f"{name} {number(seeds['spread'][key][interval[0]])}-{number(seeds['spread'][key][interval[1]])}{unit}"
-                 for name, key, unit in SPREAD_SHOWN
-                 if key in seeds["spread"] and interval[0] in seeds["spread"][key]]
+        cells = [f"{name} {number(spread[key][interval[0]])}-{number(spread[key][interval[1]])}{unit}"
+                 for name, key, unit in SPREAD_SHOWN if key in spread and interval[0] in spread[key]]
         if cells:
             texts.append(f"{label}: " + "  ".join(cells))
     return texts
@@ -12165,7 +12176,8 @@ def sweep_seed_lines(results: list[dict]) -> list[str]:
         texts = spread_texts(r["seeds"]) or ["no spread"]
         short = r["seeds"].get("too_short", 0)
         lines.append(f"  {point_text(r['config']['sweep_point'])}, sustained in {r['seeds']['sustained']} of "
-                     f"{r['seeds']['count']}" + (", " + too_short_in(short) if short else ""))
+                     f"{r['seeds']['count']}" + (", " + too_short_in(short, bursts=r["seeds"].get("one_burst", 0))
+                                                 if short else ""))
         lines += [f"    {text}" for text in texts]
     return lines
 
@@ -12791,7 +12803,11 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
         return [f"{what}: the slo holds up to the highest {by} tried, {low:,.6g} {unit}{limit}"]
     best = item["best"]
     need = probing.needed
+    window = (best.get("seeds") or {}).get("steady_spread" if probing.sustained else "spread") or {}
+    ranges = [f"{name.replace('_', ' ')} {number(window[key]['min'])}-{number(window[key]['max'])}"
+              for name, key, _ in probing.slo.bounds if key in window]
     seeds = (f"; {best['seeds_passed']} of {best['seeds_run']} seeds run meet {probing.slo.text()}"
+             + (f" ({', '.join(ranges)}{' in their steady windows' if probing.sustained else ''})" if ranges else "")
              + (" and keep up" if probing.sustained else "")
              + (f" ({need} of {probing.seeds} needed)" if best["seeds_run"] < probing.seeds else "")
              if probing.seeds > 1 else "")

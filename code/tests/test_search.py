@@ -798,3 +798,29 @@ class AnswersToBuyAgainst(unittest.TestCase):
         self.assertNotIn("beware", out)
         code, out, err = call_cli(*flags[:2], "2", *flags[3:], "--hardware", "h100-sxm-80gb", "--rate", "0.5")
         self.assertIn("cheapest that meets the slo at 0.5 req/s: the one tried (2 GPUs): $", out)
+
+
+class SeedsSpreadAsTheVerdictReadsThem(unittest.TestCase):
+    def test_a_search_answer_gives_each_bounds_range_over_the_seeds_steady_windows(self):
+        # helper-76: "2 of 2 seeds run meet ... tpot_p95 <= 40" beside a spread of 38.59-40.35, the
+        # whole runs' (transient and drain in), where the windows the verdict read had 38.8 and 39.9
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000,tpot_p95:40", "--steady-requests", 200, "--seeds", 2,
+                                  "--hardware", "l40s-48gb", "--json")
+        self.assertEqual(code, 0, err)
+        best = json.loads(out)["deployments"][0]["best"]
+        window = best["seeds"]["steady_spread"]["p95_tpot_ms"]
+        self.assertLessEqual(window["max"], 40)
+        self.assertGreater(best["seeds"]["spread"]["p95_tpot_ms"]["max"], window["max"])     # what misled
+        runs = [main.run(main.replace(main.RunSpec(hardware=main.HARDWARE["l40s-48gb"], rate=best["load"],
+                                                   requests=best["probe_requests"]), seed=7 + i)) for i in range(2)]
+        self.assertEqual(sorted(r["steady_state"]["p95_tpot_ms"] for r in runs), [window["min"], window["max"]])
+        code, out, err = call_cli("search", "--slo", "ttft_p95:1000,tpot_p95:40", "--steady-requests", 200, "--seeds", 2,
+                                  "--hardware", "l40s-48gb")
+        self.assertRegex(out, r"2 of 2 seeds run meet ttft_p95 <= 1000 ms, tpot_p95 <= 40 ms \(ttft p95 [\d.]+-[\d.]+, "
+                              r"tpot p95 [\d.]+-[\d.]+ in their steady windows\) and keep up")
+
+    def test_seeds_too_short_say_they_were_one_burst_as_the_table_does(self):
+        code, out, err = call_cli("sweep", "--trace", BURST, "--hardware", "l4-24gb", "--max-num-seqs", "16,64",
+                                  "--seeds", 2)
+        self.assertEqual(code, 0, err)
+        self.assertIn("sustained in 0 of 2, too short to tell in 2 (all one burst)", out)
