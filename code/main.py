@@ -4772,7 +4772,11 @@ def run(spec: RunSpec, progress: Optional[Callable[[str], None]] = None, timelin
         where += f" (tensor parallel {spec.tensor_parallel_size})"
     if spec.pipeline_parallel_size > 1:
         where += f" ({spec.pipeline_parallel_size} pipeline stages)"
-    if router:
+    if router and together:       # one server: its ranks step together and share the experts (expert_ranks)
+        where += (f" ({spec.data_parallel_size} data-parallel ranks stepping in lockstep, the experts spread over "
+                  f"their {gpus} GPUs, {spec.router} router" + (", expert parallel" if spec.enable_expert_parallel
+                                                                 else "") + ")")
+    elif router:
         where += (f" ({spec.data_parallel_size} replicas, {spec.router} router"
                   + (", expert parallel" if spec.enable_expert_parallel else "") + ")")
     if link:
@@ -6140,6 +6144,10 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                     result["alone"] = True
                 else:
                     raise Alone()
+            if not enough and how.by == "rate" and how.target is None and not any(not p["misses"] for p in probes):
+                flat = unmoved_by_load(how, probes, margins)
+                if flat:
+                    raise Floor(flat)
             return enough
 
         if how.target is not None:
@@ -6158,6 +6166,9 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
         except Alone:
             return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
                     "alone": True}
+        except Floor as e:
+            return {"probes": probes, "highest_load": None, "lowest_missing_load": probes[-1]["load"], "best": None,
+                    "floor": str(e)}
         return {"probes": probes, "highest_load": low, "lowest_missing_load": high,
                 "best": next((p for p in probes if p["load"] == low), None)}
 
@@ -6228,6 +6239,33 @@ def never_served(result: dict) -> Optional[str]:
 
 class Alone(Exception):
     """A probe missed although each of its requests ran alone: no lower rate can meet the SLO."""
+
+
+class Floor(Exception):
+    """Halving the rate left every missed figure where it was: what misses is not the load (a
+    trace's bunches, sent at one moment at any rate, or requests that overlap however rare)."""
+
+
+FLOOR_MOVE = 0.01      # a missed figure that moves less than this when the rate is halved is a floor
+
+
+def unmoved_by_load(how: "Probing", probes: list[dict], margins: dict) -> str:
+    """Why the probe just run ends the halving, or "": it and the one before it (at a higher rate)
+    both missed, both kept up, and every bound the last one missed moved by less than FLOOR_MOVE.
+    Halving on would go on down to rates whose arrivals span weeks, every probe the same miss."""
+    if len(probes) < 2 or probes[-2]["load"] <= probes[-1]["load"] or not probes[-2]["misses"]:
+        return ""
+    now, before = margins.get(probes[-1]["load"]), margins.get(probes[-2]["load"])
+    kept_up = all((p.get("steady_state") or {}).get("sustained") is not False for p in probes[-2:])
+    missed = [i for i, m in enumerate(now or []) if m > 0]
+    if not (now and before and kept_up and missed) or any(abs(now[i] - before[i]) >= math.log1p(FLOOR_MOVE)
+                                                           for i in missed):
+        return ""
+    name, key, _ = how.slo.bounds[missed[0]]
+    figures = [how.figures(p).get(key) for p in probes[-2:]]
+    return (f"halving the rate left {name} where it was ({number(figures[0])} at {probes[-2]['load']:.4g}, "
+            f"{number(figures[1])} at {probes[-1]['load']:.4g}): what misses it is not the load (requests sent "
+            f"together, or each request's own time in service), so no lower rate meets it")
 
 
 def ran_alone(result: dict) -> bool:
@@ -12730,10 +12768,12 @@ def probe_columns(probing: Probing, trace: bool) -> list[tuple[str, Callable[[di
     return columns
 
 
-def search_table(axes: list[str], found: list[dict], columns, probes: bool, key: Optional[str] = None) -> list[str]:
+def search_table(axes: list[str], found: list[dict], columns, probes: bool, key: Optional[str] = None,
+                 highest: bool = False) -> list[str]:
     """One row per deployment (its best probe, else its last), or per probe (of the search under
     `key`: the burst one for a trace). The last column (a verdict) is left-aligned after the
-    others, so a long reason does not widen the table."""
+    others, so a long reason does not widen the table. `highest`: a table of highest loads, where
+    a deployment with none says so rather than show its last miss as one."""
     cells = [[flag_of(a)[2:] for a in axes] + [name for name, _ in columns]]
     for item in found:
         labels = [value_label(a, item["settings"][a]) for a in axes]
@@ -12743,6 +12783,11 @@ def search_table(axes: list[str], found: list[dict], columns, probes: bool, key:
         searched = item[key] if key else item
         if not probes and not searched["probes"]:      # interrupted before a probe ended
             cells.append(labels + ["-"] * (len(columns) - 1) + ["interrupted before a probe ended"])
+            continue
+        if highest and not searched["best"]:
+            cells.append(labels + ["-"] * (len(columns) - 1) + [
+                "interrupted before an answer" if searched.get("interrupted") else
+                f"misses the slo at every load tried, down to {min(p['load'] for p in searched['probes']):.4g}"])
             continue
         for result in (searched["probes"] if probes else [searched["best"] or searched["probes"][-1]]):
             cells.append(labels + [cell(result) for _, cell in columns])
@@ -12796,7 +12841,7 @@ def answer_text(item: dict, unit: str, by: str, probing: Probing, what: str) -> 
     if low is None:
         return [f"{what}: the slo is missed even at {high:.4g} {unit if high != 1 else unit.rstrip('s')}"
                 + (", where every request ran alone: no load meets it; it needs a faster deployment or shorter "
-                   "requests" if item.get("alone") else "")]
+                   "requests" if item.get("alone") else f"; {item['floor']}" if item.get("floor") else "")]
     if high is None:
         limit = f" (more clients would make a probe over {MAX_PROBE_GROWTH} times its usual length)" \
             if by == "concurrency" else ""
@@ -12865,8 +12910,7 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
     if len(found) > 1:
         summary = [(f"highest {sustained}{by}", lambda r: load_text(r["load"]))] + \
             columns[1 + bool(spec.trace and by == "rate"):-1]
-        lines += search_table(axes, [item for item in found if item["best"] or item.get("does_not_fit")], summary,
-                              probes=False)
+        lines += search_table(axes, found, summary, probes=False, highest=True)
         lines.append("")
     lines += search_table(axes, found, columns, probes=True)
     bursts = [item for item in found if item.get("burst")]

@@ -428,9 +428,15 @@ class NoLoadMeetsIt(unittest.TestCase):
     def test_a_bound_missed_by_requests_that_ran_alone_stops_the_search_and_says_so(self):
         args = ["search", "--hardware", "h100-sxm-80gb", "--prompt-tokens", "100", "--output-tokens", "10",
                 "--steady-requests", "200", "--jobs", "1"]
-        code, out, err = call_cli(*args, "--slo", "ttft_p95:1")
-        self.assertIn("where every request ran alone: no load meets it", out)
-        report = json.loads(call_cli(*args, "--slo", "ttft_p95:1", "--json")[1])["deployments"][0]
+        # The halving stops sooner, where the miss stopped moving (MissedAtEveryLoad): without that
+        # rule the probes go on until their requests run alone, and that rule stops them.
+        flat = json.loads(call_cli(*args, "--slo", "ttft_p95:1", "--json")[1])["deployments"][0]
+        self.assertIn("halving the rate left ttft_p95 where it was", flat["floor"])
+        with mock.patch.object(main, "unmoved_by_load", return_value=""):
+            code, out, err = call_cli(*args, "--slo", "ttft_p95:1")
+            self.assertIn("where every request ran alone: no load meets it", out)
+            report = json.loads(call_cli(*args, "--slo", "ttft_p95:1", "--json")[1])["deployments"][0]
+        self.assertGreater(len(report["probes"]), len(flat["probes"]))
         last = report["probes"][-1]
         self.assertTrue(report["alone"])
         self.assertLessEqual(last["engine"]["mean_batch"], 1.01)
@@ -824,3 +830,36 @@ class SeedsSpreadAsTheVerdictReadsThem(unittest.TestCase):
                                   "--seeds", 2)
         self.assertEqual(code, 0, err)
         self.assertIn("sustained in 0 of 2, too short to tell in 2 (all one burst)", out)
+
+
+class MissedAtEveryLoad(unittest.TestCase):
+    def test_halving_stops_once_the_miss_does_not_move_and_the_summary_keeps_the_row(self):
+        # helper-76, helper-77: a miss the load does not cause (a 2,500-token prefill alone takes 1.1 s
+        # on an A100 TP2) was halved 13 times, to rates whose arrivals span weeks, and the deployment
+        # was left out of the summary table
+        code, out, err = call_cli("search", "--model", "llama-3.1-70b", "--hardware", "a100-sxm-80gb", "-tp", "2,4",
+                                  "--prompt-tokens", "1500-2500", "--output-tokens", "150-400", "--slo",
+                                  "ttft_p95:1000,tpot_p95:60", "--steady-requests", 200, "--recheck", 1, "--json")
+        self.assertEqual(code, 0, err)
+        tp2 = json.loads(out)["deployments"][0]
+        loads = [p["load"] for p in tp2["probes"]]
+        self.assertLess(len(loads), 9, loads)
+        self.assertGreater(min(loads), 0.01)
+        self.assertIn("halving the rate left ttft_p95 where it was", tp2["floor"])
+        figures = [p["steady_state"]["p95_ttft_ms"] for p in tp2["probes"][-2:]]
+        self.assertLess(abs(figures[0] / figures[1] - 1), main.FLOOR_MOVE)
+        code, out, err = call_cli("search", "--model", "llama-3.1-70b", "--hardware", "a100-sxm-80gb", "-tp", "2,4",
+                                  "--prompt-tokens", "1500-2500", "--output-tokens", "150-400", "--slo",
+                                  "ttft_p95:1000,tpot_p95:60", "--steady-requests", 200, "--recheck", 1)
+        summary = out.split("\n\n")[0]
+        self.assertRegex(summary, rf"\n\s+2\s+-.*misses the slo at every load tried, down to {min(loads):.4g}\n")
+        self.assertRegex(out, r"tensor-parallel-size 2: highest sustained rate meeting the slo: the slo is missed even "
+                              r"at [\d.]+ req/s; halving the rate left ttft_p95 where it was")
+
+    def test_a_miss_that_falls_with_the_load_is_still_halved(self):
+        # the rule stops only a flat miss: an overloaded H100 at 64 req/s halves until it passes
+        code, out, err = call_cli("search", "--slo", "ttft_p95:300", "--steady-requests", 100, "--recheck", 1, "--json")
+        self.assertEqual(code, 0, err)
+        found = json.loads(out)["deployments"][0]
+        self.assertIsNotNone(found["highest_load"])
+        self.assertNotIn("floor", found)
