@@ -3432,6 +3432,7 @@ SEED = whole(-2**63, 2**63 - 1)       # random.Random takes any; a 64-bit one is
 TOKENS = whole(1, 10**8)             # more than any model's context
 CLIENTS = whole(1, 10**6)
 RATE = real(1e-6, 1e6, above_low=False)    # requests per second; arrivals must also fall within a year
+HOURS_PER_MONTH = 730.0          # a year's hours over 12: what $ a month means unless --hours-per-month says
 LINK_GBS = real(0.001, 10**6, above_low=False)
 MAX_REQUESTS = 2 * 10**6             # each request is kept, ~1 KB, for exact percentiles
 
@@ -3936,7 +3937,7 @@ class RunSpec:
         "reports gain $ an hour and $ per million output tokens", "slo", metavar="USD",
         default_text="the preset's on-demand price, see main.py presets")
     hours_per_month: float = setting(
-        730.0, "--hours-per-month", real(1, 744), "hours a month of service, for $ a month (above 1, at most 744)",
+        HOURS_PER_MONTH, "--hours-per-month", real(1, 744), "hours a month of service, for $ a month (above 1, at most 744)",
         "slo", metavar="H",
         default_text="730, a year's hours over 12")
     steady_skip: float = setting(
@@ -5276,7 +5277,7 @@ def deployment_price(spec: RunSpec, hardware: list[Hardware], gpus_per_engine: i
     return sum(prices) * gpus_per_engine if all(prices) else None
 
 
-def cost_report(usd_per_hour: Optional[float], output_throughput: float, hours_per_month: float = 730.0) -> Optional[dict]:
+def cost_report(usd_per_hour: Optional[float], output_throughput: float, hours_per_month: float = HOURS_PER_MONTH) -> Optional[dict]:
     """What an hour and a month cost, and a million output tokens at the run's output throughput."""
     if usd_per_hour is None:
         return None
@@ -6496,6 +6497,10 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     peak = max(scaling.min_replicas, *(min(r["needs"], scaling.max_replicas) for r in rows))
     report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
+    # A month (730 hours) of periods like this one, as search and simulate price a month.
+    month = HOURS_PER_MONTH * 3600 / duration
+    report["totals"].update({f"{k}_per_month": report["totals"][k] * month if report["totals"][k] is not None else None
+                             for k in ("usd", "peak_fleet_usd")})
     if verified:
         report["verified"] = verified
     report["does_not_meet_slo"] = plan_misses(report)
@@ -12546,13 +12551,16 @@ def print_plan(report: dict, title: str, w) -> None:
         usd = "-" if r["usd"] is None else f"{r['usd']:,.2f}"
         w(f"{label(r):<{width}}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
           f"{figures}{number(r['median_tpot_ms']):>10}{usd:>9}  {'; '.join(notes)}".rstrip() + "\n")
-    money = lambda usd: "" if usd is None else f", ${usd:,.2f}"
+    money = lambda usd, monthly=None: "" if usd is None else f", ${usd:,.2f}" + (
+        f" (${monthly:,.0f} a month of {HOURS_PER_MONTH:g} hours like it)" if monthly is not None and hours < HOURS_PER_MONTH
+        else "")
     hours = report["windows"][-1]["end_s"] / 3600
     digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
     w(f"schedule    {replica_range(totals['least'], totals['most'])} (mean {totals['mean_replicas']:.2f}) over "
-      f"{f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h: {totals['gpu_hours']:,.{digits}f} GPU-hours{money(totals['usd'])}\n")
+      f"{f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h: {totals['gpu_hours']:,.{digits}f} GPU-hours"
+      f"{money(totals['usd'], totals.get('usd_per_month'))}\n")
     w(f"peak fleet  {totals['peak_fleet']} replica{'s' * (totals['peak_fleet'] != 1)} all the time: {totals['peak_fleet_gpu_hours']:,.{digits}f} GPU-hours"
-      f"{money(totals['peak_fleet_usd'])}")
+      f"{money(totals['peak_fleet_usd'], totals.get('peak_fleet_usd_per_month'))}")
     saved = totals["peak_fleet_usd"] - totals["usd"] if totals["usd"] is not None and totals["peak_fleet_usd"] else 0
     if report.get("interrupted"):
         w("; no saving is claimed: the plan was interrupted")

@@ -301,6 +301,10 @@ class Plans(unittest.TestCase):
             self.assertEqual(report["totals"]["least"], 4)
             self.assertEqual(report["totals"]["peak_fleet"], 4)
             self.assertIn("vLLM would refuse to start this deployment", report["vllm_would_refuse"])
+            # a month of periods like this one: 730 hours over its 20 minutes, as search prices a month
+            totals = report["totals"]
+            self.assertAlmostEqual(totals["usd_per_month"], totals["usd"] * 730 * 3, delta=0.01)
+            self.assertAlmostEqual(totals["peak_fleet_usd_per_month"], totals["peak_fleet_usd"] * 730 * 3, delta=0.01)
             code, out, err = call_cli(*args)
         self.assertIn("\nbeware: vLLM would refuse to start this deployment: one request of 131,072 tokens", out)
         self.assertNotIn("the schedule saves", out)
