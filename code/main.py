@@ -6640,15 +6640,29 @@ def shard_report(found: list[dict], shard: tuple[int, int], fingerprint: str, co
             "found": found}
 
 
-def cheapest_first(found: list[dict]) -> list[dict]:
-    """Deployments that meet the SLO, cheapest an hour first (then per token); then those that
-    miss it; then those that do not fit."""
+def cheapest_first(found: list[dict], probing: Optional["Probing"] = None) -> list[dict]:
+    """Deployments that meet the SLO, cheapest an hour first; then those that miss it; then
+    those that do not fit. Among those of one price (8 GPUs as TP 8, 4 x 2 or 2 x 4), the one with
+    the most room under the SLO (its tightest bound's figure over the bound) first: at one load
+    their cost per token differs only by the noise of what each happened to finish."""
     def key(item):
         best = item["best"]
         cost = (best or (item["probes"][-1] if item["probes"] else {})).get("cost") or {}
         rank = 0 if best else 1 if item["probes"] else 2
-        return (rank, cost.get("usd_per_hour") or math.inf, cost.get("usd_per_million_output_tokens") or math.inf)
+        return (rank, cost.get("usd_per_hour") or math.inf, slo_room(best, probing) if best else math.inf,
+                cost.get("usd_per_million_output_tokens") or math.inf)
     return sorted(found, key=key)
+
+
+def slo_room(result: dict, probing: Optional["Probing"]) -> float:
+    """How close a passing probe came to its SLO: its tightest bound's figure over the bound (1 at
+    the bound); 0 where no SLO is known, so the order is the price's alone."""
+    if probing is None:
+        return 0.0
+    figures = probing.figures(result)
+    shares = [figures[key] / bound for _, key, bound in probing.slo.bounds
+              if isinstance(figures.get(key), (int, float)) and bound > 0]
+    return max(shares, default=0.0)
 
 
 # Grids: the points a sweep runs and the deployments a search tries, from the settings given
@@ -6792,7 +6806,7 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
                 probe["rerun"] = simulate_command(ran, sources) + seeds
                 if probe.get("missed_seed") is not None:     # its figures are the mean; the miss is this seed's
                     probe["rerun_missed_seed"] = simulate_command(replace(ran, seed=probe["missed_seed"]), sources)
-    ranked = cheapest_first(found) if probing.target is not None else found
+    ranked = cheapest_first(found, probing) if probing.target is not None else found
     longer = probing.rechecking()
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
@@ -12909,7 +12923,14 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
                           f"{first}{' and more' if len(unpriced) > 1 else ''}: give its price_per_hour)")
             lines.append(f"cheapest that meets the slo at {target:g} {unit}{among}: " + (named or "the one tried") + counted
                          + price)
+            hour = cost.get("usd_per_hour")
+            tied = [item for item in best[1:] if hour and (item["best"]["cost"] or {}).get("usd_per_hour") == hour]
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
+            if tied:       # (ranked by room under the slo: cheapest_first)
+                lines.append(f"as cheap: {'; '.join(deployment_words(item, axes) for item in tied[:3])}"
+                             f"{' and more' if len(tied) > 3 else ''}; this one has the most room under the slo "
+                             f"(its tightest bound at {slo_room(best[0]['best'], probing):.0%} of it, the next "
+                             f"{slo_room(tied[0]['best'], probing):.0%})")
             lines += refusal_lines(best[:1], axes)
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")

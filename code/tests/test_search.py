@@ -863,3 +863,22 @@ class MissedAtEveryLoad(unittest.TestCase):
         found = json.loads(out)["deployments"][0]
         self.assertIsNotNone(found["highest_load"])
         self.assertNotIn("floor", found)
+
+
+class TiesOnPrice(unittest.TestCase):
+    def test_of_deployments_of_one_price_the_one_with_most_room_under_the_slo_is_named(self):
+        # helper-77: three 8-GPU layouts at one price were ranked by $/M tok 0.1-0.4% apart (what
+        # each happened to finish at one load), and the one with the least headroom won
+        code, out, err = call_cli("search", "--hardware", "h100-sxm-80gb", "-tp", "1,2", "-dp", "1,2", "--rate", 40,
+                                  "--slo", "ttft_p95:1000,tpot_p95:60", "--steady-requests", 100, "--json")
+        self.assertEqual(code, 0, err)
+        probing = main.Probing(main.parse_slo("ttft_p95:1000,tpot_p95:60"))
+        met = [d for d in json.loads(out)["deployments"] if d["best"]]
+        two = [d for d in met if d["best"]["cost"]["usd_per_hour"] == met[0]["best"]["cost"]["usd_per_hour"]]
+        self.assertEqual(len(two), 2)
+        rooms = [main.slo_room(d["best"], probing) for d in two]
+        self.assertLess(rooms[0], rooms[1])
+        code, out, err = call_cli("search", "--hardware", "h100-sxm-80gb", "-tp", "1,2", "-dp", "1,2", "--rate", 40,
+                                  "--slo", "ttft_p95:1000,tpot_p95:60", "--steady-requests", 100)
+        self.assertRegex(out, r"\nas cheap: tensor-parallel-size \d  data-parallel-size \d; this one has the most room "
+                              rf"under the slo \(its tightest bound at {rooms[0]:.0%} of it, the next {rooms[1]:.0%}\)\n")
