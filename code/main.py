@@ -6145,7 +6145,8 @@ def search_point(spec: RunSpec, settings: dict, progress: Optional[Callable[[str
                     result["alone"] = True
                 else:
                     raise Alone()
-            if not enough and how.by == "rate" and how.target is None and not any(not p["misses"] for p in probes):
+            if not enough and how.by == "rate" and how.target is None and not how.rechecks \
+                    and not any(not p["misses"] for p in probes):
                 flat = unmoved_by_load(how, probes, margins)
                 if flat:
                     raise Floor(flat)
@@ -6254,7 +6255,8 @@ def unmoved_by_load(how: "Probing", probes: list[dict], margins: dict) -> str:
     """Why the probe just run ends the halving, or "": it and the one before it (at a higher rate)
     both missed, both kept up, and every bound the last one missed moved by less than FLOOR_MOVE.
     Halving on would go on down to rates whose arrivals span weeks, every probe the same miss."""
-    if len(probes) < 2 or probes[-2]["load"] <= probes[-1]["load"] or not probes[-2]["misses"]:
+    # (only a halving: a recheck's steps of a few percent move a figure near its bound by little)
+    if len(probes) < 2 or probes[-2]["load"] < 1.9 * probes[-1]["load"] or not probes[-2]["misses"]:
         return ""
     now, before = margins.get(probes[-1]["load"]), margins.get(probes[-2]["load"])
     kept_up = all((p.get("steady_state") or {}).get("sustained") is not False for p in probes[-2:])
@@ -6440,6 +6442,11 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
         missed = one["probes"][-1]["misses"][0] if one["probes"] and one["probes"][-1]["misses"] else "the slo"
         raise CapacityError(f"no load meets the slo on one replica even with every request alone ({missed}); more "
                             f"replicas cannot help: it needs a faster deployment or shorter requests")
+    if one.get("floor") and not (spec.trace and bunching(row[0] for row in spec.trace.rows) > 1):
+        # Without requests sent together (which replicas do split), a miss that halving the load
+        # left where it was is each request's own: replicas divide the load, not a request's time.
+        raise CapacityError(f"no load meets the slo on one replica: {one['floor']}; more replicas cannot help: it "
+                            f"needs a faster deployment or shorter requests")
     per_replica = one.get("highest_load") or 0.0
     cache: dict = {}
     rows: list[dict] = []

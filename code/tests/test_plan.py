@@ -309,6 +309,19 @@ class Plans(unittest.TestCase):
         self.assertIn("\nbeware: vLLM would refuse to start this deployment: one request of 131,072 tokens", out)
         self.assertNotIn("the schedule saves", out)
 
+    def test_a_miss_no_load_moves_on_one_replica_ends_the_plan_as_no_replica_count_helps(self):
+        # helper-78: an L4's TPOT floor (72 ms at any load, bound 60) climbed to --max-replicas and
+        # read "needs more than --max-replicas 3", which invites raising it
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = write(tmp, "day.csv", "time_s,rate\n0,0.5\n600,1\n")
+            code, out, err = call_cli("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--model", "qwen2.5-7b",
+                                      "--max-model-len", "4096", "--prompt-tokens", "300", "--output-tokens", "300",
+                                      "--slo", "tpot_p95:60", "--window", "600", "--steady-requests", "40", "--recheck",
+                                      "1", "--no-verify", "--max-replicas", "3")
+        self.assertEqual((code, out), (1, ""), err)
+        self.assertIn("no load meets the slo on one replica: halving the rate left tpot_p95 where it was", err)
+        self.assertIn("more replicas cannot help", err)
+
     def test_more_windows_than_a_plan_takes_are_refused_before_it_runs(self):
         # helper-57: a year of 11-s windows ran for minutes at 950 MB, and ignored Ctrl-C
         with tempfile.TemporaryDirectory() as tmp:

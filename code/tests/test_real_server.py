@@ -223,6 +223,53 @@ class CalibrateOnARealServer(unittest.TestCase):
                                      max_num_seqs=SLOTS, max_num_batched_tokens=2048, kv_tokens=CONTEXT))
 
 
+class SustainedOnARealServer(unittest.TestCase):
+    """The sustained verdict on a real server, predicted and measured. Two open loops of Poisson
+    arrivals of 16-token answers, at 0.3 and 4 times what the 4-client run's TTFT and TPOT say the
+    server completes with its 4 slots full: the first must keep up, the second must not, as loadgen
+    measures it and as servesim, calibrated on the 1- and 4-client closed loops alone, predicts it
+    on the same send times. No fit reads an open-loop run, so both predictions are out of sample.
+    The margins are wide because the server's speed moves with what else this machine runs."""
+    TOKENS = 16
+
+    @classmethod
+    def setUpClass(cls):
+        four = state[4]
+        # 4 slots, each busy a TTFT and 15 gaps a request (no queue in a closed loop of 4 on 4 slots)
+        cls.full = SLOTS / ((four["median_ttft_ms"] + (cls.TOKENS - 1) * four["median_tpot_ms"]) / 1000)
+        cls.runs = {}
+        for share, requests in ((0.3, 50), (4.0, 50)):
+            code, out, err = run_cli("loadgen", "--url", state["url"], "--rate", f"{share * cls.full:.3g}", "--requests",
+                                     requests, "--max-tokens", cls.TOKENS, "--ignore-eos", "--json", "--detailed",
+                                     "--seed", 3, timeout=600)
+            if code != 0:
+                raise RuntimeError(f"loadgen --rate {share * cls.full:.3g} exited {code}: {err[-500:]}")
+            cls.runs[share] = json.loads(out)
+        out = os.path.join(state["tmp"].name, "sustained-fit.json")
+        code, _, err = run_cli("calibrate", state["path1"], state["path4"], "--model", "smollm2-135m-q8_0", "--out", out)
+        if code != 0:
+            raise RuntimeError(f"calibrate exited {code}: {err[-500:]}")
+        cls.spec = main.RunSpec(hardware=main.load_preset("hardware", out, main.HARDWARE, main.Hardware),
+                                model=main.MODELS["smollm2-135m-q8_0"], max_num_seqs=SLOTS,
+                                max_num_batched_tokens=2048, kv_tokens=CONTEXT)
+
+    def verdicts(self, share):
+        measured = self.runs[share]["steady_state"]
+        predicted = main.simulate_measured(main.run_from_report(self.runs[share], f"rate-{share}"), self.spec)["steady_state"]
+        print(f"\n  open loop at {share:g} x the {self.full:.2f} req/s 4 full slots serve: measured served "
+              f"{measured['served_rate']:.2f} of {measured['offered_rate']:.2f} req/s, wait growing "
+              f"{measured['wait_growth_s_per_s']:.3f} s per s, sustained {measured['sustained']}; servesim "
+              f"{predicted['served_rate']:.2f}, {predicted['wait_growth_s_per_s']:.3f} s per s, sustained "
+              f"{predicted['sustained']}", file=sys.stderr)
+        return measured["sustained"], predicted["sustained"]
+
+    def test_below_capacity_the_server_keeps_up_and_servesim_says_so(self):
+        self.assertEqual(self.verdicts(0.3), (True, True))
+
+    def test_past_capacity_it_falls_behind_and_servesim_says_so(self):
+        self.assertEqual(self.verdicts(4.0), (False, False))
+
+
 class TraceReplayOnARealServer(unittest.TestCase):
     def write_trace(self, name, shared):
         """Eight Mooncake-format requests of two 512-token blocks, a second apart. With `shared`,

@@ -856,6 +856,17 @@ class MissedAtEveryLoad(unittest.TestCase):
         self.assertRegex(out, r"tensor-parallel-size 2: highest sustained rate meeting the slo: the slo is missed even "
                               r"at [\d.]+ req/s; halving the rate left ttft_p95 where it was")
 
+    def test_a_rechecks_small_steps_are_not_halvings(self):
+        # helper-78: the recheck's 4.7% steps moved a TPOT near its bound by 0.4%, read as a floor:
+        # "no lower rate meets it" of a search whose answer, 1.07 req/s, was one step lower
+        code, out, err = call_cli("search", "--hardware", "l4-24gb", "--model", "qwen2.5-7b", "--max-model-len", 4096,
+                                  "--prompt-tokens", 300, "--output-tokens", "100-500", "--slo", "tpot_p95:74",
+                                  "--steady-requests", 40, "--recheck", 2, "--seed", 3, "--seeds", 2, "--json")
+        self.assertEqual(code, 0, err)
+        found = json.loads(out)["deployments"][0]
+        self.assertNotIn("floor", found)
+        self.assertAlmostEqual(found["highest_load"], 1.07, delta=0.01)
+
     def test_a_miss_that_falls_with_the_load_is_still_halved(self):
         # the rule stops only a flat miss: an overloaded H100 at 64 req/s halves until it passes
         code, out, err = call_cli("search", "--slo", "ttft_p95:300", "--steady-requests", 100, "--recheck", 1, "--json")
