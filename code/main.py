@@ -11606,11 +11606,14 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
         sig.prefix_hit_rate, sig.mean_batch = figure("prefix_hit_rate"), figure("mean_batch")
         capped, steps = figure("steps_waiting_at_seq_cap"), figure("steps")
         sig.waited_at_cap = capped > 0.05 * steps if capped is not None and steps is not None else None
-        if steps and None not in totals and done:
+        if steps and None not in totals and done and not config.get("disaggregated"):
             # What a step computes is its decodes and its prompt chunks: a batch of 40 sequences is
             # past a knee of 197 tokens when 2,000-token prompts share its steps (cached tokens cost none).
+            # The totals are the measured requests'; the steps ran the warm-up's too, taken as alike.
+            # (A disaggregated report's steps are its decode engine's, whose prompts another computed.)
             hit = sig.prefix_hit_rate or 0
-            sig.step_tokens = (totals[0] * (1 - hit) + totals[1]) / steps
+            ran = (done + (number_at(report, "warmup_requests") or 0)) / done
+            sig.step_tokens = (totals[0] * (1 - hit) + totals[1]) * ran / steps
         sig.budget = number_at(config, "max_num_batched_tokens", "config.max_num_batched_tokens")
         sig.prefix_caching = config.get("prefix_caching") is True
         if sig.queue_ms is not None and sig.ttft_ms is not None:
@@ -11624,7 +11627,10 @@ def signals_from_report(report: dict, name: str, previous: Optional[dict] = None
                                f"--hardware and --model for the knee and the batch-1 step")
         if deployment:
             sig.replicas = deployment.data_parallel_size
-            sig.tensor_parallel, sig.gpus_per_node = deployment.gpus_per_replica, deployment.gpus_per_node
+            node = config.get("gpus_per_node")       # (a scheduling setting, not one that prices a step)
+            sig.tensor_parallel = deployment.tensor_parallel_size
+            sig.gpus_per_node = recorded_setting("gpus_per_node", node, f"explain input {name}", "config.gpus_per_node") \
+                if node is not None else deployment.gpus_per_node
             if sig.kv_tokens is not None:
                 sig.kv_tokens //= sig.replicas
             device_figures(sig, device_plan(deployment, deployment.hardware)[1])
@@ -11754,6 +11760,15 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
     if tpot_words and (past_knee or flat):
         return REMEDIES["compute-bound"], [past_the_knee(sig) if past_knee else "throughput flat from the previous point",
                                            tpot_words]
+    # A step's tokens (decodes and prompt chunks) past the knee, with TPOT past twice the batch-1
+    # step: compute-bound, though its batch of sequences is under the knee. Unless a queue or a
+    # budget binds (a bigger budget halves a long prompt's TTFT though its steps are past the knee),
+    # which the rows below weigh first; more seats only add to steps past the knee (helper-78:
+    # "--max-num-seqs up" at 905 tokens a step, 4.6 times the knee).
+    prompts_slow = bool(past_the_knee(sig)) and slowed(sig, PROMPTS_SLOW)
+    if waiting and at_cap and kv_room and prompts_slow:
+        return REMEDIES["compute-bound"], [past_the_knee(sig), tpot_words, f"{number(sig.running, 0)} running of "
+                                           f"{number(sig.max_seqs, 0)} allowed: more would add to each step"]
     if waiting and at_cap and kv_room:
         return REMEDIES["sequence-bound"], [f"{number(sig.running, 0)} running of {number(sig.max_seqs, 0)} allowed",
                                             f"{sig.waiting:.0f} waiting" if sig.waiting is not None else "queue time",
@@ -11789,9 +11804,7 @@ def diagnose(sig: Signals) -> tuple[Remedy, list[str]]:
                                             else "")]
     if sig.failed:
         return REMEDIES["failing"], [failures(sig)]
-    if past_the_knee(sig) and slowed(sig, PROMPTS_SLOW):
-        # No queue or budget binds, but the prompt chunks sharing each step make it compute-bound, and
-        # every decode pays for them (helper-77: "healthy" at a TPOT four times the batch-1 step).
+    if prompts_slow:      # no queue or budget binds: every decode pays for the prompt chunks in its steps
         return REMEDIES["compute-bound"], [past_the_knee(sig), tpot_words]
     # Only what the input says: a scrape of one gauge shows no preemption counter and no queue.
     seen = [*(["no preemptions"] if sig.preemptions is not None else []),
@@ -11887,12 +11900,6 @@ def explain(sig: Signals) -> dict:
         change_first = f"for TPOT, {CHUNK_KNOBS[server]}; for throughput, {throughput}"
         expected = ("TPOT falls toward the batch-1 step; TTFT rises (prompts take more steps); throughput about the "
                     "same. For both, more compute: " + REMEDIES["queue-bound"].knobs[server])
-    if server in ("vllm", "sglang") and sig.tensor_parallel >= sig.gpus_per_node \
-            and remedy.symptom in ("compute-bound", "kv-bound"):
-        # A group already a node's GPUs grows only across nodes, where its all-reduces are slow: a replica instead.
-        flag = "`--tensor-parallel-size`" if server == "vllm" else "`--tp-size`"
-        change_first = change_first.replace(f"tensor parallelism ({flag})", f"another replica (tensor parallelism "
-                                            f"is {sig.tensor_parallel} already, a node's GPUs)")
     if remedy.symptom == "kv-bound" and past_the_knee(sig) and slowed(sig):
         # A bigger cache would run a bigger batch, and past the knee that buys little throughput.
         evidence = evidence + [past_the_knee(sig)]
@@ -11904,6 +11911,13 @@ def explain(sig: Signals) -> dict:
         tpot, _, throughput = change_first.partition("; for throughput, ")
         change_first = f"for throughput (TTFT is mostly queue), {throughput}; {tpot}"
         expected = "more throughput: the queue drains, so TTFT falls; a lower cap instead: " + remedy.effect
+    if server in ("vllm", "sglang") and sig.tensor_parallel >= sig.gpus_per_node \
+            and remedy.symptom in ("compute-bound", "kv-bound", "queue-bound", "token-budget-bound"):
+        # A group already a node's GPUs grows only across nodes, where its all-reduces are slow: a replica instead.
+        flag = "`--tensor-parallel-size`" if server == "vllm" else "`--tp-size`"
+        change_first = change_first.replace(f"tensor parallelism ({flag})", f"another replica (tensor parallelism "
+                                            f"is {sig.tensor_parallel} already, a node's GPUs)")
+        expected = expected.replace(f", or a bigger one with {flag}", "")
     if sig.running is not None and sig.waiting == 0 and (sig.queue_ms or 0) > 0 and not sig.scrape \
             and sig.server in ("vllm", "servesim"):
         arithmetic[-1] += (" (counted after each step's admissions, as vLLM counts it: requests that arrive during "

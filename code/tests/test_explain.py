@@ -167,6 +167,36 @@ class WontHelp(unittest.TestCase):
         self.assertIn("another replica (tensor parallelism is 8 already, a node's GPUs)", e["change_first"])
         self.assertNotIn("--tensor-parallel-size", e["change_first"].partition("; for throughput, ")[2])
 
+    def test_a_steps_tokens_are_counted_as_its_engine_computed_them(self):
+        # helper-78: a disaggregated report's prompts (another engine's) over its decode steps read
+        # 430 tokens a step where the decode engine computed 86; --warmup's steps over the measured
+        # requests' tokens halved the figure
+        shape = ("--max-model-len", 4096, "--requests", 300, "--prompt-tokens", 3000, "--output-tokens", "600-900",
+                 "--rate", 8)
+        apart, = self.points(*shape, "--disaggregate")
+        self.assertIsNone(main.signals_from_report(apart, "d").step_tokens)
+        plain, = self.points(*shape[:-2], "--rate", 4)
+        warm, = self.points(*shape[:-2], "--rate", 4, "--warmup", 150)
+        ratio = main.signals_from_report(warm, "w").step_tokens / main.signals_from_report(plain, "p").step_tokens
+        self.assertAlmostEqual(ratio, 1, delta=0.2)
+
+    def test_seats_full_on_steps_past_the_knee_are_compute_not_seats(self):
+        # helper-78: "--max-num-seqs up" at 985 tokens a step (the knee ~394), TPOT 4.6 times batch 1;
+        # and a group of tensor parallel 4 x pipeline 2 is 4 GPUs of tensor parallelism, not a node's 8
+        point, = self.points("--model", "llama-3.1-70b", "--max-model-len", 4096, "-tp", 4, "-pp", 2, "--requests", 300,
+                             "--prompt-tokens", "1500-2500", "--output-tokens", "150-400", "--rate", 9)
+        self.assertEqual(point["engine"]["peak_running"], 256)
+        e = self.explained(point)
+        self.assertEqual(e["symptom"], "compute-bound")
+        self.assertIn("256 running of 256 allowed: more would add to each step", e["evidence"])
+        self.assertIn("tensor parallelism (`--tensor-parallel-size`)", e["change_first"])
+        self.assertNotIn("a node's GPUs", e["change_first"])
+        # a node of 4 GPUs is full at tensor parallel 4: the change and its effect both say a replica
+        point["config"]["gpus_per_node"] = 4
+        e = self.explained(point)
+        self.assertIn("another replica (tensor parallelism is 4 already, a node's GPUs)", e["change_first"])
+        self.assertNotIn("--tensor-parallel-size", e["expected_effect"])
+
     def test_a_run_that_waits_at_the_cap_is_not_healthy_whatever_its_median_queue(self):
         # helper-73: bursts that fill 8 seats leave the median request unqueued (30 ms) while 28% of
         # the steps have requests waiting at the cap, and p90 waits 2.2 s: it read "healthy"
