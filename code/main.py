@@ -6814,6 +6814,9 @@ def search_report(spec: RunSpec, points: list[dict], found: list[dict], probing:
                 if probe.get("missed_seed") is not None:     # its figures are the mean; the miss is this seed's
                     probe["rerun_missed_seed"] = simulate_command(replace(ran, seed=probe["missed_seed"]), sources)
     ranked = cheapest_first(found, probing) if probing.target is not None else found
+    for item in ranked:      # how close each answer came to its slo, by which cheapest_first breaks a tie of price
+        if probing.target is not None and item.get("best"):
+            item["slo_room"] = slo_room(item["best"], probing)
     longer = probing.rechecking()
     return {"slo": {name: bound for name, _, bound in probing.slo.bounds}, "by": probing.by, "target": probing.target,
             "tolerance": probing.tolerance if probing.target is None else None, "sustained": probing.sustained,
@@ -12947,11 +12950,16 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
             hour = cost.get("usd_per_hour")
             tied = [item for item in best[1:] if hour and (item["best"]["cost"] or {}).get("usd_per_hour") == hour]
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
-            if tied:       # (ranked by room under the slo: cheapest_first)
+            rooms = [slo_room(item["best"], probing) for item in [best[0], *tied[:1]]]
+            pct = lambda share: f"{share:.0%}" if share >= 0.005 else "under 1%"     # (a queue of 10 ms of 20 s)
+            if tied and round(rooms[0], 2) == round(rooms[1], 2):
+                lines.append(f"as cheap, with as much room under the slo (its tightest bound at {pct(rooms[0])} of it): "
+                             f"{'; '.join(deployment_words(item, axes) for item in tied[:3])}"
+                             f"{' and more' if len(tied) > 3 else ''}")
+            elif tied:       # (ranked by room under the slo: cheapest_first)
                 lines.append(f"as cheap: {'; '.join(deployment_words(item, axes) for item in tied[:3])}"
                              f"{' and more' if len(tied) > 3 else ''}; this one has the most room under the slo "
-                             f"(its tightest bound at {slo_room(best[0]['best'], probing):.0%} of it, the next "
-                             f"{slo_room(tied[0]['best'], probing):.0%})")
+                             f"(its tightest bound at {pct(rooms[0])} of it, the next {pct(rooms[1])})")
             lines += refusal_lines(best[:1], axes)
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")

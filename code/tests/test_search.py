@@ -891,5 +891,18 @@ class TiesOnPrice(unittest.TestCase):
         self.assertLess(rooms[0], rooms[1])
         code, out, err = call_cli("search", "--hardware", "h100-sxm-80gb", "-tp", "1,2", "-dp", "1,2", "--rate", 40,
                                   "--slo", "ttft_p95:1000,tpot_p95:60", "--steady-requests", 100)
+        self.assertEqual([d["slo_room"] for d in json.loads(call_cli(
+            "search", "--hardware", "h100-sxm-80gb", "-tp", "1,2", "-dp", "1,2", "--rate", 40, "--slo",
+            "ttft_p95:1000,tpot_p95:60", "--steady-requests", 100, "--json")[1])["deployments"] if d["best"]][:2], rooms)
         self.assertRegex(out, r"\nas cheap: tensor-parallel-size \d  data-parallel-size \d; this one has the most room "
                               rf"under the slo \(its tightest bound at {rooms[0]:.0%} of it, the next {rooms[1]:.0%}\)\n")
+
+    def test_a_tie_of_room_too_is_called_a_tie(self):
+        # helper-78: two identical runs read "this one has the most room under the slo (its tightest
+        # bound at 0% of it, the next 0%)"
+        code, out, err = call_cli("search", "--hardware", "l4-24gb", "--max-model-len", 4096, "--max-num-seqs", "64,256",
+                                  "--rate", 0.05, "--slo", "queue_p50:20000", "--steady-requests", 40, "--recheck", 1)
+        self.assertEqual(code, 0, err)
+        self.assertIn("\nas cheap, with as much room under the slo (its tightest bound at under 1% of it): "
+                      "max-num-seqs 256\n", out)
+        self.assertNotIn("most room", out)
