@@ -7706,6 +7706,11 @@ def settings_from_meta(meta: dict, where: str) -> dict:
             raise UserError(f"{where}: hardware.device_total_memory_bytes must be a device's memory in bytes, "
                             f"{low:g} to {high:,} GiB, got {str(memory)[:40]}")
         found["device_bytes"] = memory
+    if found.get("kv_offloading_size") and found.get("prefix_caching") is False:
+        # (said here, naming the file: check_spec's line would tell the user to add a flag compare lacks)
+        raise UserError(f"{where}: engine_kwargs.kv_offloading_size {found['kv_offloading_size']:g} with "
+                        f"kv_cache.enable_prefix_caching false: servesim's host tier holds prefix-cached blocks, "
+                        f"so it cannot replay one without them; set one of the two as the server ran")
     return {k: v for k, v in found.items() if v is not None and v != ""}
 
 
@@ -13634,7 +13639,7 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str], lists: bool =
             add_setting(g, f, lists and f.metadata["axis"] > 0, overrides, exclusive, lists)
 
 
-def not_a_list(kind: Callable, flag: str) -> Callable:
+def not_a_list(kind: Callable, flag: str, why: str = "sweep and search do not vary it") -> Callable:
     """`kind`, for a flag a sweep or search takes one value of: a value it refuses whose
     comma-separated parts it takes each is a list, refused as such (its values would otherwise be
     named as one bad value: 'vllm,sglang' is not one of vllm, sglang, ...). One it reads as a
@@ -13650,8 +13655,8 @@ def not_a_list(kind: Callable, flag: str) -> Callable:
         except (argparse.ArgumentTypeError, ValueError):
             parts = text.split(",")
             if len(parts) > 1 and all(readable(kind, part.strip()) for part in parts):
-                raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value (sweep and "
-                                                 f"search do not vary it): run once for each") from None
+                raise argparse.ArgumentTypeError(f"{text!r} is a list, and this flag takes one value ({why}): run "
+                                                 f"once for each") from None
             raise
     return read
 
@@ -14038,8 +14043,9 @@ def cmd_sweep(args) -> int:
     if getattr(args, "ramp_up", None) and {"rate", "concurrency"} & set(axes):
         load = next(axis for axis in axes if axis in ("rate", "concurrency"))
         raise UserError(f"a ramp (--ramp-up-strategy) sets the arrival rate, so sweep cannot vary --{load}"
-                        + (" (its axis when no other is given)" if load not in listed(args) else "")
-                        + ": sweep an engine setting instead, --max-num-seqs 64,128 say")
+                        + (": sweep --gpus varies the load with each layout; drop the ramp or --gpus" if args.gpus else
+                           (" (its axis when no other is given)" if load not in listed(args) else "")
+                           + ": sweep an engine setting instead, --max-num-seqs 64,128 say"))
     spec = spec_from_args(args, varies={"data_parallel_size"} if args.gpus else ())     # --gpus sets the replicas
     points = distinct(spec, applicable(spec, points, "point"), "point")
     for point in points:       # a bad combination is refused before any point runs
@@ -14890,10 +14896,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "1 if no deployment fits, none meets the SLO, or a --confirm request failed.")
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency")], lists=True)
     g = p.add_argument_group("search")
-    g.add_argument("--rate", type=not_a_list(RATE, "--rate"), metavar="R", dest="target_rate",
+    g.add_argument("--rate", type=not_a_list(RATE, "--rate", "search ranks every deployment at one load; without "
+                                             "it, it finds each one's highest"), metavar="R", dest="target_rate",
                    help="rank every deployment at R requests/s (with a --trace, its arrivals scaled to R) "
                         "(default: find each one's highest rate)")
-    g.add_argument("--concurrency", type=not_a_list(CLIENTS, "--concurrency"), metavar="N", dest="target_concurrency",
+    g.add_argument("--concurrency", type=not_a_list(CLIENTS, "--concurrency", "search ranks every deployment at "
+                                                    "one load"), metavar="N", dest="target_concurrency",
                    help="rank every deployment at N closed-loop clients (default: find each one's highest rate)")
     g.add_argument("--slo", required=True, metavar="METRIC_STAT:MS,...", action="append",
                    help="the bounds every probe must meet, comma-separated: METRIC is ttft, tpot, itl, e2el, "

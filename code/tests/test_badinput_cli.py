@@ -422,3 +422,12 @@ class RampsWhereTheLoadIsChosen(unittest.TestCase):
                 self.assertNotIn("drop --rate", err)
         code, out, err = call_cli("sweep", "--requests", 50, "--max-num-seqs", "8,16", *self.RAMP)
         self.assertEqual(code, 0, err)
+        # helper-78: with --gpus the load is always an axis, so "sweep an engine setting" would fail too
+        code, out, err = call_cli("sweep", "--gpus", 2, "-tp", "1,2", "--requests", 50, *self.RAMP)
+        self.assertEqual(code, 2)
+        self.assertIn("sweep --gpus varies the load with each layout; drop the ramp or --gpus", err)
+        # and search's own --rate takes one value for its own reason, not "sweep does not vary it"
+        code, out, err = call_cli("search", "--rate", "1,2", "--slo", "ttft_p95:1000")
+        self.assertEqual(code, 2)
+        self.assertIn("search ranks every deployment at one load", err)
+        self.assertNotIn("sweep and search do not vary it", err)

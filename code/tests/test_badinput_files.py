@@ -391,6 +391,12 @@ class MetaJson(Checks):
         self.assertIn(", host tier 16 GiB", r.out)
         r = self.compare(lambda meta: meta["engine_kwargs"].update(kv_offloading_size="16"))
         self.assert_one_line(r, mentions=["engine_kwargs.kv_offloading_size"])
+        # helper-78: with prefix caching off the refusal told the user to add --prefix-caching, a
+        # flag compare does not take; it names the file's two fields
+        r = self.compare(lambda meta: (meta["engine_kwargs"].update(kv_offloading_size=64),
+                                       meta["kv_cache"].update(enable_prefix_caching=False)))
+        self.assert_one_line(r, mentions=["engine_kwargs.kv_offloading_size 64 with kv_cache.enable_prefix_caching false"])
+        self.assertNotIn("add --prefix-caching", r.err)
 
     def test_a_recorded_block_count_is_the_runs_not_a_flags(self):
         # From a careless-user pass (session 29): a block count meta.json recorded, too big for the
