@@ -6504,10 +6504,10 @@ def plan(spec: RunSpec, probing: Probing, scaling: Scaling, verify: bool = True,
     peak = max(scaling.min_replicas, *(min(r["needs"], scaling.max_replicas) for r in rows))
     report["totals"].update(peak_fleet=peak, peak_fleet_gpu_hours=peak * spec.gpus_per_replica * duration / 3600,
                             peak_fleet_usd=peak * price * duration / 3600 if price else None)
-    # A month (730 hours) of periods like this one, as search and simulate price a month.
-    month = HOURS_PER_MONTH * 3600 / duration
+    # A month (--hours-per-month) of periods like this one, as search and simulate price a month.
+    month = spec.hours_per_month * 3600 / duration
     report["totals"].update({f"{k}_per_month": report["totals"][k] * month if report["totals"][k] is not None else None
-                             for k in ("usd", "peak_fleet_usd")})
+                             for k in ("usd", "peak_fleet_usd")}, hours_per_month=spec.hours_per_month)
     if verified:
         report["verified"] = verified
     report["does_not_meet_slo"] = plan_misses(report)
@@ -12594,9 +12594,9 @@ def print_plan(report: dict, title: str, w) -> None:
         usd = "-" if r["usd"] is None else f"{r['usd']:,.2f}"
         w(f"{label(r):<{width}}{r['load']:>11.3g}{needs:>7}{r['asked']:>6}"
           f"{figures}{number(r['median_tpot_ms']):>10}{usd:>9}  {'; '.join(notes)}".rstrip() + "\n")
+    month = totals.get("hours_per_month", HOURS_PER_MONTH)
     money = lambda usd, monthly=None: "" if usd is None else f", ${usd:,.2f}" + (
-        f" (${monthly:,.0f} a month of {HOURS_PER_MONTH:g} hours like it)" if monthly is not None and hours < HOURS_PER_MONTH
-        else "")
+        f" (${monthly:,.0f} a month of {month:g} hours like it)" if monthly is not None and hours < month else "")
     hours = report["windows"][-1]["end_s"] / 3600
     digits = 1 if totals["peak_fleet_gpu_hours"] >= 1 else 3         # an hour's tenth, or a short period's
     w(f"schedule    {replica_range(totals['least'], totals['most'])} (mean {totals['mean_replicas']:.2f}) over "
@@ -14191,6 +14191,8 @@ def cmd_plan(args) -> int:
             rows += [row] + [{**dict.fromkeys(row), "time_s": at, "replicas": n} for at, n in steps
                              if r["start_s"] < at < r["end_s"]]
         print_csv(rows)
+        if report.get("vllm_would_refuse"):        # (the CSV has no room for it; the text says it as "beware")
+            sys.stderr.write(f"servesim: {report['vllm_would_refuse']}\n")
     else:
         out = io.StringIO()
         print_plan(report, title, out.write)
@@ -14953,12 +14955,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the whole period with it. --csv is a --replica-schedule simulate reads.")
     # (Not --requests: a plan is of the whole profile or trace, windows and the run that checks them.
     # Nor --enable-expert-parallel: it spreads one server's experts over a data-parallel group fixed
-    # at launch, and a plan's replicas come and go. Nor --goodput or --hours-per-month: it judges
-    # by --slo and prices its own period.)
+    # at launch, and a plan's replicas come and go. Nor --goodput: it judges by --slo.)
     add_settings(p, [name for name in SETTINGS if name not in ("rate", "concurrency", "data_parallel_size",
                                                                "replica_schedule", "requests",
-                                                               "enable_expert_parallel", "goodput",
-                                                               "hours_per_month")])
+                                                               "enable_expert_parallel", "goodput")])
     # Taken, so a user who tries one is told why it does not apply, but not offered in --help:
     # disaggregation (replicas of a prefill-decode pair are not modelled) and a ramp (the profile
     # or trace sets the arrivals).

@@ -216,7 +216,7 @@ class Plans(unittest.TestCase):
         code, out, _ = run_cli("plan", "--help")
         self.assertEqual(code, 0)
         for flag in ("--enable-expert-parallel", "--data-parallel-size", "--replica-schedule", "--requests",
-                     "--goodput", "--hours-per-month"):      # helper-48: both were taken and ignored
+                     "--goodput"):      # helper-48: taken and ignored (--hours-per-month now prices its month)
             self.assertNotIn("[" + flag, out)        # not in the usage line, nor as an option's own line
             self.assertNotRegex(out, r"(?m)^  " + flag + r"\b")      # an option line, not wrapped help
 
@@ -305,6 +305,10 @@ class Plans(unittest.TestCase):
             totals = report["totals"]
             self.assertAlmostEqual(totals["usd_per_month"], totals["usd"] * 730 * 3, delta=0.01)
             self.assertAlmostEqual(totals["peak_fleet_usd_per_month"], totals["peak_fleet_usd"] * 730 * 3, delta=0.01)
+            code, out, err = call_cli(*args, "--hours-per-month", 300, "--json")
+            self.assertAlmostEqual(main.json.loads(out)["totals"]["usd_per_month"], totals["usd"] * 300 * 3, delta=0.01)
+            code, out, err = call_cli(*args, "--csv")       # no room in a CSV: said on stderr
+            self.assertIn("servesim: vLLM would refuse to start this deployment", err)
             code, out, err = call_cli(*args)
         self.assertIn("\nbeware: vLLM would refuse to start this deployment: one request of 131,072 tokens", out)
         self.assertNotIn("the schedule saves", out)
