@@ -133,7 +133,7 @@ def run_in(run, scratch):
     proc = subprocess.Popen(["bash", "-c", COMPILED_ONCE + run], cwd=scratch, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=900)      # (a hang guard: a search took 300 s beside 3 other modules on 2 cores)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
