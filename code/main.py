@@ -12955,16 +12955,15 @@ def search_text(spec: RunSpec, trace: Optional[str], axes: list[str], found: lis
             hour = cost.get("usd_per_hour")
             tied = [item for item in best[1:] if hour and (item["best"]["cost"] or {}).get("usd_per_hour") == hour]
             lines.append(f"rerun it: {best[0]['best']['rerun']}")
-            rooms = [slo_room(item["best"], probing) for item in [best[0], *tied[:1]]]
+            rooms = [item["slo_room"] for item in [best[0], *tied[:1]]]      # (search_report's, as it ranked them)
             pct = lambda share: f"{share:.0%}" if share >= 0.005 else "under 1%"     # (a queue of 10 ms of 20 s)
+            others = "; ".join(deployment_words(item, axes) for item in tied[:3]) + (" and more" if len(tied) > 3 else "")
             if tied and round(rooms[0], 2) == round(rooms[1], 2):
                 lines.append(f"as cheap, with as much room under the slo (its tightest bound at {pct(rooms[0])} of it): "
-                             f"{'; '.join(deployment_words(item, axes) for item in tied[:3])}"
-                             f"{' and more' if len(tied) > 3 else ''}")
+                             f"{others}")
             elif tied:       # (ranked by room under the slo: cheapest_first)
-                lines.append(f"as cheap: {'; '.join(deployment_words(item, axes) for item in tied[:3])}"
-                             f"{' and more' if len(tied) > 3 else ''}; this one has the most room under the slo "
-                             f"(its tightest bound at {pct(rooms[0])} of it, the next {pct(rooms[1])})")
+                lines.append(f"as cheap: {others}; this one has the most room under the slo (its tightest bound at "
+                             f"{pct(rooms[0])} of it, the next {pct(rooms[1])})")
             lines += refusal_lines(best[:1], axes)
         else:
             lines.append(f"no deployment tried meets the slo at {target:g} {unit}")

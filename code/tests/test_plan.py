@@ -287,14 +287,19 @@ class Plans(unittest.TestCase):
         self.assertEqual(err.strip().splitlines()[-1],
                          "servesim: the plan does not meet the slo: 1 window needs more than --max-replicas 4, from 00:10")
 
+    @staticmethod
+    def short_day(tmp, *flags):
+        """A plan of two 10-minute windows on one L4 (0.5 then 1 req/s), unverified and unrechecked."""
+        profile = write(tmp, "day.csv", "time_s,rate\n0,0.5\n600,1\n")
+        return ["plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--window", "600", "--recheck", "1",
+                "--no-verify", *flags]
+
     def test_the_peak_fleet_keeps_min_replicas_and_a_deployment_vllm_refuses_is_said(self):
         # helper-75: with --min-replicas 4 the peak fleet was 3, below the schedule's least, and the
         # plan of an L4 whose cache cannot hold the model's own length said nothing of it.
         with tempfile.TemporaryDirectory() as tmp:
-            profile = write(tmp, "day.csv", "time_s,rate\n0,0.5\n600,1\n")
-            args = ["plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--prompt-tokens", "500",
-                    "--output-tokens", "100", "--slo", "ttft_p95:2000", "--window", "600", "--steady-requests",
-                    "200", "--recheck", "1", "--no-verify", "--min-replicas", "4"]
+            args = self.short_day(tmp, "--prompt-tokens", "500", "--output-tokens", "100", "--slo", "ttft_p95:2000",
+                                  "--steady-requests", "200", "--min-replicas", "4")
             code, out, err = call_cli(*args, "--json")
             self.assertEqual(code, 0, err)
             report = main.json.loads(out)
@@ -317,11 +322,9 @@ class Plans(unittest.TestCase):
         # helper-78: an L4's TPOT floor (72 ms at any load, bound 60) climbed to --max-replicas and
         # read "needs more than --max-replicas 3", which invites raising it
         with tempfile.TemporaryDirectory() as tmp:
-            profile = write(tmp, "day.csv", "time_s,rate\n0,0.5\n600,1\n")
-            code, out, err = call_cli("plan", "--rate-profile", profile, "--hardware", "l4-24gb", "--model", "qwen2.5-7b",
-                                      "--max-model-len", "4096", "--prompt-tokens", "300", "--output-tokens", "300",
-                                      "--slo", "tpot_p95:60", "--window", "600", "--steady-requests", "40", "--recheck",
-                                      "1", "--no-verify", "--max-replicas", "3")
+            code, out, err = call_cli(*self.short_day(tmp, "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                                                      "--prompt-tokens", "300", "--output-tokens", "300", "--slo",
+                                                      "tpot_p95:60", "--steady-requests", "40", "--max-replicas", "3"))
         self.assertEqual((code, out), (1, ""), err)
         self.assertIn("no load meets the slo on one replica: halving the rate left tpot_p95 where it was", err)
         self.assertIn("more replicas cannot help", err)
